@@ -1,0 +1,29 @@
+"""Test configuration shared by the whole suite.
+
+Eight host CPU devices are simulated so that mesh/sharding paths are exercised on a laptop. The
+flag must be set before jax is first imported, hence here at the top of conftest.
+"""
+
+import os
+
+_flag = "--xla_force_host_platform_device_count=8"
+if _flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> pathlib.Path:
+    """Path of the read-only ../shared folder (spec, reference vectors, data)."""
+    if not SHARED_DIR.is_dir():
+        pytest.fail(f"../shared not found at {SHARED_DIR}: tests need the reference vectors and data")
+    return SHARED_DIR
