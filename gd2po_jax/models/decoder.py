@@ -1,0 +1,298 @@
+"""Decoder-only transformer in Flax NNX: Qwen2/Qwen2.5, Qwen3 and Llama 3 in one module.
+
+One module serves training forward passes, prefill and decode:
+
+    logits = model(input_ids, attention_mask=mask)                 # [B, T, V] float32
+    logits, cache = model(input_ids, attention_mask=mask, cache=cache)
+    hidden, cache = model.hidden_states(input_ids, mask)           # [B, T, D], final norm applied
+    logits = model.logits(hidden[:, a:b])                          # logits for a slice of positions
+    logp = model.token_logprobs(input_ids, mask, start=P)          # [B, T - P]
+
+Left padding is handled through ``attention_mask``; positions default to ``cumsum(mask) - 1`` (plus
+the number of tokens already in the cache), as Hugging Face ``generate`` does.
+
+Weight layout (``in`` before ``out``; heads kept as their own axis so they can be sharded):
+``q_kernel [D, H, hd]``, ``k_kernel``/``v_kernel [D, KV, hd]``, ``o_kernel [H, hd, D]``,
+``gate_kernel``/``up_kernel [D, F]``, ``down_kernel [F, D]``, ``embed [V, D]``, ``lm_head [D, V]``.
+Every parameter carries an ``out_sharding`` annotation over the mesh axes "fsdp" and "tensor"
+(see `gd2po_jax.sharding`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from gd2po_jax.models.config import ModelConfig, rope_inv_freq
+
+# Finite stand-in for -inf: a fully masked row (a left-pad query) gets a uniform softmax, not NaN.
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") -> nnx.Param:
+    """A parameter with a partition annotation (placement is done by `gd2po_jax.sharding`)."""
+    if init == "normal":
+        value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        value = jnp.zeros(shape, jnp.float32)
+    return nnx.Param(value.astype(dtype), out_sharding=sharding, eager_sharding=False)
+
+
+@struct.dataclass
+class KVCache:
+    """Preallocated key/value cache.
+
+    keys, values: one ``[B, S, KV, hd]`` array per layer.
+    valid: ``[B, S]`` bool, slots that hold a real (non-pad) token.
+    index: ``[]`` int32, the next slot to write; every row writes the same slot (left padding).
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    valid: jax.Array
+    index: jax.Array
+
+    @property
+    def max_length(self) -> int:
+        return self.valid.shape[1]
+
+
+def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache for ``batch`` rows of at most ``max_length`` tokens (prompt + completion)."""
+    shape = (batch, max_length, config.num_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return KVCache(
+        keys=zeros,
+        values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        valid=jnp.zeros((batch, max_length), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def default_positions(attention_mask: jax.Array, past_tokens: jax.Array | int = 0) -> jax.Array:
+    """Positions ``[B, T]``: ``past + cumsum(mask) - 1`` on real tokens, ``past`` on left pads."""
+    mask = attention_mask.astype(jnp.int32)
+    return jnp.asarray(past_tokens, jnp.int32)[..., None] * jnp.ones_like(mask) + jnp.where(
+        mask > 0, jnp.cumsum(mask, axis=-1) - 1, 0
+    )
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos, sin ``[B, T, 1, hd/2]`` (float32) for integer ``positions [B, T]``."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates ``x [B, T, N, hd]`` in the "rotate half" convention used by transformers."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention_mask_3d(key_valid: jax.Array, index: jax.Array, num_queries: int) -> jax.Array:
+    """``[B, T, S]`` bool: query t (in slot ``index + t``) sees valid key slots ``s <= index + t``."""
+    slots = jnp.arange(key_valid.shape[1])
+    query_slots = index + jnp.arange(num_queries)
+    causal = slots[None, :] <= query_slots[:, None]
+    return key_valid[:, None, :] & causal[None]
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention, softmax in float32.
+
+    q: [B, T, H, hd]; k, v: [B, S, KV, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
+    """
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (hd**-0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, hd)
+
+
+class RMSNorm(nnx.Module):
+    """``scale * x / sqrt(mean(x^2) + eps)``, normalised in float32 (as transformers does)."""
+
+    def __init__(self, dim: int, eps: float, dtype):
+        self.scale = _param(None, (dim,), (None,), dtype, init="ones")
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...] * normed.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Self-attention with GQA, RoPE, optional q/k/v/o biases and optional per-head q/k RMSNorm."""
+
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, h, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_kernel = _param(rngs, (d, h, hd), ("fsdp", "tensor", None), dtype)
+        self.k_kernel = _param(rngs, (d, kv, hd), ("fsdp", "tensor", None), dtype)
+        self.v_kernel = _param(rngs, (d, kv, hd), ("fsdp", "tensor", None), dtype)
+        self.o_kernel = _param(rngs, (h, hd, d), ("tensor", None, "fsdp"), dtype)
+        bias = config.qkv_bias
+        self.q_bias = _param(None, (h, hd), ("tensor", None), dtype, "zeros") if bias else None
+        self.k_bias = _param(None, (kv, hd), ("tensor", None), dtype, "zeros") if bias else None
+        self.v_bias = _param(None, (kv, hd), ("tensor", None), dtype, "zeros") if bias else None
+        self.o_bias = _param(None, (d,), (None,), dtype, "zeros") if config.o_bias else None
+        eps = config.rms_norm_eps
+        self.q_norm = RMSNorm(hd, eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(hd, eps, dtype) if config.qk_norm else None
+
+    def _project(self, x, kernel, bias, norm):
+        y = jnp.einsum("btd,dnh->btnh", x, kernel[...])
+        if bias is not None:
+            y = y + bias[...]
+        return norm(y) if norm is not None else y
+
+    def __call__(self, x, cos, sin, mask, kv_cache, index):
+        """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
+        kv_cache: None or (keys, values) [B, S, KV, hd] to write at slot ``index``.
+        Returns (out [B, T, D], (keys, values)) where keys/values are [B, S, KV, hd]."""
+        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm), cos, sin)
+        k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm), cos, sin)
+        v = self._project(x, self.v_kernel, self.v_bias, None)
+        if kv_cache is not None:
+            start = (0, index, 0, 0)
+            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), start)
+        out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+        out = jnp.einsum("btnh,nhd->btd", out, self.o_kernel[...])
+        if self.o_bias is not None:
+            out = out + self.o_bias[...]
+        return out, (k, v)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_kernel = _param(rngs, (d, f), ("fsdp", "tensor"), dtype)
+        self.up_kernel = _param(rngs, (d, f), ("fsdp", "tensor"), dtype)
+        self.down_kernel = _param(rngs, (f, d), ("tensor", "fsdp"), dtype)
+        bias = config.mlp_bias
+        self.gate_bias = _param(None, (f,), ("tensor",), dtype, "zeros") if bias else None
+        self.up_bias = _param(None, (f,), ("tensor",), dtype, "zeros") if bias else None
+        self.down_bias = _param(None, (d,), (None,), dtype, "zeros") if bias else None
+
+    @staticmethod
+    def _linear(x, kernel, bias):
+        y = x @ kernel[...]
+        return y + bias[...] if bias is not None else y
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = self._linear(x, self.gate_kernel, self.gate_bias)
+        up = self._linear(x, self.up_kernel, self.up_bias)
+        return self._linear(jax.nn.silu(gate) * up, self.down_kernel, self.down_bias)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.attn = Attention(config, dtype, rngs)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype, rngs)
+
+    def __call__(self, h, cos, sin, mask, kv_cache, index):
+        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index)
+        h = h + attn_out
+        h = h + self.mlp(self.mlp_norm(h))
+        return h, kv
+
+
+def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index):
+    return layer(h, cos, sin, mask, kv_cache, index)
+
+
+class Decoder(nnx.Module):
+    """Causal language model. See the module docstring for the call forms.
+
+    Args:
+      config: architecture (see `gd2po_jax.models.config`).
+      dtype: parameter and activation dtype (float32 or bfloat16); norms, softmax, RoPE and logits
+        are computed in float32.
+      rngs: initialiser keys (random normal(0.02) weights, as transformers initialises).
+      remat: rematerialise each layer in the backward pass (`nnx.remat`), trading compute for memory.
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, remat: bool = False):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.remat = remat
+        self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("tensor", "fsdp"), dtype)
+        self.layers = nnx.List([DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else _param(rngs, (config.hidden_size, config.vocab_size), ("fsdp", "tensor"), dtype)
+        )
+
+    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None):
+        """Final-norm hidden states ``[B, T, D]`` and the updated cache (None without a cache).
+
+        input_ids: [B, T] int; attention_mask: [B, T] (1 = token, 0 = left pad), default all ones;
+        positions: [B, T] int, default `default_positions`; cache: `KVCache` whose slots
+        ``[cache.index, cache.index + T)`` receive this call's keys and values.
+        """
+        b, t = input_ids.shape
+        mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        if cache is None:
+            key_valid, index = mask, jnp.zeros((), jnp.int32)
+        else:
+            index = cache.index
+            key_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))
+        if positions is None:
+            past = 0 if cache is None else jnp.sum(cache.valid, axis=-1, dtype=jnp.int32)
+            positions = default_positions(mask, past)
+        cos, sin = rope_tables(positions, rope_inv_freq(self.config))
+        attn_mask = attention_mask_3d(key_valid, index, t)
+        run = nnx.remat(_run_layer) if self.remat else _run_layer
+        h = jnp.take(self.embed[...], input_ids, axis=0)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index)
+            keys.append(k)
+            values.append(v)
+        h = self.final_norm(h)
+        if cache is None:
+            return h, None
+        return h, KVCache(tuple(keys), tuple(values), key_valid, index + t)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """float32 logits ``[B, T, V]`` from final hidden states ``[B, T, D]`` (tied or untied head)."""
+        if self.lm_head is None:
+            return jnp.einsum("btd,vd->btv", hidden, self.embed[...], preferred_element_type=jnp.float32)
+        return jnp.einsum("btd,dv->btv", hidden, self.lm_head[...], preferred_element_type=jnp.float32)
+
+    def __call__(self, input_ids, attention_mask=None, *, positions=None, cache=None):
+        """``logits [B, T, V]``, or ``(logits, new_cache)`` when a cache is passed."""
+        hidden, new_cache = self.hidden_states(input_ids, attention_mask, positions=positions, cache=cache)
+        logits = self.logits(hidden)
+        return logits if cache is None else (logits, new_cache)
+
+    def token_logprobs(self, input_ids, attention_mask=None, *, start: int = 1) -> jax.Array:
+        """``log p(input_ids[:, t] | input_ids[:, :t])`` for ``t in [start, T)``: ``[B, T - start]``.
+
+        Temperature-1 log-probs of a [B, T] batch (e.g. left-padded prompt of length ``start``
+        followed by the completion); the vocabulary projection only runs on the scored slice.
+        """
+        if not 1 <= start < input_ids.shape[1]:
+            raise ValueError(f"start={start} must be in [1, T={input_ids.shape[1]})")
+        hidden, _ = self.hidden_states(input_ids, attention_mask)
+        logp = jax.nn.log_softmax(self.logits(hidden[:, start - 1 : -1]), axis=-1)
+        return jnp.take_along_axis(logp, input_ids[:, start:, None], axis=-1)[..., 0]

@@ -1,0 +1,222 @@
+"""Hugging Face checkpoints <-> `Decoder`: `load_pretrained` and `save_pretrained`.
+
+Each parameter is described by a `TensorMap` (Hugging Face name, attribute path in the NNX module,
+layout conversion). Loading builds the module abstractly (`nnx.eval_shape`, no random init), then
+fills each variable straight from a memory-mapped tensor: with a mesh, every device reads only its
+own slice (`jax.make_array_from_callback`), so no second host copy of the model is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_config
+from gd2po_jax.models.decoder import Decoder
+from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_checkpoint
+from gd2po_jax.sharding import variable_sharding
+
+# Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
+AUXILIARY_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+# Checkpoint tensors that are not parameters of the decoder and may be ignored.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """One parameter: Hugging Face tensor name, attribute path in `Decoder`, layout kind.
+
+    Kinds (HF layout -> ours): "copy"; "linear" [out, in] -> [in, out];
+    "in_heads" [N*hd, D] -> [D, N, hd]; "out_heads" [D, H*hd] -> [H, hd, D]; "bias_heads" [N*hd] -> [N, hd].
+    """
+
+    hf_name: str
+    path: tuple
+    kind: str
+
+
+def tensor_maps(config: ModelConfig) -> list[TensorMap]:
+    """Every parameter of a `Decoder` built from ``config``, in checkpoint order."""
+    maps = [TensorMap("model.embed_tokens.weight", ("embed",), "copy")]
+    for i in range(config.num_layers):
+        hf, ours = f"model.layers.{i}.", ("layers", i)
+        attn = [("q", "in_heads"), ("k", "in_heads"), ("v", "in_heads"), ("o", "out_heads")]
+        maps += [TensorMap(f"{hf}self_attn.{p}_proj.weight", ours + ("attn", f"{p}_kernel"), k) for p, k in attn]
+        if config.qkv_bias:
+            maps += [
+                TensorMap(f"{hf}self_attn.{p}_proj.bias", ours + ("attn", f"{p}_bias"), "bias_heads")
+                for p in "qkv"
+            ]
+        if config.o_bias:
+            maps.append(TensorMap(f"{hf}self_attn.o_proj.bias", ours + ("attn", "o_bias"), "copy"))
+        if config.qk_norm:
+            maps += [
+                TensorMap(f"{hf}self_attn.{p}_norm.weight", ours + ("attn", f"{p}_norm", "scale"), "copy")
+                for p in "qk"
+            ]
+        for p in ("gate", "up", "down"):
+            maps.append(TensorMap(f"{hf}mlp.{p}_proj.weight", ours + ("mlp", f"{p}_kernel"), "linear"))
+            if config.mlp_bias:
+                maps.append(TensorMap(f"{hf}mlp.{p}_proj.bias", ours + ("mlp", f"{p}_bias"), "copy"))
+        maps.append(TensorMap(f"{hf}input_layernorm.weight", ours + ("attn_norm", "scale"), "copy"))
+        maps.append(TensorMap(f"{hf}post_attention_layernorm.weight", ours + ("mlp_norm", "scale"), "copy"))
+    maps.append(TensorMap("model.norm.weight", ("final_norm", "scale"), "copy"))
+    if not config.tie_word_embeddings:
+        maps.append(TensorMap("lm_head.weight", ("lm_head",), "linear"))
+    return maps
+
+
+def hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of the Hugging Face tensor that maps to one of our parameters of ``shape``."""
+    if kind == "copy":
+        return tuple(shape)
+    if kind == "linear":
+        return tuple(reversed(shape))
+    if kind == "in_heads":
+        return (shape[1] * shape[2], shape[0])
+    if kind == "out_heads":
+        return (shape[2], shape[0] * shape[1])
+    if kind == "bias_heads":
+        return (shape[0] * shape[1],)
+    raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+def hf_to_ours(tensor: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Our layout of a Hugging Face tensor; a view (no copy) for every kind."""
+    if kind == "copy":
+        return tensor
+    if kind == "bias_heads":
+        return tensor.reshape(shape)
+    return tensor.T.reshape(shape)
+
+
+def ours_to_hf(array: np.ndarray, kind: str) -> np.ndarray:
+    """Inverse of `hf_to_ours`."""
+    if kind == "copy":
+        return array
+    if kind == "linear":
+        return array.T
+    if kind == "in_heads":
+        return array.reshape(array.shape[0], -1).T
+    if kind == "out_heads":
+        return array.reshape(-1, array.shape[-1]).T
+    if kind == "bias_heads":
+        return array.reshape(-1)
+    raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+def get_variable(model: nnx.Module, path: tuple) -> nnx.Variable:
+    """The variable at attribute/index ``path`` of ``model``."""
+    node = model
+    for key in path:
+        node = node[key] if isinstance(key, int) else getattr(node, key)
+    return node
+
+
+def _place(view: np.ndarray, dtype, sharding) -> jax.Array:
+    """Device array from a host view, converting dtype slice by slice."""
+    dtype = np.dtype(dtype)
+    if sharding is None:
+        return jax.device_put(np.asarray(view).astype(dtype))
+    return jax.make_array_from_callback(view.shape, sharding, lambda idx: np.asarray(view[idx]).astype(dtype))
+
+
+def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat: bool = False) -> Decoder:
+    """A `Decoder` with the weights of the Hugging Face checkpoint directory ``path``.
+
+    Args:
+      path: directory with ``config.json`` and ``model.safetensors`` (or sharded files + index).
+      dtype: parameter dtype (e.g. ``jnp.float32`` or ``jnp.bfloat16``), converted while loading.
+      mesh: if given, each parameter is created directly on its annotated sharding
+        (see `gd2po_jax.sharding`); otherwise on the default device.
+      remat: rematerialise layers in the backward pass.
+    """
+    path = pathlib.Path(path)
+    config = load_config(path)
+    checkpoint = SafetensorsCheckpoint(path)
+    model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
+    maps = tensor_maps(config)
+    for tm in maps:
+        variable = get_variable(model, tm.path)
+        shape = tuple(variable.shape)
+        tensor = checkpoint.get(tm.hf_name, hf_shape(tm.kind, shape))
+        sharding = variable_sharding(variable, mesh) if mesh is not None else None
+        variable.set_value(_place(hf_to_ours(tensor, tm.kind, shape), dtype, sharding))
+    expected = {tm.hf_name for tm in maps}
+    if config.tie_word_embeddings:
+        expected.add("lm_head.weight")
+    unexpected = sorted(n for n in checkpoint.names() - expected if not n.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        files = sorted({checkpoint.file_of(n).name for n in unexpected})
+        raise ValueError(
+            f"{path}: {files} hold tensors that config.json (model_type={config.model_type!r}) "
+            f"does not describe: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    return model
+
+
+def save_pretrained(
+    model: Decoder,
+    out_dir,
+    *,
+    dtype=None,
+    max_shard_bytes: int = 5 * 2**30,
+    tokenizer=None,
+    copy_files_from=None,
+) -> list[str]:
+    """Writes ``config.json`` and safetensors weights that transformers (and vLLM) load.
+
+    Args:
+      model: the decoder (parameters may be sharded; each is gathered to the host in turn).
+      out_dir: output directory (created).
+      dtype: stored dtype; default the model's parameter dtype.
+      max_shard_bytes: above this, weights are split into shards with an index file.
+      tokenizer: if given, ``tokenizer.save_pretrained(out_dir)`` is called.
+      copy_files_from: a checkpoint directory whose tokenizer / generation-config files are copied.
+    Returns the names of the files written.
+    """
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(dtype or model.dtype)
+    dtype_name = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}[dtype.name]
+    hf_config = config_to_hf_dict(model.config, dtype_name)
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+    written = ["config.json"]
+    if copy_files_from is not None:
+        for name in AUXILIARY_FILES:
+            src = pathlib.Path(copy_files_from) / name
+            if src.is_file():
+                shutil.copyfile(src, out_dir / name)
+                written.append(name)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+    def producer(variable, kind):
+        return lambda: ours_to_hf(np.asarray(jax.device_get(variable[...])), kind).astype(dtype)
+
+    tensors = []
+    for tm in tensor_maps(model.config):
+        variable = get_variable(model, tm.path)
+        shape = hf_shape(tm.kind, tuple(variable.shape))
+        tensors.append((tm.hf_name, shape, dtype, producer(variable, tm.kind)))
+    return written + write_checkpoint(out_dir, tensors, max_shard_bytes)
