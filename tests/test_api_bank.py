@@ -122,14 +122,25 @@ def test_length_counts_the_first_think_block_with_python_rounding():
     two = "<think> a b c d e </think> <think> " + " ".join(["w"] * 400) + " </think>"
     assert score_api_bank(two, ANSWER).length == 0.01
     assert score_api_bank(f"<tool_call>\n{call()}\n</tool_call>", ANSWER).length == 0.0
-    assert score_api_bank(output(call(), think=" ".join(["w"] * 50)), ANSWER, max_think_words=100).length == 0.5
+    assert (
+        score_api_bank(
+            output(call(), think=" ".join(["w"] * 50)), ANSWER, max_think_words=100
+        ).length
+        == 0.5
+    )
 
 
 # ---------------------------------------------------------------- untrusted output
 
 
 def test_adversarial_outputs_are_prompt_and_score_zero():
-    for text in ["{" * 10_000_000, output("[" * 100_000 + "]" * 100_000), output(*(["{}"] * 60_000)), None, b"\xff"]:
+    for text in [
+        "{" * 10_000_000,
+        output("[" * 100_000 + "]" * 100_000),
+        output(*(["{}"] * 60_000)),
+        None,
+        b"\xff",
+    ]:
         start = time.perf_counter()
         s = score_api_bank(text, ANSWER)
         assert time.perf_counter() - start < 1.0
@@ -150,8 +161,18 @@ def test_aggregate_per_level_and_overall():
     ]
     report = aggregate_api_bank(scores)
     assert report.count == {"level_1": 3, "level_2": 1, "level_3": 2, "overall": 6}
-    assert report.correct_acc == {"level_1": 66.67, "level_2": 100.0, "level_3": 0.0, "overall": 50.0}
-    assert report.format_acc == {"level_1": 66.67, "level_2": 100.0, "level_3": 50.0, "overall": 66.67}
+    assert report.correct_acc == {
+        "level_1": 66.67,
+        "level_2": 100.0,
+        "level_3": 0.0,
+        "overall": 50.0,
+    }
+    assert report.format_acc == {
+        "level_1": 66.67,
+        "level_2": 100.0,
+        "level_3": 50.0,
+        "overall": 66.67,
+    }
     assert report.length == {"level_1": 0.2, "level_2": 1.0, "level_3": 0.25, "overall": 0.35}
     assert json.loads(json.dumps(report.to_dict()))["correct_acc"]["overall"] == 50.0
     lines = report.table().splitlines()
@@ -170,7 +191,9 @@ def test_aggregate_of_nothing_is_none():
 
 @pytest.mark.parametrize("level, rows", [(1, 399), (2, 67), (3, 131)])
 def test_real_answers_parse_and_score_themselves(shared_dir, level, rows):
-    records = json.loads((shared_dir / "data" / "api_bank" / f"level-{level}-api_processed.json").read_text())
+    records = json.loads(
+        (shared_dir / "data" / "api_bank" / f"level-{level}-api_processed.json").read_text()
+    )
     assert len(records) == rows
     for record in records:
         name, parameters = reference_call(record["answer"])

@@ -1,4 +1,4 @@
-"""Tests for gd2po_jax/rewards: the ToolRL tool-calling rewards, bounded JSON, the batch interface."""
+"""Tests for gd2po_jax/rewards: ToolRL tool-calling rewards, bounded JSON, batch interface."""
 
 import json
 import time
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gd2po_jax.rewards import (
+    TOOL_CALLING_SETTINGS,
     CombinedReward,
     RewardFunction,
-    TOOL_CALLING_SETTINGS,
     ToolCallingReward,
     build_reward_function,
     check_reward_output,
@@ -22,10 +22,12 @@ from gd2po_jax.rewards.bounded_json import MAX_JSON_DEPTH, loads_bounded, nestin
 from gd2po_jax.rewards.tool_calling import multiset_match
 
 GT_TOOL = (
-    '<think> I should use the appropriate tool. </think>\n<tool_call>\n'
+    "<think> I should use the appropriate tool. </think>\n<tool_call>\n"
     '{"name": "GetNews", "parameters": {"page": "1", "lang": "en"}}\n</tool_call>'
 )
-GT_RESP = "<think> I should directly respond. </think>\n<response> Please provide the text. </response>"
+GT_RESP = (
+    "<think> I should directly respond. </think>\n<response> Please provide the text. </response>"
+)
 GOOD_CALL = '{"name": "GetNews", "parameters": {"page": "1", "lang": "en"}}'
 
 
@@ -35,7 +37,11 @@ def tool_response(*lines: str, think: str = "x", sep: str = "\n") -> str:
 
 
 def gt_with(*calls: dict) -> str:
-    return "<think> t </think>\n<tool_call>\n" + "\n".join(json.dumps(c) for c in calls) + "\n</tool_call>"
+    return (
+        "<think> t </think>\n<tool_call>\n"
+        + "\n".join(json.dumps(c) for c in calls)
+        + "\n</tool_call>"
+    )
 
 
 # ---------------------------------------------------------------- reference vectors
@@ -71,7 +77,10 @@ def test_exact_match_scores_three():
 
 def test_missing_tool_call_tags_give_minimum():
     assert score_tool_call("<think> x </think>\n" + GOOD_CALL, GT_TOOL).correctness == -3.0
-    assert score_tool_call("<think> x </think>\n<tool_call>\n" + GOOD_CALL, GT_TOOL).correctness == -3.0
+    assert (
+        score_tool_call("<think> x </think>\n<tool_call>\n" + GOOD_CALL, GT_TOOL).correctness
+        == -3.0
+    )
 
 
 def test_partial_score_formula():
@@ -90,7 +99,9 @@ def test_multiset_jaccard_match():
 
 def test_blank_line_between_calls_gives_minimum_but_format_can_pass():
     gt = gt_with({"name": "A", "parameters": {}}, {"name": "B", "parameters": {}})
-    response = tool_response('{"name": "A", "parameters": {}}', "", '{"name": "B", "parameters": {}}')
+    response = tool_response(
+        '{"name": "A", "parameters": {}}', "", '{"name": "B", "parameters": {}}'
+    )
     s = score_tool_call(response, gt)
     assert (s.correctness, s.format) == (-3.0, 1.0)
 
@@ -170,14 +181,19 @@ def test_unused_candidate_stays_available_for_a_later_ground_truth_call():
 
 
 def test_tool_call_tag_inside_think_changes_the_parsed_block():
-    response = "<think> I will emit <tool_call> now </think>\n<tool_call>\n" + GOOD_CALL + "\n</tool_call>"
+    response = (
+        "<think> I will emit <tool_call> now </think>\n<tool_call>\n" + GOOD_CALL + "\n</tool_call>"
+    )
     s = score_tool_call(response, GT_TOOL)
     assert (s.correctness, s.format) == (-3.0, 0.0)
 
 
 def test_two_think_blocks_pass_format_and_length_counts_only_the_last():
     words = " ".join(["w"] * 300)
-    response = f"<think> {words} </think>\n<think> a b c d e f g h i j </think>\n<tool_call>\n{GOOD_CALL}\n</tool_call>"
+    response = (
+        f"<think> {words} </think>\n<think> a b c d e f g h i j </think>\n"
+        f"<tool_call>\n{GOOD_CALL}\n</tool_call>"
+    )
     s = score_tool_call(response, GT_TOOL)
     assert (s.format, s.length) == (1.0, 0.02)
 
@@ -204,7 +220,11 @@ def test_format_both_layout():
     both = tool_response(GOOD_CALL) + "\n<response> done </response>"
     assert score_tool_call(both, gt).format == 1.0
     assert score_tool_call(tool_response(GOOD_CALL), gt).format == 0.0
-    swapped = "<think> x </think>\n<response> done </response>\n<tool_call>\n" + GOOD_CALL + "\n</tool_call>"
+    swapped = (
+        "<think> x </think>\n<response> done </response>\n<tool_call>\n"
+        + GOOD_CALL
+        + "\n</tool_call>"
+    )
     assert score_tool_call(swapped, gt).format == 0.0
 
 
@@ -216,7 +236,11 @@ def test_format_neither_layout():
 
 def test_response_is_stripped_and_cut_to_the_assistant_turn():
     assert score_tool_call("  \n" + tool_response(GOOD_CALL) + "\n\n", GT_TOOL).format == 1.0
-    wrapped = "<|im_start|>user\nhi<|im_end|><|im_start|>assistant\n" + tool_response(GOOD_CALL) + "<|im_end|>\n"
+    wrapped = (
+        "<|im_start|>user\nhi<|im_end|><|im_start|>assistant\n"
+        + tool_response(GOOD_CALL)
+        + "<|im_end|>\n"
+    )
     s = score_tool_call(wrapped, GT_TOOL)
     assert (s.correctness, s.format) == (3.0, 1.0)
 
@@ -296,7 +320,13 @@ def test_tags_inside_json_strings_cut_the_block():
 
 
 def test_non_json_literals_and_huge_numbers_are_minimal():
-    for line in ["{'name': 'GetNews'}", "__import__('os')", "9" * 5000, '{"name": NaN}', "\ufeff" + GOOD_CALL]:
+    for line in [
+        "{'name': 'GetNews'}",
+        "__import__('os')",
+        "9" * 5000,
+        '{"name": NaN}',
+        "\ufeff" + GOOD_CALL,
+    ]:
         assert score_tool_call(tool_response(line), GT_TOOL).correctness == -3.0, line[:20]
 
 
@@ -395,7 +425,9 @@ def test_reward_rejects_bad_names_and_missing_columns():
 
 def test_reward_names_the_batch_row_of_a_bad_ground_truth():
     with pytest.raises(ValueError, match="batch row 1"):
-        ToolCallingReward()(["p", "p"], ["r", "r"], {"ground_truth": [GT_TOOL, "<tool_call>\n{\n</tool_call>"]})
+        ToolCallingReward()(
+            ["p", "p"], ["r", "r"], {"ground_truth": [GT_TOOL, "<tool_call>\n{\n</tool_call>"]}
+        )
 
 
 class _ConstantRewardModel:
@@ -409,14 +441,25 @@ class _ConstantRewardModel:
 
 def test_build_reward_function_and_combination():
     assert "tool_calling" in reward_kinds()
-    fn = build_reward_function({"kind": "tool_calling", "names": ["correctness", "length"], "conditional_length": True})
-    assert isinstance(fn, ToolCallingReward) and fn.conditional_length and fn.names == ("correctness", "length")
+    fn = build_reward_function(
+        {"kind": "tool_calling", "names": ["correctness", "length"], "conditional_length": True}
+    )
+    assert (
+        isinstance(fn, ToolCallingReward)
+        and fn.conditional_length
+        and fn.names == ("correctness", "length")
+    )
     assert isinstance(fn, RewardFunction)
     combined = CombinedReward((fn, _ConstantRewardModel()))
     assert combined.names == ("correctness", "length", "helpfulness")
     out = combined(*_batch([tool_response(GOOD_CALL)], [GT_TOOL]))
     np.testing.assert_allclose(out, [[3.0, 0.0, 0.5]])
-    listed = build_reward_function([{"kind": "tool_calling", "names": ["format"]}, {"kind": "tool_calling", "names": ["length"]}])
+    listed = build_reward_function(
+        [
+            {"kind": "tool_calling", "names": ["format"]},
+            {"kind": "tool_calling", "names": ["length"]},
+        ]
+    )
     assert listed.names == ("format", "length")
     with pytest.raises(ValueError, match="unknown reward kind"):
         build_reward_function({"kind": "nope"})

@@ -147,7 +147,7 @@ def think_text(output: str) -> str | None:
 
 
 def length_score(output: str, max_think_words: int = DEFAULT_MAX_THINK_WORDS) -> float:
-    """min(1, round(think words / max_think_words, 2)) (Python rounding); 0.0 without a think block."""
+    """min(1, round(think words / max_think_words, 2)), Python rounding; 0.0 without think text."""
     thought = think_text(output)
     if thought is None:
         return 0.0

@@ -8,8 +8,8 @@ from gd2po_jax.rewards.base import (
     register_reward_kind,
     reward_kinds,
 )
+from gd2po_jax.rewards.tool_calling import SETTINGS as TOOL_CALLING_SETTINGS
 from gd2po_jax.rewards.tool_calling import (
-    SETTINGS as TOOL_CALLING_SETTINGS,
     ToolCallingReward,
     ToolCallScore,
     score_tool_call,

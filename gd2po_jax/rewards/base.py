@@ -67,7 +67,9 @@ class CombinedReward:
         names = self.names
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"reward names must be unique across functions; repeated: {duplicates}")
+            raise ValueError(
+                f"reward names must be unique across functions; repeated: {duplicates}"
+            )
 
     @property
     def names(self) -> tuple[str, ...]:

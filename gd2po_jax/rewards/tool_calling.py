@@ -282,7 +282,9 @@ class ToolCallingReward:
                 f"got {names!r}; the paper's settings are {SETTINGS}"
             )
         if not isinstance(self.max_think_words, int) or self.max_think_words <= 0:
-            raise ValueError(f"max_think_words must be a positive int, got {self.max_think_words!r}")
+            raise ValueError(
+                f"max_think_words must be a positive int, got {self.max_think_words!r}"
+            )
 
     def score(self, response: str, ground_truth: str) -> ToolCallScore:
         """The three rewards of one response, with the conditional length rule applied."""
@@ -311,7 +313,7 @@ class ToolCallingReward:
                 f"{len(ground_truths)} ground truths"
             )
         out = np.zeros((len(responses), len(self.names)), dtype=np.float32)
-        for i, (response, gt) in enumerate(zip(responses, ground_truths)):
+        for i, (response, gt) in enumerate(zip(responses, ground_truths, strict=True)):
             try:
                 s = self.score(response, gt)
             except ValueError as err:

@@ -1,0 +1,491 @@
+"""Loaders for the tool-calling data users already have on disk, into one `datasets.Dataset` schema.
+
+Every loader returns a `LoadResult` whose `dataset` has exactly these columns (`FEATURES`), so
+datasets from different files can be concatenated and the trainer reads one layout:
+
+  prompt        list of {"role": str, "content": str}  the chat messages before the answer
+  ground_truth  str or None   what the reward scores against (ToolRL ground-truth text; for
+                              API-Bank the JSON-encoded `answer` list; None for prompt-only
+                              and SFT data)
+  target        str or None   the assistant text to imitate (supervised warm start), if any
+  level         int or None   API-Bank difficulty level (1, 2, 3), if any
+  source        str           where the row comes from ("rlla", "toolrl_sft", "api_bank", ...)
+  row           int           the row's 0-based index in its file (JSON list index, parquet row,
+                              or JSONL line index so that line = row + 1)
+
+Supported files (local only; nothing is downloaded):
+
+  verl RL parquet        `prompt` (chat messages), `reward_model.ground_truth`, `data_source`
+                         -> `load_verl_parquet` (prompt-only files allowed with
+                         `require_ground_truth=False`)
+  ToolRL SFT JSON        a JSON list of {"instruction", "input", "output"} -> `load_toolrl_sft`;
+                         prompt = [system: instruction, user: input], target = output
+  API-Bank JSON          a JSON list of {"system", "user", "answer", ...}; `answer` is a list of
+                         {"name", "parameters"} dicts, one such dict, or a Python-literal string of
+                         either (parsed with `ast.literal_eval`) -> `load_api_bank_file`,
+                         `load_api_bank` (a directory of level-{1,2,3}-api_processed.json)
+  JSONL                  one JSON object per line -> `load_jsonl`, with fields
+                           "prompt": str (one user message) or a list of {"role", "content"}
+                           "messages": alias of "prompt" (give exactly one of the two)
+                           "ground_truth": str (optional), "target": str (optional),
+                           "level": int (optional), "source": str (optional, default "jsonl")
+                         other fields are ignored; blank lines are skipped.
+
+Malformed rows raise `DataFormatError` naming the file, the 0-based row (and the 1-based line for
+JSONL) and the field. With `on_error="skip"` they are left out instead, logged as a warning, and
+returned in `LoadResult.skipped`. Problems with a whole file (missing, not a JSON list, no
+`prompt` column) always raise.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+logger = logging.getLogger(__name__)
+
+OnError = Literal["raise", "skip"]
+
+FEATURES = datasets.Features(
+    {
+        "prompt": datasets.List(
+            {"role": datasets.Value("string"), "content": datasets.Value("string")}
+        ),
+        "ground_truth": datasets.Value("string"),
+        "target": datasets.Value("string"),
+        "level": datasets.Value("int64"),
+        "source": datasets.Value("string"),
+        "row": datasets.Value("int64"),
+    }
+)
+"""The schema of every loaded dataset (see the module docstring)."""
+
+_API_BANK_FILE = re.compile(r"level-(\d+)-api_processed\.json$")
+
+
+class DataFormatError(ValueError):
+    """A data file, or one row of it, is not in the expected format.
+
+    Attributes:
+      path: the file.
+      row: 0-based row index in the file (None for a problem with the whole file).
+      field: the offending field (None when not specific to one).
+      problem: what is wrong.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        row: int | None,
+        field: str | None,
+        problem: str,
+        *,
+        line: int | None = None,
+    ):
+        self.path, self.row, self.field, self.problem, self.line = (
+            str(path),
+            row,
+            field,
+            problem,
+            line,
+        )
+        where = [str(path)]
+        if row is not None:
+            where.append(f"row {row} (0-based)" + (f", line {line}" if line is not None else ""))
+        if field is not None:
+            where.append(f"field {field!r}")
+        super().__init__(": ".join([", ".join(where), problem]))
+
+
+class _FieldError(Exception):
+    """Raised by row converters; becomes a DataFormatError once the row is known."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(problem)
+        self.field, self.problem = field, problem
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    """A loaded dataset and the rows left out of it (only with `on_error="skip"`)."""
+
+    dataset: datasets.Dataset
+    skipped: tuple[DataFormatError, ...] = ()
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+
+# ---------------------------------------------------------------- field checks
+
+
+def _require_str(value: Any, field: str, *, allow_empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise _FieldError(field, f"expected a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise _FieldError(field, "expected a non-empty string")
+    return value
+
+
+def _optional_str(value: Any, field: str) -> str | None:
+    return None if value is None else _require_str(value, field)
+
+
+def _messages(value: Any, field: str) -> list[dict[str, str]]:
+    """A non-empty list of {"role": str, "content": str} messages (extra keys dropped)."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _FieldError(field, f"expected a non-empty list of chat messages, got {value!r:.80}")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise _FieldError(
+                f"{field}[{i}]", f"expected a message dict, got {type(message).__name__}"
+            )
+        role = _require_str(message.get("role"), f"{field}[{i}].role", allow_empty=False)
+        content = _require_str(message.get("content"), f"{field}[{i}].content")
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _row(
+    prompt, *, ground_truth=None, target=None, level=None, source: str, row: int
+) -> dict[str, Any]:
+    return {
+        "prompt": prompt,
+        "ground_truth": ground_truth,
+        "target": target,
+        "level": level,
+        "source": source,
+        "row": row,
+    }
+
+
+def _build(
+    path,
+    records: Iterable[tuple[int, int | None, Any]],
+    convert: Callable[[Any, int], dict],
+    on_error: OnError,
+) -> LoadResult:
+    """Convert (row, line, record) triples into a dataset, raising or skipping on bad rows."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    rows, skipped = [], []
+    for index, line, record in records:
+        try:
+            rows.append(convert(record, index))
+        except _FieldError as err:
+            error = DataFormatError(path, index, err.field, err.problem, line=line)
+            if on_error == "raise":
+                raise error from None
+            skipped.append(error)
+    if skipped:
+        logger.warning("%s: skipped %d malformed row(s); first: %s", path, len(skipped), skipped[0])
+    return LoadResult(datasets.Dataset.from_list(rows, features=FEATURES), tuple(skipped))
+
+
+def _check_file(path: str | os.PathLike) -> pathlib.Path:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    return path
+
+
+def _json_list(path: pathlib.Path) -> list[Any]:
+    """The records of a file holding one JSON list."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataFormatError(path, None, None, f"not valid JSON ({err})") from err
+    if not isinstance(records, list):
+        raise DataFormatError(
+            path, None, None, f"expected a JSON list of records, got {type(records).__name__}"
+        )
+    return records
+
+
+def _dict_record(record: Any) -> dict:
+    if not isinstance(record, dict):
+        raise _FieldError("<record>", f"expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+# ---------------------------------------------------------------- verl parquet
+
+
+def load_verl_parquet(
+    path: str | os.PathLike, *, require_ground_truth: bool = True, on_error: OnError = "raise"
+) -> LoadResult:
+    """Load a verl RL parquet file (`prompt`, `reward_model.ground_truth`, `data_source`).
+
+    Args:
+      require_ground_truth: when False, a file without `reward_model.ground_truth` (prompt-only
+        data) loads with ground_truth None; rows of a file that has the field still need it.
+    """
+    path = _check_file(path)
+    parquet = pq.ParquetFile(path)
+    schema = parquet.schema_arrow
+    if "prompt" not in schema.names:
+        raise DataFormatError(
+            path, None, "prompt", f"no 'prompt' column; columns are {schema.names}"
+        )
+    has_gt = _has_ground_truth_field(schema)
+    if require_ground_truth and not has_gt:
+        raise DataFormatError(
+            path,
+            None,
+            "reward_model.ground_truth",
+            "missing; pass require_ground_truth=False to load prompt-only data",
+        )
+    columns = [c for c in ("prompt", "reward_model", "data_source") if c in schema.names]
+
+    def records() -> Iterator[tuple[int, None, dict]]:
+        index = 0
+        for batch in parquet.iter_batches(batch_size=1024, columns=columns):
+            for record in batch.to_pylist():
+                yield index, None, record
+                index += 1
+
+    def convert(record: dict, index: int) -> dict:
+        ground_truth = None
+        if has_gt:
+            reward_model = record.get("reward_model")
+            if not isinstance(reward_model, dict):
+                raise _FieldError("reward_model", "missing (null)")
+            ground_truth = _require_str(
+                reward_model.get("ground_truth"), "reward_model.ground_truth", allow_empty=False
+            )
+        source = _optional_str(record.get("data_source"), "data_source") or "verl"
+        return _row(
+            _messages(record.get("prompt"), "prompt"),
+            ground_truth=ground_truth,
+            source=source,
+            row=index,
+        )
+
+    return _build(path, records(), convert, on_error)
+
+
+def _has_ground_truth_field(schema: pa.Schema) -> bool:
+    """Whether a parquet schema has a `reward_model` struct with a `ground_truth` field."""
+    if "reward_model" not in schema.names:
+        return False
+    reward_model = schema.field("reward_model").type
+    return pa.types.is_struct(reward_model) and reward_model.get_field_index("ground_truth") >= 0
+
+
+# ---------------------------------------------------------------- ToolRL SFT JSON
+
+
+def _toolrl_sft_row(record: Any, index: int) -> dict:
+    record = _dict_record(record)
+    instruction = _require_str(record.get("instruction"), "instruction", allow_empty=False)
+    user = _require_str(record.get("input"), "input")
+    output = _require_str(record.get("output"), "output", allow_empty=False)
+    prompt = [{"role": "system", "content": instruction}, {"role": "user", "content": user}]
+    return _row(prompt, target=output, source="toolrl_sft", row=index)
+
+
+def load_toolrl_sft(path: str | os.PathLike, *, on_error: OnError = "raise") -> LoadResult:
+    """Load ToolRL SFT data: a JSON list of {"instruction", "input", "output"}.
+
+    The prompt is [system: instruction, user: input] (as ToolRL builds its RL prompts from the
+    same kind of records) and `target` is the output to imitate. `ground_truth` is None: SFT
+    outputs are not all valid reward ground truths (some mention `<tool_call>` inside the think
+    text, which the ToolRL reward would parse as the call block).
+    """
+    path = _check_file(path)
+    records = ((i, None, r) for i, r in enumerate(_json_list(path)))
+    return _build(path, records, _toolrl_sft_row, on_error)
+
+
+# ---------------------------------------------------------------- API-Bank JSON
+
+
+def _api_bank_answer(value: Any) -> list[dict]:
+    """The answer as a non-empty list of {"name": str, "parameters": dict} calls."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as err:
+            raise _FieldError(
+                "answer", f"not a Python literal ({type(err).__name__}: {err})"
+            ) from None
+    calls = [value] if isinstance(value, dict) else value
+    if not isinstance(calls, list) or not calls:
+        raise _FieldError(
+            "answer", f"expected a non-empty list of calls or one call, got {value!r:.80}"
+        )
+    for i, call in enumerate(calls):
+        if not (
+            isinstance(call, dict)
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("parameters"), dict)
+        ):
+            raise _FieldError(
+                f"answer[{i}]", f"expected {{'name': str, 'parameters': dict}}, got {call!r:.80}"
+            )
+    return calls
+
+
+def decode_api_bank_answer(ground_truth: str) -> list[dict]:
+    """The `answer` list of an API-Bank row from its `ground_truth` column (JSON-encoded)."""
+    return json.loads(ground_truth)
+
+
+def load_api_bank_file(
+    path: str | os.PathLike, *, level: int | None = None, on_error: OnError = "raise"
+) -> LoadResult:
+    """Load one API-Bank processed file: a JSON list of {"system", "user", "answer", ...}.
+
+    Args:
+      level: the difficulty level; by default taken from a `level-<N>-api_processed.json` name.
+    """
+    path = _check_file(path)
+    if level is None:
+        match = _API_BANK_FILE.search(path.name)
+        level = int(match.group(1)) if match else None
+
+    def convert(record: Any, index: int) -> dict:
+        record = _dict_record(record)
+        system = _require_str(record.get("system"), "system")
+        user = _require_str(record.get("user"), "user", allow_empty=False)
+        calls = _api_bank_answer(record.get("answer"))
+        try:
+            ground_truth = json.dumps(calls, ensure_ascii=False)
+        except (TypeError, ValueError) as err:
+            raise _FieldError("answer", f"not representable as JSON ({err})") from None
+        prompt = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return _row(prompt, ground_truth=ground_truth, level=level, source="api_bank", row=index)
+
+    records = ((i, None, r) for i, r in enumerate(_json_list(path)))
+    return _build(path, records, convert, on_error)
+
+
+def load_api_bank(
+    directory: str | os.PathLike, *, levels: Sequence[int] = (1, 2, 3), on_error: OnError = "raise"
+) -> LoadResult:
+    """Load `level-<N>-api_processed.json` for each level in `directory`, concatenated in order."""
+    directory = pathlib.Path(directory)
+    results = [
+        load_api_bank_file(
+            directory / f"level-{lv}-api_processed.json", level=lv, on_error=on_error
+        )
+        for lv in levels
+    ]
+    if not results:
+        raise ValueError("load_api_bank needs at least one level")
+    dataset = datasets.concatenate_datasets([r.dataset for r in results])
+    return LoadResult(dataset, tuple(e for r in results for e in r.skipped))
+
+
+# ---------------------------------------------------------------- JSONL
+
+
+def _jsonl_row(record: Any, index: int) -> dict:
+    record = _dict_record(record)
+    if ("prompt" in record) == ("messages" in record):
+        raise _FieldError("prompt", "give exactly one of 'prompt' and 'messages'")
+    field = "prompt" if "prompt" in record else "messages"
+    value = record[field]
+    if isinstance(value, str):
+        prompt = [{"role": "user", "content": _require_str(value, field, allow_empty=False)}]
+    else:
+        prompt = _messages(value, field)
+    level = record.get("level")
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
+        raise _FieldError("level", f"expected an integer, got {level!r:.40}")
+    return _row(
+        prompt,
+        ground_truth=_optional_str(record.get("ground_truth"), "ground_truth"),
+        target=_optional_str(record.get("target"), "target"),
+        level=level,
+        source=_optional_str(record.get("source"), "source") or "jsonl",
+        row=index,
+    )
+
+
+def load_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> LoadResult:
+    """Load a JSONL file in the schema of the module docstring (row = 0-based line index)."""
+    path = _check_file(path)
+
+    def records() -> Iterator[tuple[int, int, Any]]:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            for index, line in enumerate(f):
+                if line.strip():
+                    yield index, index + 1, line
+
+    def convert(line: str, index: int) -> dict:
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise _FieldError("<line>", f"not valid JSON ({err})") from None
+        return _jsonl_row(record, index)
+
+    return _build(path, records(), convert, on_error)
+
+
+# ---------------------------------------------------------------- dispatch
+
+KINDS = ("verl", "toolrl_sft", "api_bank", "jsonl")
+
+
+def detect_kind(path: str | os.PathLike) -> str:
+    """The loader kind of a path: by extension, and for .json by the first record's keys; a
+    directory is an API-Bank directory."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        return "api_bank"
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return "verl"
+    if suffix == ".jsonl":
+        return "jsonl"
+    if suffix == ".json":
+        records = _json_list(_check_file(path))
+        keys = set(records[0]) if records and isinstance(records[0], dict) else set()
+        if {"instruction", "output"} <= keys:
+            return "toolrl_sft"
+        if {"system", "user", "answer"} <= keys:
+            return "api_bank"
+        raise DataFormatError(
+            path,
+            0,
+            None,
+            f"cannot tell the format from keys {sorted(keys)}; pass kind= one of {KINDS}",
+        )
+    raise ValueError(
+        f"cannot tell the data format of {path} from its extension; pass kind= one of {KINDS}"
+    )
+
+
+def load_data(
+    path: str | os.PathLike, *, kind: str = "auto", on_error: OnError = "raise", **options: Any
+) -> LoadResult:
+    """Load any supported file (or an API-Bank directory) by kind, or detected with kind="auto".
+
+    `options` go to the specific loader (e.g. `require_ground_truth=False`, `levels=(1,)`).
+    """
+    if kind == "auto":
+        kind = detect_kind(path)
+    loaders: dict[str, Callable[..., LoadResult]] = {
+        "verl": load_verl_parquet,
+        "toolrl_sft": load_toolrl_sft,
+        "api_bank": load_api_bank if pathlib.Path(path).is_dir() else load_api_bank_file,
+        "jsonl": load_jsonl,
+    }
+    if kind not in loaders:
+        raise ValueError(f"unknown data kind {kind!r}; expected 'auto' or one of {KINDS}")
+    return loaders[kind](path, on_error=on_error, **options)

@@ -1,0 +1,375 @@
+"""Tests for gd2po_jax/data: loaders on the real files, corrupted copies, chat templates."""
+
+import json
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from gd2po_jax.data import (
+    FEATURES,
+    DataFormatError,
+    decode_api_bank_answer,
+    detect_kind,
+    load_api_bank,
+    load_api_bank_file,
+    load_data,
+    load_jsonl,
+    load_toolrl_sft,
+    load_verl_parquet,
+    render_prompt,
+    render_prompts,
+    render_sft_example,
+)
+
+
+@pytest.fixture(scope="module")
+def data_dir(shared_dir):
+    return shared_dir / "data"
+
+
+# ---------------------------------------------------------------- verl parquet
+
+
+def test_verl_parquet_real_file(data_dir):
+    result = load_verl_parquet(data_dir / "rlla_4k" / "test.parquet")
+    ds = result.dataset
+    assert result.num_skipped == 0
+    assert len(ds) == 80 and ds.features == FEATURES
+    first = ds[0]
+    assert [m["role"] for m in first["prompt"]] == ["system", "user"]
+    assert first["prompt"][0]["content"].startswith(
+        "You are a helpful multi-turn dialogue assistant"
+    )
+    assert "Azure" in first["prompt"][1]["content"]
+    assert (
+        first["ground_truth"].startswith("<think>") and '"name": "GetNews"' in first["ground_truth"]
+    )
+    assert (first["source"], first["target"], first["level"]) == ("rlla", None, None)
+    assert ds["row"] == list(range(80))
+    assert sum("<tool_call>" in gt for gt in ds["ground_truth"]) == 71
+
+
+def test_verl_prompt_only_parquet(data_dir):
+    path = data_dir / "safe_alignment" / "alpaca_test.parquet"
+    with pytest.raises(DataFormatError, match="require_ground_truth=False"):
+        load_verl_parquet(path)
+    ds = load_verl_parquet(path, require_ground_truth=False).dataset
+    assert len(ds) == 512 and set(ds["ground_truth"]) == {None}
+    assert ds[0]["prompt"][0]["content"].startswith(
+        "Describe an example of a time you used influence"
+    )
+
+
+def _corrupt_parquet(data_dir, tmp_path):
+    rows = pq.read_table(data_dir / "rlla_4k" / "test.parquet").to_pylist()
+    rows[5]["reward_model"]["ground_truth"] = None
+    rows[7]["prompt"] = []
+    path = tmp_path / "corrupt.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_verl_corrupted_row_fails_with_row_and_field(data_dir, tmp_path):
+    path = _corrupt_parquet(data_dir, tmp_path)
+    with pytest.raises(
+        DataFormatError, match=r"row 5 \(0-based\).*reward_model\.ground_truth"
+    ) as info:
+        load_verl_parquet(path)
+    assert (info.value.path, info.value.row, info.value.field) == (
+        str(path),
+        5,
+        "reward_model.ground_truth",
+    )
+    assert str(path) in str(info.value)
+
+
+def test_verl_skip_mode_counts(data_dir, tmp_path):
+    result = load_verl_parquet(_corrupt_parquet(data_dir, tmp_path), on_error="skip")
+    assert result.num_skipped == 2
+    assert [(e.row, e.field) for e in result.skipped] == [
+        (5, "reward_model.ground_truth"),
+        (7, "prompt"),
+    ]
+    assert (
+        len(result.dataset) == 78
+        and 5 not in result.dataset["row"]
+        and 7 not in result.dataset["row"]
+    )
+
+
+def test_parquet_without_prompt_column(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"question": ["hi"]}), path)
+    with pytest.raises(DataFormatError, match="no 'prompt' column"):
+        load_verl_parquet(path)
+
+
+# ---------------------------------------------------------------- ToolRL SFT JSON
+
+
+def test_toolrl_sft_real_file(data_dir):
+    ds = load_toolrl_sft(data_dir / "rlla_4k" / "rlla_sft.json").dataset
+    raw = json.loads((data_dir / "rlla_4k" / "rlla_sft.json").read_text())
+    assert len(ds) == 400
+    assert ds[0]["prompt"] == [
+        {"role": "system", "content": raw[0]["instruction"]},
+        {"role": "user", "content": raw[0]["input"]},
+    ]
+    assert ds[0]["target"] == raw[0]["output"] and ds[0]["target"].startswith("<think>")
+    assert ds[0]["ground_truth"] is None and ds[0]["source"] == "toolrl_sft"
+    assert "Alex Ferguson" in ds[0]["prompt"][1]["content"]
+
+
+def _corrupt_sft(data_dir, tmp_path):
+    raw = json.loads((data_dir / "rlla_4k" / "rlla_sft.json").read_text())
+    raw[3]["output"] = 5
+    del raw[10]["instruction"]
+    raw[12] = "not an object"
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_toolrl_sft_corrupted_rows(data_dir, tmp_path):
+    path = _corrupt_sft(data_dir, tmp_path)
+    with pytest.raises(
+        DataFormatError, match=r"row 3 \(0-based\), field 'output': expected a string, got int"
+    ):
+        load_toolrl_sft(path)
+    result = load_toolrl_sft(path, on_error="skip")
+    assert [(e.row, e.field) for e in result.skipped] == [
+        (3, "output"),
+        (10, "instruction"),
+        (12, "<record>"),
+    ]
+    assert len(result.dataset) == 397
+
+
+def test_json_file_that_is_not_a_list(tmp_path):
+    path = tmp_path / "obj.json"
+    path.write_text('{"instruction": "x"}')
+    with pytest.raises(DataFormatError, match="expected a JSON list"):
+        load_toolrl_sft(path)
+    path.write_text("[{")
+    with pytest.raises(DataFormatError, match="not valid JSON"):
+        load_toolrl_sft(path)
+    with pytest.raises(FileNotFoundError):
+        load_toolrl_sft(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------- API-Bank
+
+
+@pytest.mark.parametrize("level, rows", [(1, 399), (2, 67), (3, 131)])
+def test_api_bank_real_files(data_dir, level, rows):
+    ds = load_api_bank_file(data_dir / "api_bank" / f"level-{level}-api_processed.json").dataset
+    assert len(ds) == rows and set(ds["level"]) == {level} and set(ds["source"]) == {"api_bank"}
+    assert [m["role"] for m in ds[0]["prompt"]] == ["system", "user"]
+    for gt in ds["ground_truth"]:
+        calls = decode_api_bank_answer(gt)
+        assert isinstance(calls[0]["name"], str) and isinstance(calls[0]["parameters"], dict)
+
+
+def test_api_bank_directory_and_answer_values(data_dir):
+    ds = load_api_bank(data_dir / "api_bank").dataset
+    assert len(ds) == 597 and ds["level"].count(1) == 399 and ds["level"].count(3) == 131
+    assert decode_api_bank_answer(ds[0]["ground_truth"]) == [
+        {
+            "name": "ModifyRegistration",
+            "parameters": {
+                "appointment_id": "34567890",
+                "new_appointment_date": "2023-03-26",
+                "new_appointment_doctor": "Dr. Lee",
+            },
+        }
+    ]
+    # Level 2 stores a bare dict; it is normalised to a one-call list.
+    assert decode_api_bank_answer(ds[399]["ground_truth"]) == [
+        {"name": "SymptomSearch", "parameters": {"symptom": "rash"}}
+    ]
+    assert ds[399]["row"] == 0 and ds[399]["level"] == 2
+
+
+def test_api_bank_python_literal_answers(data_dir, tmp_path):
+    original = json.loads((data_dir / "api_bank" / "level-1-api_processed.json").read_text())[:5]
+    as_literals = [dict(r, answer=repr(r["answer"])) for r in original]
+    path = tmp_path / "level-1-api_processed.json"
+    path.write_text(json.dumps(as_literals))
+    ds = load_api_bank_file(path).dataset
+    assert ds["level"] == [1] * 5
+    assert [decode_api_bank_answer(gt) for gt in ds["ground_truth"]] == [
+        r["answer"] for r in original
+    ]
+
+
+def test_api_bank_corrupted_answers(data_dir, tmp_path):
+    records = json.loads((data_dir / "api_bank" / "level-3-api_processed.json").read_text())[:6]
+    records[1]["answer"] = "[{'name': 'QueryMeeting', "
+    records[2]["answer"] = []
+    records[3]["answer"] = [{"name": 7, "parameters": {}}]
+    records[4]["answer"] = "__import__('os').system('echo pwned')"
+    path = tmp_path / "level-3-api_processed.json"
+    path.write_text(json.dumps(records))
+    with pytest.raises(
+        DataFormatError, match=r"row 1 \(0-based\), field 'answer': not a Python literal"
+    ):
+        load_api_bank_file(path)
+    result = load_api_bank_file(path, on_error="skip")
+    assert [(e.row, e.field) for e in result.skipped] == [
+        (1, "answer"),
+        (2, "answer"),
+        (3, "answer[0]"),
+        (4, "answer"),
+    ]
+    assert result.dataset["row"] == [0, 5]
+
+
+# ---------------------------------------------------------------- JSONL
+
+JSONL_ROWS = [
+    {
+        "prompt": "What is the weather in Paris?",
+        "ground_truth": "<think> t </think>\n<response> sunny </response>",
+    },
+    {
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+        "target": "hello",
+        "level": 2,
+    },
+    {"prompt": [{"role": "user", "content": "x"}], "source": "mine", "extra": [1, 2]},
+]
+
+
+def _write_jsonl(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jsonl_schema(tmp_path):
+    lines = [json.dumps(JSONL_ROWS[0]), "", json.dumps(JSONL_ROWS[1]), json.dumps(JSONL_ROWS[2])]
+    ds = load_jsonl(_write_jsonl(tmp_path / "d.jsonl", lines)).dataset
+    assert ds["row"] == [0, 2, 3]
+    assert ds[0]["prompt"] == [{"role": "user", "content": "What is the weather in Paris?"}]
+    assert ds[0]["ground_truth"].endswith("</response>") and ds[0]["source"] == "jsonl"
+    assert ds[1]["prompt"][0] == {"role": "system", "content": "sys"}
+    assert (ds[1]["target"], ds[1]["level"], ds[1]["ground_truth"]) == ("hello", 2, None)
+    assert ds[2]["source"] == "mine"
+
+
+def test_jsonl_corrupted_lines(tmp_path):
+    lines = [
+        json.dumps(JSONL_ROWS[0]),
+        json.dumps(JSONL_ROWS[1]),
+        '{"prompt": "unterminated',
+        json.dumps({"prompt": "a", "messages": []}),
+        json.dumps({"prompt": [{"role": "user", "content": 3}]}),
+        json.dumps({"prompt": "ok", "level": "two"}),
+    ]
+    path = _write_jsonl(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(
+        DataFormatError,
+        match=r"bad\.jsonl, row 2 \(0-based\), line 3, field '<line>': not valid JSON",
+    ):
+        load_jsonl(path)
+    result = load_jsonl(path, on_error="skip")
+    assert [(e.row, e.line, e.field) for e in result.skipped] == [
+        (2, 3, "<line>"),
+        (3, 4, "prompt"),
+        (4, 5, "prompt[0].content"),
+        (5, 6, "level"),
+    ]
+    assert len(result.dataset) == 2
+
+
+def test_on_error_must_be_known(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps(JSONL_ROWS[0])])
+    with pytest.raises(ValueError, match="on_error"):
+        load_jsonl(path, on_error="ignore")
+
+
+# ---------------------------------------------------------------- dispatch and uniform schema
+
+
+def test_detect_kind_and_load_data(data_dir, tmp_path):
+    assert detect_kind(data_dir / "rlla_4k" / "test.parquet") == "verl"
+    assert detect_kind(data_dir / "rlla_4k" / "rlla_sft.json") == "toolrl_sft"
+    assert detect_kind(data_dir / "api_bank" / "level-2-api_processed.json") == "api_bank"
+    assert detect_kind(data_dir / "api_bank") == "api_bank"
+    assert len(load_data(data_dir / "api_bank", levels=(2,)).dataset) == 67
+    assert len(load_data(data_dir / "api_bank" / "level-3-api_processed.json").dataset) == 131
+    with pytest.raises(ValueError, match="kind"):
+        load_data(tmp_path / "x.csv")
+    with pytest.raises(ValueError, match="unknown data kind"):
+        load_data(data_dir / "rlla_4k" / "test.parquet", kind="csv")
+
+
+def test_loaders_share_one_schema(data_dir):
+    parts = [
+        load_data(data_dir / "rlla_4k" / "test.parquet").dataset,
+        load_data(data_dir / "rlla_4k" / "rlla_sft.json").dataset,
+        load_data(data_dir / "api_bank" / "level-2-api_processed.json").dataset,
+    ]
+    combined = datasets.concatenate_datasets(parts)
+    assert len(combined) == 80 + 400 + 67
+    assert set(combined["source"]) == {"rlla", "toolrl_sft", "api_bank"}
+
+
+# ---------------------------------------------------------------- chat templates
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2, "user": 3, "assistant": 4, "system": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", eos_token="<|im_end|>"
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def test_render_prompt_opens_the_assistant_turn(tokenizer):
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    want = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(messages, tokenizer) == want
+
+
+def test_render_prompts_of_a_loaded_dataset(data_dir, tokenizer):
+    ds = load_verl_parquet(data_dir / "rlla_4k" / "test.parquet").dataset.select(range(3))
+    texts = render_prompts(ds["prompt"], tokenizer)
+    assert len(texts) == 3
+    for text, messages in zip(texts, ds["prompt"], strict=True):
+        assert text.startswith("<|im_start|>system\nYou are a helpful")
+        assert messages[1]["content"] in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_render_sft_example_splits_prompt_and_completion(data_dir, tokenizer):
+    row = load_toolrl_sft(data_dir / "rlla_4k" / "rlla_sft.json").dataset[0]
+    prompt, completion = render_sft_example(row["prompt"], row["target"], tokenizer)
+    assert prompt == render_prompt(row["prompt"], tokenizer)
+    assert completion == row["target"] + "<|im_end|>\n"
+
+
+def test_render_errors(tokenizer):
+    bare = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, unk_token="[UNK]")
+    with pytest.raises(ValueError, match="no chat_template"):
+        render_prompt([{"role": "user", "content": "x"}], bare)
+    rewriting = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, unk_token="[UNK]"
+    )
+    rewriting.chat_template = (
+        "{% if messages[-1]['role'] == 'assistant' %}REWRITTEN{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    )
+    with pytest.raises(ValueError, match="cannot be separated"):
+        render_sft_example([{"role": "user", "content": "x"}], "y", rewriting)
