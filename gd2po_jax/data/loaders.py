@@ -80,6 +80,7 @@ class DataFormatError(ValueError):
     Attributes:
       path: the file.
       row: 0-based row index in the file (None for a problem with the whole file).
+      line: 1-based line number, for JSONL files (None otherwise).
       field: the offending field (None when not specific to one).
       problem: what is wrong.
     """
@@ -93,13 +94,8 @@ class DataFormatError(ValueError):
         *,
         line: int | None = None,
     ):
-        self.path, self.row, self.field, self.problem, self.line = (
-            str(path),
-            row,
-            field,
-            problem,
-            line,
-        )
+        self.path = str(path)
+        self.row, self.line, self.field, self.problem = row, line, field, problem
         where = [str(path)]
         if row is not None:
             where.append(f"row {row} (0-based)" + (f", line {line}" if line is not None else ""))

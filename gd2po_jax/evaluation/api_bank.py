@@ -170,7 +170,11 @@ def score_api_bank(
       ValueError: on a malformed `answer` or a non-positive `max_think_words` (data and
         configuration errors, never model errors).
     """
-    if not isinstance(max_think_words, int) or max_think_words <= 0:
+    if (
+        isinstance(max_think_words, bool)
+        or not isinstance(max_think_words, int)
+        or max_think_words <= 0
+    ):
         raise ValueError(f"max_think_words must be a positive int, got {max_think_words!r}")
     reference_call(answer)
     if not isinstance(response, str):

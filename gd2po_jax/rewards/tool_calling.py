@@ -210,6 +210,10 @@ def length_reward(text: str, max_think_words: int = DEFAULT_MAX_THINK_WORDS) -> 
     return min(1.0, round(len(thought.split()) / max_think_words, 2))
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _as_text(response: Any) -> str | None:
     """A response as str (bytes decoded as UTF-8 with replacement), or None if it is neither."""
     if isinstance(response, str):
@@ -234,7 +238,7 @@ def score_tool_call(
       ValueError: on a malformed or non-str ground truth (see `parse_ground_truth_calls`) or a
         non-positive `max_think_words` — configuration and data errors, never model errors.
     """
-    if not isinstance(max_think_words, int) or max_think_words <= 0:
+    if not _positive_int(max_think_words):
         raise ValueError(f"max_think_words must be a positive int, got {max_think_words!r}")
     if not isinstance(ground_truth, str):
         raise ValueError(f"ground truth must be a str, got {type(ground_truth).__name__}")
@@ -281,7 +285,7 @@ class ToolCallingReward:
                 f"tool_calling reward names must be distinct entries of {REWARD_NAMES}, "
                 f"got {names!r}; the paper's settings are {SETTINGS}"
             )
-        if not isinstance(self.max_think_words, int) or self.max_think_words <= 0:
+        if not _positive_int(self.max_think_words):
             raise ValueError(
                 f"max_think_words must be a positive int, got {self.max_think_words!r}"
             )
