@@ -27,3 +27,11 @@ def shared_dir() -> pathlib.Path:
     if not SHARED_DIR.is_dir():
         pytest.fail(f"../shared not found at {SHARED_DIR}: tests need the reference vectors and data")
     return SHARED_DIR
+
+
+# Hypothesis: deterministic examples in CI (a failure there reproduces locally with CI=true).
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+_hypothesis_settings.register_profile("dev", deadline=None)
+_hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
