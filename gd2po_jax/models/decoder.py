@@ -46,7 +46,8 @@ def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") 
 class KVCache:
     """Preallocated key/value cache.
 
-    keys, values: one ``[B, S, KV, hd]`` array per layer.
+    keys, values: one ``[B, KV, S, hd]`` array per layer (heads before slots, so attention reads
+      the cache without a transpose).
     valid: ``[B, S]`` bool, slots that hold a real (non-pad) token.
     index: ``[]`` int32, the next slot to write; every row writes the same slot (left padding).
     """
@@ -63,7 +64,7 @@ class KVCache:
 
 def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32) -> KVCache:
     """An empty cache for ``batch`` rows of at most ``max_length`` tokens (prompt + completion)."""
-    shape = (batch, max_length, config.num_kv_heads, config.head_dim)
+    shape = (batch, config.num_kv_heads, max_length, config.head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
     return KVCache(
         keys=zeros,
@@ -105,16 +106,16 @@ def attention_mask_3d(key_valid: jax.Array, index: jax.Array, num_queries: int) 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention, softmax in float32.
 
-    q: [B, T, H, hd]; k, v: [B, S, KV, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
+    q: [B, T, H, hd]; k, v: [B, KV, S, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
     """
     b, t, h, hd = q.shape
-    kv = k.shape[2]
+    kv = k.shape[1]
     q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (hd**-0.5)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
 
 
@@ -150,24 +151,28 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(hd, eps, dtype) if config.qk_norm else None
 
     def _project(self, x, kernel, bias, norm):
-        y = jnp.einsum("btd,dnh->btnh", x, kernel[...])
+        """``x [B, T, D] -> [B, T, N, hd]``; the kernel is used as a [D, N*hd] matrix (free reshape)."""
+        d, n, hd = kernel.shape
+        y = (x @ kernel[...].reshape(d, n * hd)).reshape(*x.shape[:-1], n, hd)
         if bias is not None:
             y = y + bias[...]
         return norm(y) if norm is not None else y
 
     def __call__(self, x, cos, sin, mask, kv_cache, index):
         """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
-        kv_cache: None or (keys, values) [B, S, KV, hd] to write at slot ``index``.
-        Returns (out [B, T, D], (keys, values)) where keys/values are [B, S, KV, hd]."""
+        kv_cache: None or (keys, values) [B, KV, S, hd] to write at slot ``index``.
+        Returns (out [B, T, D], (keys, values)) where keys/values are [B, KV, S, hd]."""
         q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm), cos, sin)
         k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm), cos, sin)
         v = self._project(x, self.v_kernel, self.v_bias, None)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         if kv_cache is not None:
-            start = (0, index, 0, 0)
+            start = (0, 0, index, 0)
             k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), start)
             v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), start)
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
-        out = jnp.einsum("btnh,nhd->btd", out, self.o_kernel[...])
+        h, hd, d = self.o_kernel.shape
+        out = out.reshape(*out.shape[:2], h * hd) @ self.o_kernel[...].reshape(h * hd, d)
         if self.o_bias is not None:
             out = out + self.o_bias[...]
         return out, (k, v)

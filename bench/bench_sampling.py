@@ -1,0 +1,143 @@
+"""Sampler throughput: prefill tokens/s and generated tokens/s of `gd2po_jax.sampling.generate`.
+
+Default: a random 29M-parameter Qwen2-shaped model (hidden 512, 8 layers, 8 heads, 2 kv heads,
+intermediate 1408, vocab 12288, tied embeddings), fp32, 32 prompts x 64 prompt tokens x 64 new tokens.
+
+    python bench/bench_sampling.py                       # the default above
+    python bench/bench_sampling.py --preset qwen2.5-0.5b --dtype bfloat16 --batch 64
+    python bench/bench_sampling.py --hf-dir /path/to/checkpoint
+
+No EOS is set, so every row generates exactly --new-tokens tokens. Compilation is excluded (one
+warm-up call); timings are the median over --repeats calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  # noqa: E402
+from gd2po_jax.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn  # noqa: E402
+
+PRESETS = {
+    "qwen2-29m": dict(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1408, vocab=12288, head_dim=64),
+    # Qwen2.5-0.5B shapes (494M parameters).
+    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, head_dim=64),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2-29m")
+    for name in ("hidden", "layers", "heads", "kv-heads", "intermediate", "vocab", "head-dim"):
+        parser.add_argument(f"--{name}", type=int, default=None, help="override the preset")
+    parser.add_argument("--hf-dir", default=None, help="load this checkpoint instead of a random model")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--batch", type=int, default=32, help="number of prompts P")
+    parser.add_argument("--num-samples", type=int, default=1, help="completions per prompt G")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+def build_model(args) -> Decoder:
+    dtype = jnp.dtype(args.dtype)
+    if args.hf_dir:
+        return load_pretrained(args.hf_dir, dtype=dtype)
+    shape = dict(PRESETS[args.preset])
+    for key in shape:
+        override = getattr(args, key.replace("-", "_"))
+        if override is not None:
+            shape[key] = override
+    config = ModelConfig(
+        model_type="qwen2",
+        vocab_size=shape["vocab"],
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_layers=shape["layers"],
+        num_heads=shape["heads"],
+        num_kv_heads=shape["kv_heads"],
+        head_dim=shape["head_dim"],
+        rope=RopeConfig(theta=1e6),
+        qkv_bias=True,
+        tie_word_embeddings=True,
+    )
+    return nnx.jit(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0)))()
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    model = build_model(args)
+    config = model.config
+    rs = np.random.RandomState(0)
+    prompts = [list(rs.randint(0, config.vocab_size, args.prompt_len)) for _ in range(args.batch)]
+    kwargs = dict(
+        max_new_tokens=args.new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        num_samples=args.num_samples,
+    )
+    n_rows = args.batch * args.num_samples
+    generated = n_rows * args.new_tokens
+
+    start = time.perf_counter()
+    jax.block_until_ready(generate(model, prompts, rng=jax.random.key(0), **kwargs).tokens)
+    compile_s = time.perf_counter() - start
+    total_s = timed(lambda: generate(model, prompts, rng=jax.random.key(1), **kwargs).tokens, args.repeats)
+
+    # Prefill alone (the same compiled program generate uses).
+    graphdef, state = nnx.split(model)
+    params = SamplingParams(**{k: v for k, v in kwargs.items() if k != "num_samples"})
+    ids, mask = left_pad(prompts, bucket_length(args.prompt_len), 0)
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+
+    def prefill():
+        return prefill_fn(graphdef, state, ids, mask, jax.random.key(2), params, args.num_samples, None)
+
+    prefill_s = timed(prefill, args.repeats)
+    decode_s = max(total_s - prefill_s, 1e-9)
+
+    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}  dtype={args.dtype}")
+    print(
+        f"model: {config.model_type} hidden={config.hidden_size} layers={config.num_layers} "
+        f"heads={config.num_heads}/{config.num_kv_heads} head_dim={config.head_dim} "
+        f"intermediate={config.intermediate_size} vocab={config.vocab_size} "
+        f"tied={config.tie_word_embeddings} params={config.num_params() / 1e6:.1f}M"
+    )
+    print(
+        f"batch: {args.batch} prompts x {args.num_samples} samples, prompt {args.prompt_len} "
+        f"(bucket {ids.shape[1]}), {args.new_tokens} new tokens, T={args.temperature} "
+        f"top_p={args.top_p} top_k={args.top_k}"
+    )
+    print(f"first call (compile + run): {compile_s:.2f} s")
+    print(f"prefill: {prefill_s * 1e3:.1f} ms  -> {args.batch * ids.shape[1] / prefill_s:,.0f} prefill tokens/s")
+    print(f"decode:  {decode_s * 1e3:.1f} ms  -> {generated / decode_s:,.0f} decode tokens/s")
+    print(f"generate end-to-end: {total_s * 1e3:.1f} ms -> {generated / total_s:,.0f} generated tokens/s")
+
+
+if __name__ == "__main__":
+    main()
