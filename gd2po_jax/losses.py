@@ -1,0 +1,400 @@
+"""Policy loss: per-token log-probs, the clipped surrogate, KL, entropy, and exact aggregation.
+
+The objective is PPO's clipped surrogate as verl computes it for GRPO / GDPO / GD2PO
+(`spec/ALGORITHM.md`, section 5)::
+
+    rho = exp(clip(logp - old_logp, -20, 20))
+    l   = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
+    l   = min(l, -A c)          where A < 0             (dual clip, Ye et al. 2020; c = 3)
+
+Shapes: ``B`` sequences, ``T`` response tokens, ``V`` vocabulary, ``H`` hidden size.
+
+Aggregation returns ``(numerator, denominator)`` instead of a mean, so gradient accumulation over
+micro-batches sums both and divides once: the result equals one big batch exactly.
+
+Filtered rollouts (GD2PO's ``keep == False``) arrive here with advantage 0: their token losses are
+0, but whether they stay in the denominator is decided by the mask the caller passes. The official
+code keeps them (their response mask is unchanged); the trainer exposes that as an option.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k3")
+
+#: log-ratio clamp of verl before exponentiation.
+LOG_RATIO_CLAMP = 20.0
+#: k3 estimator clamp of verl ("low_var_kl").
+K3_CLAMP = 10.0
+
+
+def _at_least_f32(x: jax.Array) -> jax.Array:
+    """Promote to float32 (bf16/f16 -> f32) while keeping float64 inputs in float64."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probs and entropy from logits.
+# ----------------------------------------------------------------------------------------------
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Log-prob of each target token: ``logits[target] - logsumexp(logits)``.
+
+    The log-softmax is never materialized: one reduction (logsumexp) and one gather.
+
+    Args:
+      logits: [B, T, V] any float dtype (computed in float32).
+      targets: [B, T] int token ids.
+
+    Returns:
+      [B, T] float32.
+    """
+    logits = _at_least_f32(logits)
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return target_logits - log_normalizer
+
+
+def token_entropy(logits: jax.Array) -> jax.Array:
+    """Entropy of the next-token distribution: ``logsumexp(z) - sum softmax(z) z``.
+
+    Args:
+      logits: [B, T, V].
+
+    Returns:
+      [B, T] float32.
+    """
+    logits = _at_least_f32(logits)
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    probs = jnp.exp(logits - log_normalizer[..., None])
+    return log_normalizer - jnp.sum(probs * logits, axis=-1)
+
+
+def chunked_token_logprobs(
+    hidden: jax.Array,
+    unembedding: jax.Array,
+    targets: jax.Array,
+    *,
+    chunk_size: int = 128,
+    with_entropy: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Per-token log-probs (and entropy) from final hidden states, a chunk of positions at a time.
+
+    Only ``[B, chunk_size, V]`` logits exist at once, in the forward and (through
+    ``jax.checkpoint``) in the backward pass: with a large vocabulary this is what keeps the
+    training step's memory bounded.
+
+    Args:
+      hidden: [B, T, H] final (normed) hidden states.
+      unembedding: [H, V] output projection (the transposed embedding when tied).
+      targets: [B, T] int token ids.
+      chunk_size: positions per chunk; T is padded up to a multiple of it.
+      with_entropy: also return the entropy.
+
+    Returns:
+      logp [B, T] float32 and entropy [B, T] float32 (None unless ``with_entropy``).
+    """
+    batch, length, _ = hidden.shape
+    chunk = max(1, min(chunk_size, length))
+    num_chunks = -(-length // chunk)
+    pad = num_chunks * chunk - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    hidden_chunks = hidden.reshape(batch, num_chunks, chunk, -1).swapaxes(0, 1)
+    target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(args):
+        hidden_chunk, target_chunk = args
+        logits = jnp.einsum(
+            "bth,hv->btv", hidden_chunk, unembedding, preferred_element_type=jnp.float32
+        )
+        logp = token_logprobs(logits, target_chunk)
+        entropy = token_entropy(logits) if with_entropy else jnp.zeros_like(logp)
+        return logp, entropy
+
+    logp, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
+    logp = logp.swapaxes(0, 1).reshape(batch, -1)[:, :length]
+    entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
+    return logp, (entropy if with_entropy else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-token objective terms.
+# ----------------------------------------------------------------------------------------------
+
+
+def clipped_surrogate(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token clipped policy-gradient loss (to minimize).
+
+    Args:
+      logp: [B, T] log-probs under the policy being optimized.
+      old_logp: [B, T] log-probs under the policy that sampled (no gradient flows to them).
+      advantages: [B, T] per-token advantages, or [B] per-sequence (broadcast over T).
+      clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+      dual_clip: the constant c of dual clipping (> 1), applied where A < 0; None disables it.
+
+    Returns:
+      loss [B, T] float32, and per-token indicators/values: ``ratio``, ``log_ratio``,
+      ``clipped`` (the clipped branch is active), ``dual_clipped`` (the dual-clip bound is active).
+    """
+    if advantages.ndim == logp.ndim - 1:
+        advantages = advantages[..., None]
+    advantages = jnp.broadcast_to(_at_least_f32(advantages), logp.shape)
+    old_logp = jax.lax.stop_gradient(_at_least_f32(old_logp))
+    log_ratio = jnp.clip(_at_least_f32(logp) - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    unclipped_loss = -advantages * ratio
+    clipped_loss = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = jnp.maximum(unclipped_loss, clipped_loss)
+    clipped = clipped_loss > unclipped_loss
+    dual_clipped = jnp.zeros_like(clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (verl's clip_ratio_c), got {dual_clip}")
+        bound = -advantages * dual_clip
+        negative = advantages < 0
+        dual_clipped = negative & (loss > bound)
+        loss = jnp.where(negative, jnp.minimum(loss, bound), loss)
+    stats = {"ratio": ratio, "log_ratio": log_ratio, "clipped": clipped, "dual_clipped": dual_clipped}
+    return loss, stats
+
+
+def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
+    """Per-token KL estimate between the policy and a reference policy (Schulman's k1 / k3).
+
+    ``k1 = logp - ref_logp``; ``k3 = exp(ref - logp) - (ref - logp) - 1`` (verl's "low_var_kl",
+    with its clamps of the log-ratio to [-20, 20] and of the estimate to [-10, 10]).
+
+    Args:
+      logp: [B, T]; ref_logp: [B, T] (no gradient flows to it).
+      estimator: "k1" | "k3".
+
+    Returns:
+      [B, T] float32.
+    """
+    logp = _at_least_f32(logp)
+    ref_logp = jax.lax.stop_gradient(_at_least_f32(ref_logp))
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k3":
+        log_ratio = jnp.clip(ref_logp - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -K3_CLAMP, K3_CLAMP)
+    raise ValueError(f"KL estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Aggregation into (numerator, denominator).
+# ----------------------------------------------------------------------------------------------
+
+
+def aggregate_loss(
+    per_token: jax.Array,
+    mask: jax.Array,
+    mode: LossAggMode = "token-mean",
+    *,
+    norm_length: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Aggregate a per-token quantity into ``(numerator, denominator)``; the loss is their ratio.
+
+    - ``token-mean``: sum over valid tokens / number of valid tokens.
+    - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
+    - ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
+    - ``seq-mean-token-sum-norm``: mean over sequences of the token sum divided by a constant
+      length (Dr. GRPO); ``norm_length`` defaults to T, the padded response length.
+
+    Sequences without any valid token are not counted. Summing numerators and denominators over
+    micro-batches and dividing once gives the full-batch value exactly (for ``token-mean`` and
+    the sequence modes alike).
+
+    Args:
+      per_token: [B, T] float.
+      mask: [B, T] bool or {0, 1}.
+      mode: one of `LOSS_AGG_MODES`.
+      norm_length: the constant of ``seq-mean-token-sum-norm``.
+
+    Returns:
+      numerator, denominator: float32 scalars.
+    """
+    per_token = _at_least_f32(per_token)
+    mask = mask.astype(per_token.dtype)
+    masked = per_token * mask
+    tokens_per_seq = jnp.sum(mask, axis=-1)
+    has_tokens = (tokens_per_seq > 0).astype(per_token.dtype)
+    if mode == "token-mean":
+        return jnp.sum(masked), jnp.sum(mask)
+    if mode == "seq-mean-token-mean":
+        seq_means = jnp.sum(masked, axis=-1) / jnp.maximum(tokens_per_seq, 1.0)
+        return jnp.sum(seq_means * has_tokens), jnp.sum(has_tokens)
+    if mode == "seq-mean-token-sum":
+        return jnp.sum(masked), jnp.sum(has_tokens)
+    if mode == "seq-mean-token-sum-norm":
+        length = float(per_token.shape[-1] if norm_length is None else norm_length)
+        return jnp.sum(masked), jnp.sum(has_tokens) * length
+    raise ValueError(f"loss aggregation mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+
+
+def safe_ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
+    """``numerator / denominator``, 0 when the denominator is 0 (an all-masked batch)."""
+    return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The full policy loss.
+# ----------------------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class PolicyLoss:
+    """Sums of one (micro-)batch; add two with `accumulate`, read with `loss` and `metrics`.
+
+    Attributes:
+      numerator, denominator: of the total loss (policy gradient + KL - entropy bonus).
+      token_count: valid tokens.
+      sums: per-token sums over valid tokens: ``pg_loss``, ``clipped``, ``dual_clipped``,
+        ``ratio``, ``approx_kl`` (k3 of old vs new policy), ``kl`` (to the reference; 0 when
+        unused), ``entropy`` (0 when not computed).
+      ratio_min, ratio_max: extreme importance ratios over valid tokens.
+    """
+
+    numerator: jax.Array
+    denominator: jax.Array
+    token_count: jax.Array
+    sums: dict[str, jax.Array]
+    ratio_min: jax.Array
+    ratio_max: jax.Array
+
+    def loss(self) -> jax.Array:
+        """The aggregated loss: numerator / denominator (0 on an empty batch)."""
+        return safe_ratio(self.numerator, self.denominator)
+
+    def metrics(self) -> dict[str, jax.Array]:
+        """Token-mean metrics plus the ratio extremes, as float32 scalars."""
+        out = {name: safe_ratio(value, self.token_count) for name, value in self.sums.items()}
+        out["clip_fraction"] = out.pop("clipped")
+        out["dual_clip_fraction"] = out.pop("dual_clipped")
+        out["ratio_mean"] = out.pop("ratio")
+        has_tokens = self.token_count > 0
+        out["ratio_min"] = jnp.where(has_tokens, self.ratio_min, 1.0)
+        out["ratio_max"] = jnp.where(has_tokens, self.ratio_max, 1.0)
+        out["loss"] = self.loss()
+        out["tokens"] = self.token_count
+        return out
+
+
+def accumulate(first: PolicyLoss, second: PolicyLoss) -> PolicyLoss:
+    """Combine the sums of two micro-batches (exact gradient accumulation)."""
+    return PolicyLoss(
+        numerator=first.numerator + second.numerator,
+        denominator=first.denominator + second.denominator,
+        token_count=first.token_count + second.token_count,
+        sums={name: first.sums[name] + second.sums[name] for name in first.sums},
+        ratio_min=jnp.minimum(first.ratio_min, second.ratio_min),
+        ratio_max=jnp.maximum(first.ratio_max, second.ratio_max),
+    )
+
+
+def policy_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    agg_mode: LossAggMode = "token-mean",
+    norm_length: float | None = None,
+    ref_logp: jax.Array | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy: jax.Array | None = None,
+    entropy_coef: float = 0.0,
+) -> PolicyLoss:
+    """The GRPO/GDPO/GD2PO policy loss of one (micro-)batch as sums.
+
+    ``loss = agg(pg) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy)``, all three
+    aggregated with the same mode, hence one shared denominator.
+
+    Args:
+      logp: [B, T] policy log-probs of the response tokens (differentiable).
+      old_logp: [B, T] log-probs of the sampling policy.
+      advantages: [B] or [B, T].
+      mask: [B, T] response tokens that count in the loss.
+      clip_low, clip_high, dual_clip: see `clipped_surrogate`.
+      agg_mode, norm_length: see `aggregate_loss`.
+      ref_logp: [B, T] reference-policy log-probs, required when ``kl_coef`` is not 0.
+      kl_coef, kl_estimator: KL-to-reference term.
+      entropy: [B, T] per-token entropy (e.g. from `chunked_token_logprobs`), required when
+        ``entropy_coef`` is not 0; when given it is also reported.
+      entropy_coef: entropy bonus.
+
+    Returns:
+      A `PolicyLoss`.
+    """
+    pg, stats = clipped_surrogate(
+        logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
+    numerator, denominator = aggregate_loss(pg, mask, agg_mode, norm_length=norm_length)
+    maskf = mask.astype(pg.dtype)
+    zeros = jnp.zeros_like(pg)
+
+    kl = zeros
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, kl_estimator)
+    if kl_coef:
+        if ref_logp is None:
+            raise ValueError("kl_coef is set but no ref_logp was given (enable the reference policy)")
+        kl_numerator, _ = aggregate_loss(kl, mask, agg_mode, norm_length=norm_length)
+        numerator = numerator + kl_coef * kl_numerator
+    if entropy is None:
+        if entropy_coef:
+            raise ValueError("entropy_coef is set but no per-token entropy was given")
+        entropy = zeros
+    elif entropy_coef:
+        entropy_numerator, _ = aggregate_loss(entropy, mask, agg_mode, norm_length=norm_length)
+        numerator = numerator - entropy_coef * entropy_numerator
+
+    log_ratio = stats["log_ratio"]
+    approx_kl = jnp.exp(-log_ratio) + log_ratio - 1.0  # k3 of KL(old || new)
+    per_token = {
+        "pg_loss": pg,
+        "clipped": stats["clipped"].astype(pg.dtype),
+        "dual_clipped": stats["dual_clipped"].astype(pg.dtype),
+        "ratio": stats["ratio"],
+        "approx_kl": approx_kl,
+        "kl": kl,
+        "entropy": _at_least_f32(entropy),
+    }
+    sums = {name: jax.lax.stop_gradient(jnp.sum(value * maskf)) for name, value in per_token.items()}
+    ratio = jax.lax.stop_gradient(stats["ratio"])
+    valid = maskf > 0
+    return PolicyLoss(
+        numerator=numerator,
+        denominator=denominator,
+        token_count=jnp.sum(maskf),
+        sums=sums,
+        ratio_min=jnp.min(jnp.where(valid, ratio, jnp.inf)),
+        ratio_max=jnp.max(jnp.where(valid, ratio, -jnp.inf)),
+    )
