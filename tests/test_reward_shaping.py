@@ -26,7 +26,7 @@ def test_condition_reward_grants_length_only_at_max_correctness():
     np.testing.assert_array_equal(shaped[:4, 1], np.float32([0.4, 0.0, 0.0, 0.0]))
     assert np.isnan(float(shaped[4, 1]))
     np.testing.assert_array_equal(shaped[:, 0], rewards[:, 0])  # the condition column is unchanged
-    np.testing.assert_array_equal(rewards[1, 1], 0.9)  # no in-place change
+    np.testing.assert_array_equal(rewards[1, 1], np.float32(0.9))  # no in-place change
     # Works on the [P, G, K] step tensor and changes the advantages accordingly.
     step = rewards[:4].reshape(1, 4, 2)
     before = compute_advantages(step, jnp.ones((1, 4), jnp.int32), "gdpo").reward_advantages
