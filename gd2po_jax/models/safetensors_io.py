@@ -85,6 +85,9 @@ class SafetensorsCheckpoint:
     def names(self) -> set[str]:
         return set(self._entries)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entries[name][1]["shape"])
+
     def file_of(self, name: str) -> pathlib.Path:
         return self._entries[name][0]
 

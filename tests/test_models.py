@@ -1,0 +1,223 @@
+"""gd2po_jax.models: parity with transformers, checkpoint round trips, KV cache, errors."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from transformers import AutoModelForCausalLM
+
+from _tiny_models import VOCAB, build_hf_model, hf_logits, logits_of, ragged_batch, tiny_checkpoint
+from gd2po_jax.models import (
+    Decoder,
+    ModelConfig,
+    config_from_hf_dict,
+    init_cache,
+    load_config,
+    load_pretrained,
+    save_pretrained,
+)
+from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
+
+CASES = [("qwen2", True), ("qwen2", False), ("qwen3", False), ("qwen3", True), ("llama3", False), ("llama3", True)]
+
+
+def _max_diff_on_tokens(a, b, mask):
+    return float(np.abs(a - b)[mask.astype(bool)].max())
+
+
+@pytest.mark.parametrize("family,tie", CASES, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in CASES])
+def test_logits_match_transformers_on_left_padded_batch(family, tie):
+    path, hf = tiny_checkpoint(family, tie)
+    ids, mask = ragged_batch()
+    model = load_pretrained(path)
+    assert (model.lm_head is None) == tie
+    ours = logits_of(model, ids, mask)
+    ref = hf_logits(hf, ids, mask)
+    assert ours.shape == (4, 12, VOCAB) and ours.dtype == np.float32
+    assert np.abs(ref).max() > 0.5  # the comparison is not trivially small numbers
+    assert _max_diff_on_tokens(ours, ref, mask) < 1e-4
+
+
+def test_config_fields_per_family():
+    qwen2 = load_config(tiny_checkpoint("qwen2", True)[0])
+    qwen3 = load_config(tiny_checkpoint("qwen3", False)[0])
+    llama = load_config(tiny_checkpoint("llama3", False)[0])
+    assert (qwen2.qkv_bias, qwen2.o_bias, qwen2.qk_norm, qwen2.tie_word_embeddings) == (True, False, False, True)
+    assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim) == (False, True, 16)
+    assert llama.rope.rope_type == "llama3" and llama.rope.param("factor") == 8.0
+
+
+@pytest.mark.parametrize("family,tie", [("qwen2", True), ("llama3", False)])
+def test_num_params_matches_transformers(family, tie):
+    _, hf = tiny_checkpoint(family, tie)
+    config = config_from_hf_dict(hf.config.to_dict())
+    assert config.num_params() == sum(p.numel() for p in hf.parameters())
+
+
+def test_legacy_rope_fields_are_read():
+    hf = build_hf_model("llama3", False).config.to_dict()
+    legacy = {k: v for k, v in hf.items() if k != "rope_parameters"}
+    legacy["rope_theta"] = 500000.0
+    legacy["rope_scaling"] = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    assert config_from_hf_dict(legacy).rope == config_from_hf_dict(hf).rope
+
+
+def test_token_logprobs_equal_log_softmax_of_logits():
+    path, _ = tiny_checkpoint("qwen2", True)
+    model = load_pretrained(path)
+    ids, mask = ragged_batch()
+    logits = logits_of(model, ids, mask)
+    logp = nnx.jit(lambda m, i, a: m.token_logprobs(i, a, start=5))(model, ids, mask)
+    ref = jax.nn.log_softmax(logits[:, 4:-1], axis=-1)
+    ref = np.take_along_axis(np.asarray(ref), ids[:, 5:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(logp), ref, atol=1e-5)
+    hidden, _ = model.hidden_states(jnp.asarray(ids), jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(model.logits(hidden[:, 3:6])), logits[:, 3:6], atol=1e-5)
+
+
+def test_cached_prefill_then_decode_matches_full_forward():
+    path, _ = tiny_checkpoint("qwen3", False)
+    model = load_pretrained(path)
+    ids, mask = ragged_batch()
+    full = logits_of(model, ids, mask)
+
+    @nnx.jit
+    def step(model, ids, mask, cache):
+        return model(ids, attention_mask=mask, cache=cache)
+
+    cache = init_cache(model.config, ids.shape[0], 16)
+    logits, cache = step(model, ids[:, :8], mask[:, :8], cache)
+    pieces = [np.asarray(logits)]
+    for t in range(8, 12):
+        logits, cache = step(model, ids[:, t : t + 1], mask[:, t : t + 1], cache)
+        pieces.append(np.asarray(logits))
+    assert int(cache.index) == 12
+    assert _max_diff_on_tokens(np.concatenate(pieces, axis=1), full, mask) < 1e-5
+
+
+@pytest.mark.parametrize("family,tie", [("qwen2", True), ("qwen3", False), ("llama3", False)])
+def test_round_trip_transformers_loads_saved_model(family, tie, tmp_path):
+    path, hf = tiny_checkpoint(family, tie)
+    model = load_pretrained(path)
+    files = save_pretrained(model, tmp_path / "out", copy_files_from=path)
+    assert "model.safetensors" in files and "generation_config.json" in files
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(reloaded) is type(hf)
+    assert reloaded.config.tie_word_embeddings == tie
+    ids, mask = ragged_batch(seed=1)
+    np.testing.assert_array_equal(hf_logits(reloaded, ids, mask), hf_logits(hf, ids, mask))
+
+
+def test_bfloat16_load_and_save(tmp_path):
+    path, hf = tiny_checkpoint("qwen2", False)
+    model = load_pretrained(path, dtype=jnp.bfloat16)
+    assert model.layers[0].attn.q_kernel[...].dtype == jnp.bfloat16
+    ids, mask = ragged_batch()
+    ours = logits_of(model, ids, mask)
+    assert ours.dtype == np.float32
+    assert _max_diff_on_tokens(ours, hf_logits(hf, ids, mask), mask) < 0.1
+    save_pretrained(model, tmp_path / "bf16")
+    header, _ = read_header(tmp_path / "bf16" / "model.safetensors")
+    assert {entry["dtype"] for entry in header.values()} == {"BF16"}
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    expected = hf.model.layers[1].mlp.down_proj.weight.to(torch.bfloat16)
+    assert torch.equal(reloaded.model.layers[1].mlp.down_proj.weight, expected)
+
+
+def test_sharded_checkpoint_with_index_loads_and_saves(tmp_path):
+    _, hf = tiny_checkpoint("llama3", False)
+    hf.save_pretrained(tmp_path / "src", max_shard_size="40KB")
+    assert (tmp_path / "src" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "src").glob("*.safetensors"))) > 1
+    model = load_pretrained(tmp_path / "src")
+    files = save_pretrained(model, tmp_path / "dst", max_shard_bytes=40_000)
+    assert "model.safetensors.index.json" in files and len(files) > 3
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").eval()
+    ids, mask = ragged_batch()
+    np.testing.assert_array_equal(hf_logits(reloaded, ids, mask), hf_logits(hf, ids, mask))
+
+
+def _copy_checkpoint(tmp_path, family="qwen2", tie=True):
+    src, _ = tiny_checkpoint(family, tie)
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_unknown_architecture_names_file_and_model_type(tmp_path):
+    ckpt = _copy_checkpoint(tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config\.json.*'gpt2'.*qwen2"):
+        load_pretrained(ckpt)
+
+
+def test_missing_tensor_names_tensor_shape_and_files(tmp_path):
+    ckpt = _copy_checkpoint(tmp_path)
+    reader = SafetensorsCheckpoint(ckpt)
+    kept = [n for n in sorted(reader.names()) if n != "model.layers.1.self_attn.k_proj.weight"]
+    tensors = []
+    for name in kept:
+        array = np.array(reader._entries[name] and reader.get(name, reader._entries[name][1]["shape"]))
+        tensors.append((name, array.shape, array.dtype, lambda a=array: a))
+    write_file(ckpt / "model.safetensors", tensors)
+    with pytest.raises(KeyError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight.*\(16, 32\).*model\.safetensors"):
+        load_pretrained(ckpt)
+
+
+def test_wrong_shape_names_file_tensor_and_expected_shape(tmp_path):
+    ckpt = _copy_checkpoint(tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["intermediate_size"] = 48
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model\.safetensors.*mlp\.gate_proj\.weight.*\(64, 32\).*\(48, 32\)"):
+        load_pretrained(ckpt)
+
+
+def test_unexpected_tensors_are_reported(tmp_path):
+    ckpt = _copy_checkpoint(tmp_path, "qwen3", False)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["model_type"] = "llama"  # llama has no q_norm / k_norm
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"q_norm"):
+        load_pretrained(ckpt)
+
+
+def test_sliding_window_is_rejected(tmp_path):
+    ckpt = _copy_checkpoint(tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["use_sliding_window"] = True
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="sliding-window"):
+        load_pretrained(ckpt)
+
+
+@pytest.mark.slow
+def test_remat_gives_identical_loss_and_gradients():
+    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
+    ids, mask = ragged_batch(lengths=(6, 3), width=6)
+    ids = ids % 64
+
+    def grads(remat):
+        model = Decoder(config, rngs=nnx.Rngs(3), remat=remat)
+
+        @nnx.jit
+        def loss_and_grad(model):
+            return nnx.value_and_grad(lambda m: -jnp.mean(m.token_logprobs(ids, mask, start=2)))(model)
+
+        return loss_and_grad(model)
+
+    (loss_a, grad_a), (loss_b, grad_b) = grads(False), grads(True)
+    assert float(loss_a) == pytest.approx(float(loss_b), abs=1e-6)
+    for a, b in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    assert float(jnp.abs(grad_a.layers[0].attn.q_kernel[...]).max()) > 0
