@@ -202,7 +202,8 @@ def _constrain_state(state: DecodeState, mesh: Mesh | None) -> DecodeState:
         values=tuple(_constrain(v, mesh, kv_spec) for v in cache.values),
         valid=_constrain(cache.valid, mesh, (BATCH_AXES,)),
     )
-    rows = {f: _constrain(getattr(state, f), mesh, (BATCH_AXES,)) for f in ("tokens", "logprobs", "last", "lengths", "finished")}
+    row_fields = ("tokens", "logprobs", "last", "lengths", "finished")
+    rows = {f: _constrain(getattr(state, f), mesh, (BATCH_AXES,)) for f in row_fields}
     return state.replace(cache=cache, **rows)
 
 

@@ -54,7 +54,13 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir=None) -> list[in
     return ids
 
 
-def chat_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs) -> str:
+def chat_text(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    *,
+    add_generation_prompt: bool = True,
+    **template_kwargs,
+) -> str:
     """The chat template rendered as text (it already holds any BOS / special tokens)."""
     if tokenizer.chat_template is None:
         raise ValueError(
@@ -91,7 +97,9 @@ def encode_prompts(
     return encoded
 
 
-def decode_completions(tokenizer: PreTrainedTokenizerBase, tokens, lengths, *, skip_special_tokens: bool = True) -> list[str]:
+def decode_completions(
+    tokenizer: PreTrainedTokenizerBase, tokens, lengths, *, skip_special_tokens: bool = True
+) -> list[str]:
     """Texts of completions ``tokens [N, M]`` cut at ``lengths [N]`` (EOS dropped as special)."""
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     return [
