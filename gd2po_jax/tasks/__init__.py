@@ -1,0 +1,21 @@
+"""Built-in tasks: the synthetic tool-calling world and a tokenizer trained on its corpus."""
+
+from gd2po_jax.tasks.synthetic_tools import (
+    SyntheticToolsConfig,
+    correct_rate,
+    is_correct,
+    iter_corpus,
+    make_splits,
+    tool_corpus,
+)
+from gd2po_jax.tasks.tokenizer import build_tokenizer
+
+__all__ = [
+    "SyntheticToolsConfig",
+    "build_tokenizer",
+    "correct_rate",
+    "is_correct",
+    "iter_corpus",
+    "make_splits",
+    "tool_corpus",
+]
