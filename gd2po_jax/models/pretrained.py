@@ -162,6 +162,9 @@ def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat:
         tensor = checkpoint.get(tm.hf_name, hf_shape(tm.kind, shape))
         sharding = variable_sharding(variable, mesh) if mesh is not None else None
         variable.set_value(_place(hf_to_ours(tensor, tm.kind, shape), dtype, sharding))
+    leftover = [x for x in jax.tree.leaves(nnx.state(model)) if isinstance(x, jax.ShapeDtypeStruct)]
+    if leftover:
+        raise RuntimeError(f"{len(leftover)} parameters of the decoder have no checkpoint tensor mapped to them")
     expected = {tm.hf_name for tm in maps}
     if config.tie_word_embeddings:
         expected.add("lm_head.weight")
