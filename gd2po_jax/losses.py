@@ -303,6 +303,18 @@ class PolicyLoss:
         return out
 
 
+SUM_NAMES: tuple[str, ...] = ("pg_loss", "clipped", "dual_clipped", "ratio", "approx_kl", "kl", "entropy")
+
+
+def empty_policy_loss() -> PolicyLoss:
+    """The neutral element of `accumulate` (zero sums, ratio extremes at +-inf)."""
+    zero = jnp.zeros((), jnp.float32)
+    return PolicyLoss(
+        numerator=zero, denominator=zero, token_count=zero, sums={name: zero for name in SUM_NAMES},
+        ratio_min=jnp.asarray(jnp.inf, jnp.float32), ratio_max=jnp.asarray(-jnp.inf, jnp.float32),
+    )
+
+
 def accumulate(first: PolicyLoss, second: PolicyLoss) -> PolicyLoss:
     """Combine the sums of two micro-batches (exact gradient accumulation)."""
     return PolicyLoss(
@@ -387,7 +399,7 @@ def policy_loss(
         "kl": kl,
         "entropy": _at_least_f32(entropy),
     }
-    sums = {name: jax.lax.stop_gradient(jnp.sum(value * maskf)) for name, value in per_token.items()}
+    sums = {name: jax.lax.stop_gradient(jnp.sum(per_token[name] * maskf)) for name in SUM_NAMES}
     ratio = jax.lax.stop_gradient(stats["ratio"])
     valid = maskf > 0
     return PolicyLoss(

@@ -290,6 +290,12 @@ class ToolCallingReward:
                 f"max_think_words must be a positive int, got {self.max_think_words!r}"
             )
 
+    @property
+    def min_values(self) -> tuple[float, ...]:
+        """The lowest value of each column (what a rollout that cannot be scored gets)."""
+        lowest = {"correctness": MIN_CORRECTNESS, "format": 0.0, "length": 0.0}
+        return tuple(lowest[name] for name in self.names)
+
     def score(self, response: str, ground_truth: str) -> ToolCallScore:
         """The three rewards of one response, with the conditional length rule applied."""
         s = score_tool_call(response, ground_truth, self.max_think_words)

@@ -1,0 +1,106 @@
+"""Greedy generation over a prompt set and scoring of the outputs (validation, eval.py).
+
+Generation runs in fixed-size batches (the last one filled with repeats that are discarded), with
+one padded prompt length, so evaluating compiles one prefill and one decode program.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import tqdm
+
+from gd2po_jax.prompts import PromptSet, padded_batches
+from gd2po_jax.rewards.tool_calling import MAX_CORRECTNESS, score_tool_call
+from gd2po_jax.sampling import generate
+from gd2po_jax.tokenization import decode_completions
+
+Scorer = Callable[[str, dict[str, Any]], dict[str, float]]
+
+
+def tool_calling_scorer(max_think_words: int) -> Scorer:
+    """Scores a response against a ToolRL ground truth (``row["ground_truth"]``):
+
+    correct  1 if the calls are exactly right (correctness 3); for a ground truth without a call,
+             1 if the response answers with a ``<response>`` and makes no call
+    format   the format reward (0/1); length: the length reward (Lmax = ``max_think_words``);
+    correctness: the raw correctness reward in [-3, 3].
+    """
+
+    def score(response: str, row: dict[str, Any]) -> dict[str, float]:
+        ground_truth = row["ground_truth"]
+        s = score_tool_call(response, ground_truth, max_think_words)
+        if "<tool_call>" in ground_truth:
+            correct = s.correctness >= MAX_CORRECTNESS - 1e-9
+        else:
+            correct = "<response>" in response and "<tool_call>" not in response
+        return {"correct": float(correct), "format": s.format, "length": s.length, "correctness": s.correctness}
+
+    return score
+
+
+def evaluate(
+    model,
+    prompt_set: PromptSet,
+    tokenizer,
+    scorer: Scorer,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    prompt_length: int,
+    progress: bool = True,
+    desc: str = "eval",
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy completions of every prompt, scored.
+
+    Returns:
+      summary: ``<metric>`` means over all examples, ``<metric>/level_<L>`` per level when the data
+        has levels, ``num_examples``, ``truncation_rate`` and ``response_tokens``.
+      records: one dict per example: row, level, prompt, response, ground_truth and its scores.
+    """
+    records: list[dict[str, Any]] = []
+    batches = padded_batches(len(prompt_set), batch_size)
+    for indices, real in tqdm.tqdm(batches, desc=desc, disable=not progress, leave=False):
+        part = prompt_set.select(indices)
+        out = generate(
+            model, part.token_ids, max_new_tokens=max_new_tokens, temperature=0.0,
+            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, prompt_length=prompt_length,
+        )
+        tokens, lengths, finished = jax.device_get((out.tokens, out.lengths, out.finished))
+        responses = decode_completions(tokenizer, tokens[:real], lengths[:real])
+        for i, response in enumerate(responses):
+            row = {name: values[i] for name, values in part.columns.items()}
+            records.append({
+                "row": row.get("row", indices[i]), "level": row.get("level"), "prompt": part.texts[i],
+                "response": response, "ground_truth": row.get("ground_truth"),
+                "truncated": bool(not finished[i]), "response_tokens": int(lengths[i]),
+                **scorer(response, row),
+            })
+    return summarize(records), records
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Means of the score fields over all records and per level."""
+    if not records:
+        return {"num_examples": 0}
+    metrics = [k for k, v in records[0].items() if isinstance(v, float) and k not in ("row", "level")]
+    summary: dict[str, float] = {"num_examples": len(records)}
+    for name in metrics:
+        summary[name] = float(np.mean([r[name] for r in records]))
+    summary["truncation_rate"] = float(np.mean([r["truncated"] for r in records]))
+    summary["response_tokens"] = float(np.mean([r["response_tokens"] for r in records]))
+    by_level: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        if record.get("level") is not None:
+            by_level[record["level"]].append(record)
+    if len(by_level) > 1:
+        for level, group in sorted(by_level.items()):
+            for name in metrics:
+                summary[f"{name}/level_{level}"] = float(np.mean([r[name] for r in group]))
+    return summary

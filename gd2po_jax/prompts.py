@@ -1,0 +1,108 @@
+"""Prompts on the host: rendered once through the chat template, tokenized once, and served in
+fixed-size batches in a seeded order whose position is saved in checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import datasets
+import numpy as np
+
+from gd2po_jax.data.chat import render_prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    """N prompts ready for the sampler.
+
+    texts: N rendered prompt strings (what reward functions receive as ``prompts``).
+    token_ids: N token-id lists (unpadded).
+    columns: the dataset's other columns (ground_truth, level, ...), N values each.
+    """
+
+    texts: list[str]
+    token_ids: list[list[int]]
+    columns: dict[str, list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def max_tokens(self) -> int:
+        return max((len(ids) for ids in self.token_ids), default=0)
+
+    def select(self, indices: Sequence[int]) -> PromptSet:
+        """The prompts at ``indices`` (repeats allowed), in that order."""
+        return PromptSet(
+            texts=[self.texts[i] for i in indices],
+            token_ids=[self.token_ids[i] for i in indices],
+            columns={name: [values[i] for i in indices] for name, values in self.columns.items()},
+        )
+
+
+def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens: int, where: str) -> PromptSet:
+    """Render ``dataset["prompt"]`` with the chat template and tokenize.
+
+    Raises:
+      ValueError: a prompt longer than ``max_prompt_tokens``, naming ``where`` and the row.
+    """
+    texts = render_prompts(dataset["prompt"], tokenizer)
+    token_ids = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    for row, ids in enumerate(token_ids):
+        if len(ids) > max_prompt_tokens:
+            raise ValueError(
+                f"{where}, row {row} (0-based): the prompt has {len(ids)} tokens, more than "
+                f"config.data.max_prompt_tokens={max_prompt_tokens}"
+            )
+        if not ids:
+            raise ValueError(f"{where}, row {row} (0-based): the prompt renders to no tokens")
+    columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+    return PromptSet(texts=texts, token_ids=token_ids, columns=columns)
+
+
+@dataclasses.dataclass
+class EpochSampler:
+    """Indices of ``num_prompts`` items in a fresh seeded permutation each epoch.
+
+    The position (``epoch``, ``offset``) is all the state there is: save it, restore it, and the
+    same batches follow. A batch that crosses an epoch boundary continues in the next epoch.
+    """
+
+    size: int
+    seed: int
+    epoch: int = 0
+    offset: int = 0
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+    def next_batch(self, num_prompts: int) -> list[int]:
+        if self.size == 0:
+            raise ValueError("the training data is empty")
+        indices: list[int] = []
+        while len(indices) < num_prompts:
+            order = self._order(self.epoch)
+            take = order[self.offset : self.offset + num_prompts - len(indices)]
+            indices.extend(int(i) for i in take)
+            self.offset += len(take)
+            if self.offset >= self.size:
+                self.epoch, self.offset = self.epoch + 1, 0
+        return indices
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+
+
+def padded_batches(num_items: int, batch_size: int) -> list[tuple[list[int], int]]:
+    """Fixed-size batches over ``range(num_items)``: (indices, number of real items). The last batch
+    is filled by repeating its first item, so every batch has one shape (one compiled program)."""
+    batches = []
+    for start in range(0, num_items, batch_size):
+        real = list(range(start, min(start + batch_size, num_items)))
+        batches.append((real + [real[0]] * (batch_size - len(real)), len(real)))
+    return batches
