@@ -106,6 +106,9 @@ def validate_config(config, num_data_shards: int = 1) -> None:
         _positive_int(config, "sft.max_length", minimum=2)
 
     rollouts = prompts * config.rl.num_generations
+    _require(rollouts % num_data_shards == 0, "train.prompts_per_step",
+             f"{prompts} prompts x rl.num_generations={config.rl.num_generations} = {rollouts} rollouts "
+             f"per step cannot be split over {num_data_shards} data-parallel devices (config.mesh)")
     _require(rollouts % minibatches == 0, "rl.num_minibatches",
              f"{minibatches} does not divide the {rollouts} rollouts of a step "
              "(train.prompts_per_step x rl.num_generations)")
@@ -116,7 +119,5 @@ def validate_config(config, num_data_shards: int = 1) -> None:
     _require(micro % num_data_shards == 0, "rl.micro_batch_size",
              f"micro-batches of {micro} rollouts cannot be split over {num_data_shards} data-parallel "
              "devices (config.mesh); use a multiple")
-    _require(prompts % num_data_shards == 0 or rollouts % num_data_shards == 0, "train.prompts_per_step",
-             f"{rollouts} rollouts per step cannot be split over {num_data_shards} data-parallel devices")
     _require(config.eval.batch_size % num_data_shards == 0, "eval.batch_size",
              f"{config.eval.batch_size} is not divisible by the {num_data_shards} data-parallel devices")

@@ -42,7 +42,8 @@ class MetricsWriter:
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
-            purge = None if resume_step is None else resume_step + 1
+            # Also on a fresh start: a run killed before its first checkpoint left events behind.
+            purge = (resume_step or 0) + 1
             self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"), purge_step=purge)
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:

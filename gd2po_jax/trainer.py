@@ -28,6 +28,7 @@ import numpy as np
 import optax
 import tqdm
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from gd2po_jax import embedded
 from gd2po_jax.checkpointing import Checkpointer
@@ -150,6 +151,18 @@ def step_config(config) -> StepConfig:
     )
 
 
+def _place_on_mesh(tree, mesh):
+    """Leaves not yet on ``mesh`` (step, RNG key, optimizer counters) replicated on it, so the state
+    has the same shardings before and after an update (else step 2 compiles the update again)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x):
+        on_mesh = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+        return x if on_mesh else jax.device_put(x, replicated)
+
+    return jax.tree.map(place, tree)
+
+
 def _model_from(graphdef, params, dtype: str):
     return nnx.merge(graphdef, _cast(params, jnp.dtype(dtype)))
 
@@ -180,7 +193,7 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
     writer = MetricsWriter(out_dir.with_name("warm_start_logs"), tensorboard=False)
     bar = tqdm.tqdm(order, desc="warm start (SFT)", disable=not progress)
     for i, rows in enumerate(bar):
-        state, metrics = step_fn(state, jnp.asarray(data.input_ids[rows]), jnp.asarray(data.loss_mask[rows]))
+        state, metrics = step_fn(state, *(jnp.asarray(a[rows]) for a in (data.input_ids, data.attention_mask, data.loss_mask)))
         if i % 10 == 0 or i == len(order) - 1:
             record = writer.write(i + 1, jax.device_get(metrics))
             bar.set_postfix(loss=f"{record['sft/loss']:.3f}")
@@ -252,6 +265,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
     state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
                        jax.random.PRNGKey(config.train.seed))
+    state = _place_on_mesh(state, setup.mesh)
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
     ref_params = jax.tree.map(jnp.copy, params) if config.rl.kl_coef else None
 
     eval_dir = workdir / "eval"
@@ -273,7 +288,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
             "before_rl", progress=progress)
 
     writer = MetricsWriter(workdir, resume_step=start if start else None)
-    train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config(config), setup.mesh))
+    train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config(config), setup.mesh),
+                                state_shardings)
     ref_logp_fn = jax.jit(lambda p, ids, mask, m: completion_logprobs(
         nnx.merge(graphdef, _cast(p, jnp.dtype(config.model.dtype))), ids, mask, m,
         chunk_size=config.train.logit_chunk_size)[0], static_argnums=(3,))
