@@ -265,7 +265,9 @@ class Decoder(nnx.Module):
             positions = default_positions(mask, past)
         cos, sin = rope_tables(positions, rope_inv_freq(self.config))
         attn_mask = attention_mask_3d(key_valid, index, t)
-        run = nnx.remat(_run_layer) if self.remat else _run_layer
+        # Remat only matters for backprop; with a KV cache (sampling) it is skipped, as nnx.remat
+        # inside the decode while_loop raises TraceContextError.
+        run = nnx.remat(_run_layer) if self.remat and cache is None else _run_layer
         h = jnp.take(self.embed[...], input_ids, axis=0)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
