@@ -1,0 +1,377 @@
+"""What ``python eval.py`` does: pick a policy, generate greedily, score, write a report.
+
+Two sources of a policy:
+
+  a training run   ``--workdir=DIR`` with ``DIR/config.json`` (written by train.py): the data,
+                   tokenizer and mesh are rebuilt from that config (`trainer.build_setup`) and the
+                   parameters are restored from ``DIR/checkpoints`` (latest, or ``--checkpoint-step``;
+                   only the ``params`` of the saved `TrainState` are read), else ``DIR/policy``.
+  a plain model    ``--model-path=HF_DIR``: a Hugging Face checkpoint directory (config.json,
+                   safetensors, a tokenizer with a chat template); no training run needed.
+
+Two kinds of evaluation:
+
+  a split          ``--split=test|validation`` of the run's own data, scored with the training
+                   task's tool-calling metrics -> ``DIR/eval/<split>.json`` (+ ``.jsonl``).
+  API-Bank         ``--data=api_bank`` (or a path to an API-Bank directory / level file), scored
+                   as spec section 7 -> ``DIR/eval/api_bank.json`` (+ ``.jsonl``).
+
+Generation is greedy (`gd2po_jax.evaluation.generation.evaluate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections import defaultdict
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from gd2po_jax.data.loaders import decode_api_bank_answer, load_data
+from gd2po_jax.evaluation.api_bank import (
+    DEFAULT_MAX_THINK_WORDS,
+    ApiBankReport,
+    ApiBankScore,
+    aggregate_api_bank,
+    score_api_bank,
+)
+from gd2po_jax.evaluation.generation import Scorer, evaluate
+from gd2po_jax.models import Decoder, load_pretrained
+from gd2po_jax.models.config import load_config
+from gd2po_jax.prompts import PromptSet, build_prompt_set
+from gd2po_jax.sampling import bucket_length
+from gd2po_jax.sharding import make_mesh, variable_sharding
+from gd2po_jax.tokenization import eos_token_ids, load_tokenizer
+from gd2po_jax.trainer import build_setup, run_eval
+from gd2po_jax.train_step import _cast
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+API_BANK = "api_bank"
+DEFAULT_API_BANK_DIR = REPO_ROOT.parent / "shared" / "data" / "api_bank"
+"""What ``--data=api_bank`` means unless ``--api-bank-dir`` says otherwise."""
+API_BANK_MAX_NEW_TOKENS = 4096  # spec section 7
+MODEL_PATH_BATCH_SIZE = 32
+
+
+class EvalError(ValueError):
+    """A request eval.py cannot serve; the message names the flag or file to fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """eval.py's flags (see eval.py for their help).
+
+    ``max_new_tokens`` / ``batch_size`` None: the run's config values for a split; for API-Bank
+    4096 new tokens and the run's ``eval.batch_size`` (32 with ``model_path``).
+    ``max_examples`` 0: every example (per level for API-Bank).
+    """
+
+    workdir: str = ""
+    split: str = "test"
+    checkpoint_step: int | None = None
+    data: str = ""
+    api_bank_dir: str = str(DEFAULT_API_BANK_DIR)
+    model_path: str = ""
+    dtype: str = "bfloat16"
+    max_new_tokens: int | None = None
+    batch_size: int | None = None
+    max_examples: int = 0
+    max_think_words: int = DEFAULT_MAX_THINK_WORDS
+    max_prompt_tokens: int = 4096
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class Policy:
+    """A model ready to generate, with what decoding needs; ``source`` says where it came from."""
+
+    model: Any
+    tokenizer: Any
+    eos_ids: list[int]
+    pad_id: int
+    source: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------
+# Where things are.
+# ----------------------------------------------------------------------------------------------
+
+
+def output_dir(options: EvalOptions) -> pathlib.Path:
+    """The workdir reports go to: ``--workdir``, or ``runs/eval/<model dir name>`` for a plain
+    model evaluated without one."""
+    if options.workdir:
+        return pathlib.Path(options.workdir)
+    if options.model_path:
+        return pathlib.Path("runs") / "eval" / pathlib.Path(options.model_path).resolve().name
+    raise EvalError("pass --workdir=DIR (a training run directory) or --model-path=HF_DIR")
+
+
+def load_run_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
+    """The resolved config train.py wrote to ``workdir/config.json``."""
+    file = workdir / "config.json"
+    if not file.is_file():
+        raise EvalError(
+            f"{file} not found: --workdir must be a directory written by train.py; to evaluate a "
+            "Hugging Face model directory instead, pass --model-path=HF_DIR"
+        )
+    return ml_collections.ConfigDict(json.loads(file.read_text()))
+
+
+def resolve_api_bank(data: str, api_bank_dir: str) -> pathlib.Path:
+    """The API-Bank directory or level file ``--data`` names (``api_bank``: ``--api-bank-dir``)."""
+    path = pathlib.Path(api_bank_dir if data == API_BANK else data)
+    if not path.exists():
+        flag = f"--api-bank-dir={api_bank_dir}" if data == API_BANK else f"--data={data}"
+        raise EvalError(f"{flag}: {path} does not exist (an API-Bank directory of "
+                        "level-{1,2,3}-api_processed.json files, or one such file)")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Policies.
+# ----------------------------------------------------------------------------------------------
+
+
+def abstract_params(model_dir: pathlib.Path, dtype, mesh) -> tuple[Any, nnx.State]:
+    """(graphdef, params) of the decoder described by ``model_dir/config.json``, with
+    `jax.ShapeDtypeStruct` values placed on their annotated shardings (nothing is allocated)."""
+    model = nnx.eval_shape(lambda: Decoder(load_config(model_dir), dtype=dtype, rngs=nnx.Rngs(0)))
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Param):
+            node.set_value(jax.ShapeDtypeStruct(node.shape, dtype, sharding=variable_sharding(node, mesh)))
+    return nnx.split(model, nnx.Param)
+
+
+def _manager(checkpoint_dir: pathlib.Path) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(checkpoint_dir.absolute(), options=ocp.CheckpointManagerOptions(create=False))
+
+
+def checkpoint_steps(checkpoint_dir: pathlib.Path) -> list[int]:
+    """Steps of the complete checkpoints in ``checkpoint_dir`` (none when it does not exist)."""
+    if not checkpoint_dir.is_dir():
+        return []
+    manager = _manager(checkpoint_dir)
+    try:
+        return sorted(manager.all_steps())
+    finally:
+        manager.close()
+
+
+def restore_params(checkpoint_dir: pathlib.Path, step: int, target: nnx.State) -> nnx.State:
+    """The ``params`` field of the `TrainState` that `gd2po_jax.checkpointing.Checkpointer` saved
+    at ``step`` (item ``state``), restored onto ``target``'s shapes, dtypes and shardings; the
+    optimizer state is not read."""
+    item = {"params": target}
+    manager = _manager(checkpoint_dir)
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True)))
+    finally:
+        manager.close()
+    return restored.state["params"]
+
+
+def policy_from_run(config, setup, workdir: pathlib.Path, step: int | None) -> Policy:
+    """The run's policy: checkpoint ``step`` (default the latest), else ``workdir/policy``.
+
+    Raises:
+      EvalError: ``step`` is not among the saved checkpoints, or the run has neither a checkpoint
+        nor a policy directory.
+    """
+    checkpoint_dir = workdir / "checkpoints"
+    steps = checkpoint_steps(checkpoint_dir)
+    common = dict(tokenizer=setup.tokenizer, eos_ids=setup.eos_ids, pad_id=setup.pad_id)
+    if step is not None and step not in steps:
+        raise EvalError(f"--checkpoint-step={step}: no such checkpoint in {checkpoint_dir}; "
+                        f"available steps: {steps or 'none'}")
+    if steps:
+        step = steps[-1] if step is None else step
+        graphdef, target = abstract_params(setup.model_path, jnp.dtype(config.train.master_dtype), setup.mesh)
+        params = restore_params(checkpoint_dir, step, target)
+        model = nnx.merge(graphdef, _cast(params, jnp.dtype(config.model.dtype)))
+        return Policy(model=model, source={"checkpoint": str(checkpoint_dir), "step": step}, **common)
+    policy_dir = workdir / "policy"
+    if (policy_dir / "config.json").is_file():
+        model = load_pretrained(policy_dir, dtype=jnp.dtype(config.model.dtype), mesh=setup.mesh)
+        return Policy(model=model, source={"model_path": str(policy_dir)}, **common)
+    raise EvalError(f"{workdir} has no checkpoint in {checkpoint_dir} and no exported policy in "
+                    f"{policy_dir}: train first (python train.py --workdir={workdir}) or pass --model-path")
+
+
+def policy_from_model_path(model_path: str, dtype: str) -> Policy:
+    """A Hugging Face checkpoint directory, its parameters sharded over all devices (fsdp)."""
+    path = pathlib.Path(model_path)
+    if not (path / "config.json").is_file():
+        raise EvalError(f"--model-path={model_path}: no config.json there (a Hugging Face model directory)")
+    tokenizer = load_tokenizer(path)
+    eos_ids = eos_token_ids(tokenizer, path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    model = load_pretrained(path, dtype=jnp.dtype(dtype), mesh=make_mesh(data=1, fsdp=-1))
+    return Policy(model=model, tokenizer=tokenizer, eos_ids=eos_ids, pad_id=pad_id,
+                  source={"model_path": str(path)})
+
+
+# ----------------------------------------------------------------------------------------------
+# API-Bank.
+# ----------------------------------------------------------------------------------------------
+
+
+def api_bank_scorer(max_think_words: int) -> Scorer:
+    """Scores a response against an API-Bank row (``row["ground_truth"]``: the JSON answer list)
+    with `score_api_bank`: ``correct``, ``format`` (0/1 as floats) and ``length``."""
+
+    def score(response: str, row: dict[str, Any]) -> dict[str, float]:
+        s = score_api_bank(response, decode_api_bank_answer(row["ground_truth"]), max_think_words)
+        return {"correct": float(s.correct), "format": float(s.format), "length": s.length}
+
+    return score
+
+
+def first_per_level(levels: list[Any], max_examples: int) -> list[int]:
+    """Indices of the first ``max_examples`` rows of each level, in file order (0: all rows)."""
+    seen: dict[Any, int] = defaultdict(int)
+    keep = []
+    for index, level in enumerate(levels):
+        if not max_examples or seen[level] < max_examples:
+            keep.append(index)
+            seen[level] += 1
+    return keep
+
+
+def api_bank_report(records: list[dict[str, Any]]) -> ApiBankReport:
+    """Correct Acc per level and overall, Format Acc, Length from scored generation records."""
+    return aggregate_api_bank(
+        (r["level"], ApiBankScore(correct=int(r["correct"]), format=int(r["format"]), length=r["length"]))
+        for r in records
+    )
+
+
+def api_bank_prompts(path: pathlib.Path, tokenizer, max_examples: int, max_prompt_tokens: int) -> PromptSet:
+    """API-Bank system + user messages through the chat template (first ``max_examples`` per level)."""
+    dataset = load_data(path, kind="api_bank").dataset
+    dataset = dataset.select(first_per_level(list(dataset["level"]), max_examples))
+    return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens,
+                            where=f"API-Bank data {path} (--max-prompt-tokens)")
+
+
+def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path, *, batch_size: int,
+                      max_new_tokens: int, max_examples: int, max_think_words: int, max_prompt_tokens: int,
+                      progress: bool) -> dict[str, Any]:
+    """Greedy generation over API-Bank; writes ``out_dir/api_bank.json`` and ``api_bank.jsonl``."""
+    prompts = api_bank_prompts(path, policy.tokenizer, max_examples, max_prompt_tokens)
+    summary, records = evaluate(
+        policy.model, prompts, policy.tokenizer, api_bank_scorer(max_think_words), batch_size=batch_size,
+        max_new_tokens=max_new_tokens, eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id,
+        prompt_length=bucket_length(prompts.max_tokens), progress=progress, desc="API-Bank",
+    )
+    report = api_bank_report(records)
+    result = {
+        **report.to_dict(), "num_examples": len(records), "data": str(path), "policy": policy.source,
+        "max_new_tokens": max_new_tokens, "max_think_words": max_think_words,
+        "truncation_rate": summary["truncation_rate"], "response_tokens": summary["response_tokens"],
+    }
+    _write(out_dir, API_BANK, result, records)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point.
+# ----------------------------------------------------------------------------------------------
+
+
+def _write(out_dir: pathlib.Path, name: str, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    with (out_dir / f"{name}.jsonl").open("w") as file:
+        for record in records:
+            file.write(json.dumps(record) + "\n")
+
+
+def split_table(summary: dict[str, Any]) -> str:
+    """The headline metrics of a split evaluation as a two-column text table."""
+    rows = [("examples", "num_examples"), ("Correct Acc", "correct_acc"), ("Format Acc", "format_acc"),
+            ("Length", "length"), ("Correctness", "correctness"), ("Truncation", "truncation_rate"),
+            ("Resp. tokens", "response_tokens")]
+    lines = [f"{summary['split']} split  ({_describe(summary['policy'])})"]
+    for label, key in rows:
+        value = summary.get(key)
+        lines.append(f"{label:<14}{'-' if value is None else format(value, '.4g'):>10}")
+    return "\n".join(lines)
+
+
+def _describe(source: dict[str, Any]) -> str:
+    if "step" in source:
+        return f"checkpoint step {source['step']}"
+    return source["model_path"]
+
+
+def _run_setup(options: EvalOptions, workdir: pathlib.Path):
+    """(config, setup) of the training run in ``workdir``, with the eval flags applied to the config."""
+    config = load_run_config(workdir)
+    if options.batch_size:
+        config.eval.batch_size = options.batch_size
+    config.eval.max_examples = options.max_examples
+    if options.max_new_tokens and not options.data:
+        config.sampling.max_new_tokens = options.max_new_tokens
+    return config, build_setup(config, workdir)
+
+
+def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
+    if options.model_path:
+        raise EvalError("--model-path needs --data (api_bank or an API-Bank path): a plain model "
+                        "has no training config to take a --split from")
+    config, setup = _run_setup(options, workdir)
+    if options.split not in setup.evals:
+        raise EvalError(f"--split={options.split}: the run has no such split (config.data.{options.split} "
+                        f"is empty); available: {sorted(setup.evals)}")
+    policy = policy_from_run(config, setup, workdir, options.checkpoint_step)
+    out_dir = workdir / "eval"
+    result = run_eval(config, setup, policy.model, options.split, out_dir, options.split,
+                      progress=options.progress)
+    result["policy"] = policy.source
+    (out_dir / f"{options.split}.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+    return result
+
+
+def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
+    path = resolve_api_bank(options.data, options.api_bank_dir)
+    if options.model_path:
+        policy, batch_size = policy_from_model_path(options.model_path, options.dtype), MODEL_PATH_BATCH_SIZE
+    else:
+        config, setup = _run_setup(options, workdir)
+        policy, batch_size = policy_from_run(config, setup, workdir, options.checkpoint_step), config.eval.batch_size
+    return evaluate_api_bank(
+        policy, path, workdir / "eval", batch_size=options.batch_size or batch_size,
+        max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS, max_examples=options.max_examples,
+        max_think_words=options.max_think_words, max_prompt_tokens=options.max_prompt_tokens,
+        progress=options.progress,
+    )
+
+
+def run(options: EvalOptions) -> dict[str, Any]:
+    """Evaluate as ``options`` ask; returns the summary written to ``<workdir>/eval/<name>.json``
+    and prints a table when ``options.progress``."""
+    workdir = output_dir(options)
+    if options.data:
+        result = _evaluate_api_bank(options, workdir)
+        table = api_bank_table(result)
+    else:
+        result = _evaluate_split(options, workdir)
+        table = split_table(result)
+    if options.progress:
+        print(table)
+        print(f"written to {workdir / 'eval'}")
+    return result
+
+
+def api_bank_table(result: dict[str, Any]) -> str:
+    """`ApiBankReport.table` with a title line naming the policy and the data."""
+    report = ApiBankReport(**{k: result[k] for k in ("correct_acc", "format_acc", "length", "count")})
+    return f"API-Bank ({_describe(result['policy'])}, {result['data']})\n{report.table()}"

@@ -1,0 +1,178 @@
+"""eval.py and gd2po_jax/evaluation/run.py: API-Bank on a plain HF model, and a training run's
+checkpoints (latest, --checkpoint-step, exported policy) on its own splits and on API-Bank."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from _tiny_policy import tiny_policy
+from configs import default
+from gd2po_jax.evaluation import run as eval_run
+from gd2po_jax.evaluation.run import EvalError, EvalOptions
+from gd2po_jax.models import load_pretrained
+from gd2po_jax.trainer import build_setup, train_and_evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LEVELS = ("level_1", "level_2", "level_3")
+
+
+def _assert_api_bank_report(result: dict, per_level: int) -> None:
+    assert result["count"] == {**{lv: per_level for lv in LEVELS}, "overall": 3 * per_level}
+    assert result["num_examples"] == 3 * per_level
+    for key in (*LEVELS, "overall"):
+        assert 0.0 <= result["correct_acc"][key] <= 100.0
+        assert 0.0 <= result["format_acc"][key] <= 100.0
+        assert 0.0 <= result["length"][key] <= 1.0
+
+
+# ---------------------------------------------------------------------------------- no model
+
+
+def test_api_bank_scorer_and_report_on_hand_made_outputs():
+    answer = json.dumps([{"name": "ToolSearcher", "parameters": {"keywords": "weather", "n": 8000}}])
+    row = {"ground_truth": answer}
+    thought = " ".join(["w"] * 10)
+    good = (f"<think>{thought}</think>\n<tool_call>\n"
+            '{"name": "ToolSearcher", "parameters": {"keywords": "weather", "n": 8000.0}}\n</tool_call>')
+    scorer = eval_run.api_bank_scorer(max_think_words=512)
+    assert scorer(good, row) == {"correct": 1.0, "format": 1.0, "length": 0.02}
+    assert scorer("no tags at all", row) == {"correct": 0.0, "format": 0.0, "length": 0.0}
+
+    records = [{"level": 1, **scorer(good, row)}, {"level": 1, **scorer("x", row)}, {"level": 2, **scorer("x", row)}]
+    report = eval_run.api_bank_report(records)
+    assert report.correct_acc == {"level_1": 50.0, "level_2": 0.0, "overall": 33.33}
+    assert report.length == {"level_1": 0.01, "level_2": 0.0, "overall": 0.0067}
+
+
+def test_first_per_level_keeps_file_order():
+    levels = [1, 1, 1, 2, 3, 3, 2, 2]
+    assert eval_run.first_per_level(levels, 2) == [0, 1, 3, 4, 5, 6]
+    assert eval_run.first_per_level(levels, 0) == list(range(8))
+
+
+def test_output_dir_and_argument_errors(tmp_path):
+    assert eval_run.output_dir(EvalOptions(model_path="/models/Qwen2.5-3B-Instruct")) == \
+        pathlib.Path("runs/eval/Qwen2.5-3B-Instruct")
+    assert eval_run.output_dir(EvalOptions(workdir=str(tmp_path), model_path="/m")) == tmp_path
+    with pytest.raises(EvalError, match="--workdir"):
+        eval_run.run(EvalOptions())
+    with pytest.raises(EvalError, match="config.json not found.*--model-path"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path)))
+    with pytest.raises(EvalError, match="--model-path needs --data"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path)))
+    with pytest.raises(EvalError, match="--data=/nowhere/api"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="/nowhere/api"))
+    with pytest.raises(EvalError, match="--model-path=.*no config.json"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="api_bank"))
+
+
+# ---------------------------------------------------------------------------------- --model-path
+
+
+def test_model_path_on_api_bank_command_line(shared_dir, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "eval.py", f"--model-path={tiny_policy(shared_dir)}", "--data=api_bank",
+               f"--api-bank-dir={shared_dir / 'data' / 'api_bank'}", f"--workdir={out}", "--max-examples=2",
+               "--max-new-tokens=6", "--batch-size=8", "--dtype=float32"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Correct Acc" in done.stdout and "overall" in done.stdout
+    result = json.loads((out / "eval" / "api_bank.json").read_text())
+    _assert_api_bank_report(result, per_level=2)
+    assert result["max_new_tokens"] == 6 and result["policy"] == {"model_path": str(tiny_policy(shared_dir))}
+    records = [json.loads(line) for line in (out / "eval" / "api_bank.jsonl").read_text().splitlines()]
+    assert [r["level"] for r in records] == [1, 1, 2, 2, 3, 3]
+    assert all(0 < r["response_tokens"] <= 6 and isinstance(r["response"], str) for r in records)
+
+
+def test_command_line_error_is_one_readable_line(tmp_path):
+    done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("eval.py: ")
+    assert "config.json not found" in done.stderr
+
+
+# ---------------------------------------------------------------------------------- a training run
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A 2-step run of the embedded default (tiny model, 8 validation / test examples) with a
+    checkpoint after each step."""
+    config = default.get_config()
+    config.sft.num_steps = 2
+    config.train.num_steps = 2
+    config.train.prompts_per_step = 4
+    config.data.synthetic.update(num_train=64, num_validation=8, num_test=8, tokenizer_vocab_size=512)
+    config.model.tiny.update(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                             num_kv_heads=1, head_dim=16)
+    config.sampling.max_new_tokens = 16
+    config.eval.max_examples = 8
+    config.eval.batch_size = 8
+    config.checkpoint.every_steps = 1
+    config.checkpoint.keep = 3
+    workdir = tmp_path_factory.mktemp("run")
+    train_and_evaluate(config, workdir, progress=False)
+    return workdir
+
+
+def _params(model) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+@pytest.mark.slow
+def test_split_eval_restores_the_latest_checkpoint(trained_run):
+    result = eval_run.run(EvalOptions(workdir=str(trained_run), split="test", progress=False))
+    written = json.loads((trained_run / "eval" / "test.json").read_text())
+    assert written == result
+    assert result["split"] == "test" and result["num_examples"] == 8
+    assert result["policy"] == {"checkpoint": str(trained_run / "checkpoints"), "step": 2}
+    for key in ("correct_acc", "format_acc"):
+        assert 0.0 <= result[key] <= 1.0
+    assert 0.0 <= result["length"] <= 1.0
+    assert len((trained_run / "eval" / "test.jsonl").read_text().splitlines()) == 8
+
+
+@pytest.mark.slow
+def test_checkpoint_step_selects_the_parameters(trained_run):
+    config = eval_run.load_run_config(trained_run)
+    setup = build_setup(config, trained_run)
+    latest = _params(eval_run.policy_from_run(config, setup, trained_run, None).model)
+    first = _params(eval_run.policy_from_run(config, setup, trained_run, 1).model)
+    exported = _params(load_pretrained(trained_run / "policy"))
+    assert all(np.array_equal(a, b) for a, b in zip(latest, exported, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, latest, strict=True))
+
+    result = eval_run.run(EvalOptions(workdir=str(trained_run), split="validation", checkpoint_step=1,
+                                      progress=False))
+    assert result["policy"]["step"] == 1 and result["num_examples"] == 8
+    with pytest.raises(EvalError, match=r"--checkpoint-step=7: .*available steps: \[1, 2\]"):
+        eval_run.run(EvalOptions(workdir=str(trained_run), checkpoint_step=7, progress=False))
+
+
+@pytest.mark.slow
+def test_without_checkpoints_the_exported_policy_then_a_clear_error(trained_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    result = eval_run.run(EvalOptions(workdir=str(copy), split="test", progress=False))
+    assert result["policy"] == {"model_path": str(copy / "policy")}
+    shutil.rmtree(copy / "policy")
+    with pytest.raises(EvalError, match="no checkpoint .* and no exported policy"):
+        eval_run.run(EvalOptions(workdir=str(copy), split="test", progress=False))
+
+
+@pytest.mark.slow
+def test_api_bank_eval_of_a_training_run(trained_run, shared_dir):
+    result = eval_run.run(EvalOptions(workdir=str(trained_run), data=str(shared_dir / "data" / "api_bank"),
+                                      max_examples=1, max_new_tokens=4, progress=False))
+    _assert_api_bank_report(result, per_level=1)
+    assert result["policy"]["step"] == 2
+    assert json.loads((trained_run / "eval" / "api_bank.json").read_text()) == result
