@@ -1,8 +1,9 @@
 """Supervised warm start: next-token cross-entropy on the ``target`` column (ToolRL SFT style).
 
 Each example is the chat-template prompt followed by the target and the template's end-of-turn
-text; the loss covers the completion tokens only. Sequences are right-padded to one fixed length so
-the step compiles once.
+text; the loss covers the completion tokens only. Prompts are left-padded to one length ``Lp`` and
+completions right-padded to ``Lc``, the layout of the RL batch: the step compiles once, and the
+vocabulary projection only runs on the completion positions.
 """
 
 from __future__ import annotations
@@ -18,15 +19,20 @@ from flax import nnx
 
 from gd2po_jax import losses
 from gd2po_jax.data.chat import render_sft_example
-from gd2po_jax.train_step import TrainState, _cast, unembedding
+from gd2po_jax.train_step import TrainState, _cast, completion_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTData:
-    """Tokenized examples. input_ids: [N, S] int32 (right-padded); loss_mask: [N, S] bool, True
-    on completion tokens (positions whose token is predicted from the ones before)."""
+    """Tokenized examples, ``S = Lp + Lc``.
+
+    input_ids: [N, S] int32, left-padded prompt then right-padded completion.
+    attention_mask: [N, S] bool, False on the prompt's left padding.
+    loss_mask: [N, Lc] bool, the completion tokens to predict.
+    """
 
     input_ids: np.ndarray
+    attention_mask: np.ndarray
     loss_mask: np.ndarray
 
     def __len__(self) -> int:
@@ -39,50 +45,52 @@ def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, whe
     Raises:
       ValueError: no row has a target, or an example is longer than ``max_length`` (naming the row).
     """
-    sequences, masks = [], []
+    prompts, completions = [], []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for row, (messages, target) in enumerate(zip(dataset["prompt"], dataset["target"])):
         if not target:
             continue
         prompt_text, completion_text = render_sft_example(messages, target, tokenizer)
-        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
-        ids = list(prompt_ids) + list(completion_ids)
-        if len(ids) > max_length:
+        prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+        completion_ids = list(tokenizer(completion_text, add_special_tokens=False)["input_ids"])
+        if len(prompt_ids) + len(completion_ids) > max_length:
             raise ValueError(
-                f"{where}, row {row} (0-based): prompt + target is {len(ids)} tokens, more than "
-                f"config.sft.max_length={max_length}"
+                f"{where}, row {row} (0-based): prompt + target is {len(prompt_ids) + len(completion_ids)} "
+                f"tokens, more than config.sft.max_length={max_length}"
             )
-        sequences.append(ids)
-        masks.append([False] * len(prompt_ids) + [True] * len(completion_ids))
-    if not sequences:
+        prompts.append(prompt_ids)
+        completions.append(completion_ids)
+    if not prompts:
         raise ValueError(f"{where}: no row has a 'target' to train on (config.sft)")
-    length = max(len(s) for s in sequences)
-    input_ids = np.full((len(sequences), length), pad_id, np.int32)
-    loss_mask = np.zeros((len(sequences), length), bool)
-    for i, (ids, mask) in enumerate(zip(sequences, masks)):
-        input_ids[i, : len(ids)] = ids
-        loss_mask[i, : len(mask)] = mask
-    return SFTData(input_ids=input_ids, loss_mask=loss_mask)
+    prompt_length = max(len(p) for p in prompts)
+    completion_length = max(len(c) for c in completions)
+    count = len(prompts)
+    input_ids = np.full((count, prompt_length + completion_length), pad_id, np.int32)
+    attention_mask = np.ones((count, prompt_length + completion_length), bool)
+    loss_mask = np.zeros((count, completion_length), bool)
+    for i, (prompt_ids, completion_ids) in enumerate(zip(prompts, completions)):
+        input_ids[i, prompt_length - len(prompt_ids) : prompt_length] = prompt_ids
+        attention_mask[i, : prompt_length - len(prompt_ids)] = False
+        input_ids[i, prompt_length : prompt_length + len(completion_ids)] = completion_ids
+        loss_mask[i, : len(completion_ids)] = True
+    return SFTData(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_dtype="float32",
                   chunk_size: int = 128):
-    """``step(state, input_ids [B, S], loss_mask [B, S]) -> (state, metrics)``, to be jitted."""
+    """``step(state, input_ids [B, S], attention_mask [B, S], loss_mask [B, Lc]) -> (state,
+    metrics)``, to be jitted."""
 
-    def loss_fn(params, input_ids, loss_mask):
+    def loss_fn(params, input_ids, attention_mask, loss_mask):
         model = nnx.merge(graphdef, _cast(params, jnp.dtype(compute_dtype)))
-        # Right padding only follows the real tokens, which causal attention never lets them see.
-        hidden, _ = model.hidden_states(input_ids)
-        logp, _ = losses.chunked_token_logprobs(
-            hidden[:, :-1], unembedding(model), input_ids[:, 1:], chunk_size=chunk_size
-        )
-        mask = loss_mask[:, 1:]
-        numerator, denominator = losses.aggregate_loss(-logp, mask, "token-mean")
+        logp, _ = completion_logprobs(model, input_ids, attention_mask, loss_mask.shape[1], chunk_size=chunk_size)
+        numerator, denominator = losses.aggregate_loss(-logp, loss_mask, "token-mean")
         return losses.safe_ratio(numerator, denominator), denominator
 
-    def step(state: TrainState, input_ids, loss_mask):
-        (loss, tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, input_ids, loss_mask)
+    def step(state: TrainState, input_ids, attention_mask, loss_mask):
+        (loss, tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, input_ids, attention_mask, loss_mask
+        )
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": optax.global_norm(grads)}
