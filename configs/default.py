@@ -71,6 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sampling.temperature = 1.0
     config.sampling.top_p = 1.0
     config.sampling.top_k = 0
+    config.sampling.prompts_per_call = 0  # > 0: sample a step in chunks of this many prompts
 
     config.train = ml_collections.ConfigDict()
     config.train.num_steps = 40

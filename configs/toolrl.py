@@ -100,6 +100,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.sampling.temperature = 1.0
     config.sampling.top_p = 1.0
     config.sampling.top_k = 0
+    # Sample a step in chunks of 128 prompts (x 4 rollouts): a quarter of the KV cache and prefill
+    # memory of sampling all 512 prompts at once (see README, memory).
+    config.sampling.prompts_per_call = 128
 
     config.train.num_steps = STEPS_PER_EPOCH * NUM_EPOCHS
     config.train.prompts_per_step = PROMPTS_PER_STEP

@@ -122,6 +122,7 @@ def collect_rollouts(
     on_error: str = "raise",
     num_workers: int = 1,
     valid: np.ndarray | None = None,
+    prompts_per_call: int = 0,
 ) -> Rollouts:
     """Sample ``num_generations`` completions of every prompt, decode and score them.
 
@@ -131,15 +132,27 @@ def collect_rollouts(
       sampling: ``config.sampling`` (max_new_tokens, temperature, top_p, top_k).
       prompt_length: padded prompt length Lp (fixed for a run: one compiled program).
       valid: [P] bool, False for filler prompts of a partly filled batch.
+      prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
+        cache of large steps; 0 samples the whole step at once.
     """
     num_prompts = len(prompt_set)
     start = time.perf_counter()
-    out: GenerateOutput = generate(
-        model, prompt_set.token_ids, max_new_tokens=sampling.max_new_tokens,
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-        eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, rng=rng,
-        num_samples=num_generations, prompt_length=prompt_length,
-    )
+    chunk = prompts_per_call or num_prompts
+    if num_prompts % chunk:
+        raise ValueError(
+            f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step"
+        )
+    parts = [
+        generate(
+            model, prompt_set.token_ids[i : i + chunk], max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+            rng=rng if chunk == num_prompts else jax.random.fold_in(rng, i // chunk),
+            num_samples=num_generations, prompt_length=prompt_length,
+        )
+        for i in range(0, num_prompts, chunk)
+    ]
+    out: GenerateOutput = parts[0] if len(parts) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
     tokens, lengths, finished = jax.device_get((out.tokens, out.lengths, out.finished))
     sampled = time.perf_counter()
     responses = decode_completions(tokenizer, tokens, lengths)

@@ -306,6 +306,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
             sampling=config.sampling, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
             prompt_length=setup.prompt_length, rng=jax.random.fold_in(sample_key, step),
             on_error=config.rewards.on_error, num_workers=config.rewards.num_workers,
+            prompts_per_call=config.sampling.get("prompts_per_call", 0),
         )
         batch = rollouts.batch
         if ref_params is not None:

@@ -1,0 +1,89 @@
+"""Tests of gd2po_jax.rollout: chunked sampling, reward scoring and its error handling."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gd2po_jax.models import Decoder, ModelConfig
+from gd2po_jax.prompts import PromptSet
+from gd2po_jax.rollout import RewardError, collect_rollouts, score_rollouts
+
+CONFIG = ModelConfig(model_type="qwen2", vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+
+
+class DigitTokenizer:
+    """Decodes token ids as space-separated numbers (enough for reward functions on text)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids)
+
+
+@dataclasses.dataclass
+class CountReward:
+    """K=2: number of tokens, and whether the response mentions the ground truth token."""
+
+    names: tuple = ("count", "hit")
+    min_values: tuple = (0.0, 0.0)
+    fail_on: str | None = None
+
+    def __call__(self, prompts, responses, columns):
+        out = []
+        for response, truth in zip(responses, columns["ground_truth"]):
+            if self.fail_on is not None and self.fail_on in response.split():
+                raise RuntimeError("cannot score this")
+            out.append([len(response.split()), float(truth in response.split())])
+        return np.asarray(out, np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 6
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+def _prompts(count):
+    rng = np.random.default_rng(0)
+    ids = [list(rng.integers(3, 48, size=int(rng.integers(2, 7)))) for _ in range(count)]
+    return PromptSet(texts=[f"p{i}" for i in range(count)], token_ids=ids,
+                     columns={"ground_truth": [str(i % 5 + 3) for i in range(count)]})
+
+
+@pytest.mark.parametrize("per_call", [0, 2])
+def test_collect_rollouts_shapes_and_chunking(per_call):
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    out = collect_rollouts(
+        model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3, sampling=Sampling(),
+        eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1), prompts_per_call=per_call,
+    )
+    batch = out.batch
+    assert batch.input_ids.shape == (12, 16 + 6)
+    assert batch.rewards.shape == (4, 3, 2)
+    lengths = np.asarray(jnp.sum(batch.response_mask, axis=1))
+    # Reward "count" is the decoded length: rollouts and rewards are aligned row by row.
+    np.testing.assert_array_equal(out.rewards[..., 0].reshape(-1), lengths)
+    assert out.generated_tokens == lengths.sum()
+    assert len(out.responses) == 12
+    with pytest.raises(ValueError, match="prompts_per_call=3 must divide the 4 prompts"):
+        collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3,
+                         sampling=Sampling(), eos_token_ids=[1], pad_token_id=0, prompt_length=16,
+                         rng=jax.random.PRNGKey(1), prompts_per_call=3)
+
+
+def test_score_rollouts_errors_and_workers():
+    responses = ["3 4", "5", "7 7 7", "4 9"]
+    columns = {"ground_truth": ["3", "3", "7", "9"]}
+    prompts = ["a"] * 4
+    one = score_rollouts(CountReward(), prompts, responses, columns)
+    np.testing.assert_array_equal(one, [[2, 1], [1, 0], [3, 1], [2, 1]])
+    np.testing.assert_array_equal(score_rollouts(CountReward(), prompts, responses, columns, num_workers=3), one)
+    with pytest.raises(RewardError, match=r"failed on rollout 2 \(response '7 7 7'\).*cannot score this"):
+        score_rollouts(CountReward(fail_on="7"), prompts, responses, columns, num_workers=2)
+    floored = score_rollouts(CountReward(fail_on="7"), prompts, responses, columns, on_error="min")
+    np.testing.assert_array_equal(floored, [[2, 1], [1, 0], [0, 0], [2, 1]])
