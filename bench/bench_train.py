@@ -1,0 +1,173 @@
+"""Trainer throughput: one RL step split into sampling / rewards / update, tokens/s and peak memory.
+
+Two measurements:
+
+* ``--mode=default`` (the default): the training config (configs/default.py, or ``--config=...`` with
+  ml-collections overrides as for train.py) on its embedded task, from the base model (no warm start,
+  so completions tend to run to ``max_new_tokens``: a worst case for sampling). ``--warmup`` steps
+  are timed separately (compilation), then ``--steps`` steps are averaged.
+* ``--mode=frame``: the project's speed frame: a random 29M-parameter Qwen2 (hidden 512, 8 layers,
+  8/2 heads, intermediate 1408, vocab 12288, tied; bench/bench_sampling.py's default), float32,
+  32 rollouts of 64 prompt + 64 completion tokens, one GRPO update (1 epoch, 1 minibatch).
+  Training tokens/s = 32 x 128 / update time (tunix / TRL: ~530-650 tokens/s on the reference
+  2-core CPU; the target is 1.25x).
+
+    python bench/bench_train.py                               # default config, 2 warm-up + 3 steps
+    python bench/bench_train.py --config.train.prompts_per_step=8 --steps=5
+    python bench/bench_train.py --mode=frame
+"""
+
+from __future__ import annotations
+
+import pathlib
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  # noqa: E402
+from gd2po_jax.rollout import collect_rollouts  # noqa: E402
+from gd2po_jax.train_step import (  # noqa: E402
+    RolloutBatch,
+    StepConfig,
+    TrainState,
+    completion_logprobs,
+    jit_train_step,
+    make_optimizer,
+    make_train_step,
+)
+
+config_flags.DEFINE_config_file("config", "configs/default.py", "Training config file.", lock_config=True)
+flags.DEFINE_enum("mode", "default", ["default", "frame"], "What to measure (see the module docstring).")
+flags.DEFINE_integer("warmup", 2, "Untimed steps first (compilation; step 2 must not compile again).")
+flags.DEFINE_integer("steps", 3, "Timed steps.")
+flags.DEFINE_string("workdir", "", "Where the embedded base model is built (default: a temp dir).")
+FLAGS = flags.FLAGS
+
+
+def peak_memory() -> str:
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    text = f"peak host RSS {host:,.0f} MiB"
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        text += f" | peak device memory {stats['peak_bytes_in_use'] / 2**20:,.0f} MiB"
+    return text
+
+
+def bench_default(config, workdir: pathlib.Path) -> None:
+    from gd2po_jax.trainer import _model_from, _place_on_mesh, build_setup, step_config
+
+    setup = build_setup(config, workdir)
+    model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh)
+    graphdef, params = nnx.split(model, nnx.Param)
+    optimizer = make_optimizer(config.train.learning_rate, weight_decay=config.train.weight_decay,
+                               grad_clip=config.train.grad_clip)
+    state = _place_on_mesh(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
+                                      jax.random.PRNGKey(0)), setup.mesh)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config(config), setup.mesh),
+                          jax.tree.map(lambda x: x.sharding, state))
+    rows = []
+    for i in range(FLAGS.warmup + FLAGS.steps):
+        prompts = setup.train.select(
+            [(i * config.train.prompts_per_step + j) % len(setup.train) for j in range(config.train.prompts_per_step)]
+        )
+        rollouts = collect_rollouts(
+            _model_from(graphdef, state.params, config.model.dtype), prompts, setup.tokenizer, setup.reward_fn,
+            num_generations=config.rl.num_generations, sampling=config.sampling, eos_token_ids=setup.eos_ids,
+            pad_token_id=setup.pad_id, prompt_length=setup.prompt_length, rng=jax.random.key(i),
+        )
+        start = time.perf_counter()
+        state, metrics = step(state, rollouts.batch)
+        jax.block_until_ready(metrics)
+        update = time.perf_counter() - start
+        batch = rollouts.batch
+        trained = int(np.sum(np.asarray(batch.attention_mask)[:, : -batch.response_mask.shape[1]])) + int(
+            np.sum(np.asarray(batch.response_mask)))
+        rows.append(dict(rollout=rollouts.sampling_seconds, rewards=rollouts.reward_seconds, update=update,
+                         generated=rollouts.generated_tokens, trained=trained, padded=int(batch.input_ids.size)))
+        label = "warm-up" if i < FLAGS.warmup else "step"
+        print(f"{label} {i + 1}: sampling {rows[-1]['rollout']:.2f} s, rewards {rows[-1]['rewards']:.3f} s, "
+              f"update {update:.2f} s", flush=True)
+    timed = rows[FLAGS.warmup:]
+    mean = {k: statistics.mean(r[k] for r in timed) for k in timed[0]}
+    total = mean["rollout"] + mean["rewards"] + mean["update"]
+    print(f"\ndevice: {jax.devices()[0].device_kind} x{jax.device_count()}, mesh {dict(setup.mesh.shape)}")
+    print(f"batch: {config.train.prompts_per_step} prompts x {config.rl.num_generations} rollouts, prompt "
+          f"length {setup.prompt_length}, max_new_tokens {config.sampling.max_new_tokens}")
+    print(f"compile (first step - mean step): sampling {rows[0]['rollout'] - mean['rollout']:.1f} s, "
+          f"update {rows[0]['update'] - mean['update']:.1f} s")
+    print(f"step {total:.2f} s = sampling {mean['rollout']:.2f} s ({mean['rollout'] / total:.0%}) + rewards "
+          f"{mean['rewards']:.3f} s ({mean['rewards'] / total:.0%}) + update {mean['update']:.2f} s "
+          f"({mean['update'] / total:.0%})")
+    print(f"generated tokens/s (sampling) {mean['generated'] / mean['rollout']:,.0f} | "
+          f"generated tokens/s (whole step) {mean['generated'] / total:,.0f}")
+    print(f"trained tokens/s (update; real prompt + completion tokens) {mean['trained'] / mean['update']:,.0f} | "
+          f"padded {mean['padded'] / mean['update']:,.0f}")
+    print(peak_memory())
+
+
+def bench_frame() -> None:
+    prompts, group, prompt_len, new_tokens = 8, 4, 64, 64  # 32 rollouts x 128 tokens
+    config = ModelConfig(model_type="qwen2", vocab_size=12288, hidden_size=512, intermediate_size=1408, num_layers=8,
+                         num_heads=8, num_kv_heads=2, head_dim=64, rope=RopeConfig(theta=1e6), qkv_bias=True,
+                         tie_word_embeddings=True)
+    model = nnx.jit(lambda: Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0)))()
+    graphdef, params = nnx.split(model, nnx.Param)
+    rows, length = prompts * group, prompt_len + new_tokens
+    rs = np.random.RandomState(0)
+    ids = jnp.asarray(rs.randint(0, config.vocab_size, (rows, length)), jnp.int32)
+    mask = jnp.ones((rows, length), bool)
+    old_logp, _ = nnx.jit(lambda m, i, a: completion_logprobs(m, i, a, new_tokens))(model, ids, mask)
+    batch = RolloutBatch(input_ids=ids, attention_mask=mask, response_mask=jnp.ones((rows, new_tokens), bool),
+                         old_logp=old_logp, ref_logp=jnp.zeros_like(old_logp),
+                         rewards=jnp.asarray(rs.uniform(size=(prompts, group, 1)), jnp.float32),
+                         valid=jnp.ones((prompts,), bool))
+    optimizer = make_optimizer(1e-6)
+    step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig(method="grpo")))
+    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+    start = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(max(FLAGS.steps, 1)):
+        start = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    tokens = rows * length
+    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
+    print(f"model: qwen2 {config.num_params() / 1e6:.1f}M params, float32; batch {rows} rollouts x {length} tokens "
+          f"({prompt_len} prompt + {new_tokens} completion), GRPO, 1 epoch, 1 minibatch")
+    print(f"first update (compile + run) {compile_s:.1f} s")
+    best, median = min(times), statistics.median(times)
+    print(f"update: best {best:.2f} s = {tokens / best:,.0f} training tokens/s | median {median:.2f} s = "
+          f"{tokens / median:,.0f} training tokens/s  (tunix/TRL ~530-650; target 1.25x = ~660-810)")
+    print(peak_memory())
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.mode == "frame":
+        bench_frame()
+        return
+    if FLAGS.workdir:
+        bench_default(FLAGS.config, pathlib.Path(FLAGS.workdir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench_train_") as workdir:
+            bench_default(FLAGS.config, pathlib.Path(workdir))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,317 @@
+"""The jitted RL update (`gd2po_jax.train_step`) on a tiny random Qwen2 and real sampler output.
+
+Every test builds its batch the way the trainer does: `gd2po_jax.sampling.generate` samples G
+completions per prompt (with EOS, so response lengths differ) and `gd2po_jax.rollout.rollout_batch`
+turns them into a `RolloutBatch`; only the reward tensor is made up.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from gd2po_jax.losses import LOSS_AGG_MODES
+from gd2po_jax.models import Decoder, ModelConfig, RopeConfig
+from gd2po_jax.rollout import rollout_batch
+from gd2po_jax.sampling import generate
+from gd2po_jax.sharding import make_mesh, shard_batch, shard_model
+from gd2po_jax.train_step import (
+    RolloutBatch,
+    StepConfig,
+    TrainState,
+    check_batch_layout,
+    jit_train_step,
+    make_optimizer,
+    make_train_step,
+)
+
+P, G, K = 4, 4, 3  # prompts, rollouts per prompt, rewards: B = 16 rows (divides 8 devices)
+MAX_NEW = 8
+PROMPT_LEN = 16
+EOS = 1
+MODEL_CONFIG = ModelConfig(
+    model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=8, rope=RopeConfig(theta=1e4), qkv_bias=True, tie_word_embeddings=True,
+)
+
+
+def new_model() -> Decoder:
+    return Decoder(MODEL_CONFIG, rngs=nnx.Rngs(0))
+
+
+def sample_batch(model: Decoder, seed: int, rewards: np.ndarray | None = None) -> RolloutBatch:
+    """P random prompts (lengths 3..12), G sampled completions each, random [P, G, K] rewards."""
+    rs = np.random.RandomState(seed)
+    prompts = [list(rs.randint(2, MODEL_CONFIG.vocab_size, rs.randint(3, 13))) for _ in range(P)]
+    out = generate(model, prompts, max_new_tokens=MAX_NEW, eos_token_ids=(EOS,), pad_token_id=0,
+                   rng=jax.random.key(seed), num_samples=G, prompt_length=PROMPT_LEN)
+    if rewards is None:
+        rewards = rs.uniform(-1.0, 1.0, (P, G, K)).astype(np.float32)
+    return rollout_batch(out, jnp.asarray(rewards), jnp.ones((P,), bool))
+
+
+def new_state(params, optimizer, seed: int = 0) -> TrainState:
+    """A fresh state on copies of ``params`` (the step donates its state)."""
+    params = jax.tree.map(jnp.copy, params)
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
+
+
+def flat(params) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(params)])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """(graphdef, initial params, a sampled batch with varied response lengths)."""
+    model = new_model()
+    batch = sample_batch(model, seed=0)
+    lengths = np.asarray(batch.response_mask.sum(-1))
+    assert len(set(lengths.tolist())) > 1, "the fixture batch should have responses of different lengths"
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params, batch
+
+
+_COMPILED: dict = {}
+
+
+def optimizer_of(name: tuple):
+    """("adamw", lr, weight_decay) or ("sgd", lr)."""
+    return make_optimizer(name[1], weight_decay=name[2]) if name[0] == "adamw" else optax.sgd(name[1])
+
+
+def jitted_step(graphdef, config: StepConfig, optimizer_name: tuple):
+    """The jitted update for (config, optimizer), compiled once per module (tests share them)."""
+    key = (config, optimizer_name)
+    if key not in _COMPILED:
+        _COMPILED[key] = jit_train_step(make_train_step(graphdef, optimizer_of(optimizer_name), config))
+    return _COMPILED[key]
+
+
+def run_step(setup, config: StepConfig, batch=None, optimizer=("adamw", 1e-3, 0.0)):
+    """(new params, metrics, new state) of one jitted update from the fixture's parameters."""
+    graphdef, params, fixture_batch = setup
+    state = new_state(params, optimizer_of(optimizer))
+    state, metrics = jitted_step(graphdef, config, optimizer)(state, fixture_batch if batch is None else batch)
+    return state.params, jax.device_get(metrics), state
+
+
+# ----------------------------------------------------------------------------------------------
+# One update.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_one_update_changes_params_with_finite_metrics_and_unit_ratio(setup):
+    _, params, batch = setup
+    before = flat(params)
+    new_params, metrics, state = run_step(setup, StepConfig())
+    after = flat(new_params)
+    assert np.all(np.isfinite(after))
+    assert np.abs(after - before).max() > 1e-4  # Adam's first step moves weights by ~lr
+    assert int(state.step) == 1
+    for name, value in metrics.items():
+        assert np.isfinite(value), name
+    # old_logp comes from the sampler: the update's first forward pass reproduces it.
+    assert metrics["loss/ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["loss/clip_fraction"] == 0.0
+    assert abs(metrics["loss/approx_kl"]) < 1e-6
+    # Bookkeeping agrees with the batch.
+    mask = np.asarray(batch.response_mask)
+    assert metrics["loss/tokens"] == mask.sum()
+    assert metrics["response_length"] == pytest.approx(mask.sum(-1).mean())
+    rewards = np.asarray(batch.rewards)
+    for k in range(K):
+        assert metrics[f"reward_index/{k}"] == pytest.approx(rewards[..., k].mean(), abs=1e-6)
+    assert metrics["advantages/kept_fraction"] <= 1.0
+    assert metrics["loss/grad_norm"] > 0
+    assert metrics["loss/entropy"] > 0
+
+
+def test_minibatches_and_epochs_each_take_an_optimizer_step(setup):
+    _, metrics, state = run_step(setup, StepConfig(ppo_epochs=2, num_minibatches=2))
+    adam_count = [x for x in jax.tree.leaves(state.opt_state) if np.shape(x) == ()][0]
+    assert int(adam_count) == 4  # 2 epochs x 2 minibatches
+    assert int(state.step) == 1  # one rollout batch
+    # Later minibatches see updated parameters: their ratios leave 1.
+    assert metrics["loss/ratio_max"] - metrics["loss/ratio_min"] > 1e-3
+
+
+def test_layout_errors_name_the_config_field():
+    with pytest.raises(ValueError, match="rl.num_minibatches=3"):
+        check_batch_layout(StepConfig(num_minibatches=3), 16)
+    with pytest.raises(ValueError, match="rl.micro_batch_size=3"):
+        check_batch_layout(StepConfig(num_minibatches=2, micro_batch_size=3), 16)
+    assert check_batch_layout(StepConfig(num_minibatches=2, micro_batch_size=4), 16) == (8, 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# One program, compiled once.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_step_lowers_to_one_program_containing_the_advantages(setup):
+    graphdef, params, batch = setup
+    optimizer = make_optimizer(1e-3)
+    state = new_state(params, optimizer)
+    tau = 0.637  # a constant that appears nowhere else in the update
+
+    def lowered_text(method):
+        step = make_train_step(graphdef, optimizer, StepConfig(method=method, snr_tau=tau))
+        return jax.jit(step).lower(state, batch).as_text()
+
+    text = lowered_text("gd2po_snr")
+    assert text.count("func.func public @main") == 1
+    assert "6.370000e-01" in text  # |SNR| < tau: the GD2PO-SNR filter is inside the program
+    assert "stablehlo.sort" in text  # the median SNR of the diagnostics
+    assert "stablehlo.while" in text  # the epoch / minibatch / micro-batch scans
+    assert "6.370000e-01" not in lowered_text("gdpo")  # GDPO has no threshold: the constant is tau's
+    # The raw [P, G, K] rewards are an argument of the program: advantages are not computed outside.
+    signature = next(line for line in text.splitlines() if "func.func public @main" in line)
+    assert f"tensor<{P}x{G}x{K}xf32>" in signature
+
+
+def test_no_recompilation_over_steps_with_new_data(setup):
+    graphdef, params, _ = setup
+    optimizer = ("adamw", 1e-3, 0.0)
+    state = new_state(params, optimizer_of(optimizer))
+    step = jitted_step(graphdef, StepConfig(), optimizer)
+    model = new_model()
+    for i in range(4):
+        batch = sample_batch(model, seed=100 + i)
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        assert step._cache_size() == 1, f"recompiled at step {i + 1}"
+        nnx.update(model, state.params)  # sample the next batch from the updated policy
+    assert int(state.step) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact gradient accumulation.
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_micro_batches_give_the_same_update(setup, mode):
+    # Plain SGD: the parameter change is the gradient itself, so any accumulation error shows.
+    optimizer = ("sgd", 1.0)
+    _, params, _ = setup
+    base = flat(params)
+    deltas, losses = [], []
+    for micro in (0, 2):  # the whole minibatch of 8 rows at once, or 4 micro-batches of 2
+        config = StepConfig(loss_agg_mode=mode, num_minibatches=2, micro_batch_size=micro)
+        new_params, metrics, _ = run_step(setup, config, optimizer=optimizer)
+        deltas.append(flat(new_params) - base)
+        losses.append(metrics["loss/loss"])
+    assert np.abs(deltas[0]).max() > 1e-3
+    np.testing.assert_allclose(deltas[1], deltas[0], rtol=1e-4, atol=1e-7)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------
+# The advantage filter reaches the loss; KL to a reference.
+# ----------------------------------------------------------------------------------------------
+
+
+def all_conflicting_rewards() -> np.ndarray:
+    """[P, G, 2]: reward 1 rises and reward 2 falls over the group, with different spacings, so
+    every rollout has one positive and one negative group advantage but a non-zero sum."""
+    up = np.array([0.0, 1.0, 2.0, 3.0])
+    down = np.array([3.0, 2.9, 0.1, 0.0])
+    rows = []
+    for p in range(P):
+        order = np.random.RandomState(p).permutation(G)
+        rows.append(np.stack([up[order], down[order]], axis=-1))
+    return np.asarray(rows, np.float32)
+
+
+def test_fully_filtered_batch_gives_no_policy_gradient(setup):
+    graphdef, params, _ = setup
+    batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
+    before = flat(params)
+
+    hard, metrics, _ = run_step(setup, StepConfig(method="gd2po_hard"), batch=batch)
+    assert metrics["advantages/conflict_ratio"] == 1.0
+    assert metrics["advantages/kept_fraction"] == 0.0
+    assert metrics["loss/grad_norm"] == 0.0
+    np.testing.assert_array_equal(flat(hard), before)  # lr > 0, no weight decay: nothing moves
+
+    # With weight decay the only change is the decay itself: p <- p - lr * wd * p.
+    lr, wd = 1e-2, 0.1
+    decayed, _, _ = run_step(setup, StepConfig(method="gd2po_hard"), batch=batch, optimizer=("adamw", lr, wd))
+    np.testing.assert_allclose(flat(decayed), before * (1 - lr * wd), rtol=1e-6, atol=1e-9)
+
+    # GDPO keeps the same rollouts and learns from them; SNR with a low threshold keeps some.
+    gdpo, metrics, _ = run_step(setup, StepConfig(method="gdpo"), batch=batch)
+    assert metrics["advantages/kept_fraction"] == 1.0
+    assert np.abs(flat(gdpo) - before).max() > 1e-4
+    snr, metrics, _ = run_step(setup, StepConfig(method="gd2po_snr", snr_tau=0.2), batch=batch)
+    assert 0.0 < metrics["advantages/kept_fraction"] < 1.0
+    assert np.abs(flat(snr) - before).max() > 1e-4
+
+
+def test_kl_to_the_reference(setup):
+    _, _, batch = setup
+    same = batch.replace(ref_logp=batch.old_logp)  # the reference is the sampling policy
+    _, metrics, _ = run_step(setup, StepConfig(kl_coef=0.1), batch=same)
+    assert abs(metrics["loss/kl"]) < 1e-6
+
+    rs = np.random.RandomState(1)
+    shifted = batch.replace(ref_logp=batch.old_logp - jnp.asarray(rs.uniform(0.1, 1.0, batch.old_logp.shape),
+                                                                  jnp.float32))
+    plain, plain_metrics, _ = run_step(setup, StepConfig(kl_coef=0.0), batch=shifted)
+    ignored, _, _ = run_step(setup, StepConfig(kl_coef=0.0), batch=batch)
+    with_kl, kl_metrics, _ = run_step(setup, StepConfig(kl_coef=0.5), batch=shifted)
+    np.testing.assert_array_equal(flat(plain), flat(ignored))  # kl_coef=0: the reference is unused
+    assert plain_metrics["loss/kl"] == 0.0
+    assert kl_metrics["loss/kl"] > 0.01
+    assert kl_metrics["loss/loss"] > plain_metrics["loss/loss"]
+    assert np.abs(flat(with_kl) - flat(plain)).max() > 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharding.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_sharded_step_equals_single_device_and_compiles_once(setup):
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 simulated host devices of tests/conftest.py")
+    graphdef, _, batch = setup
+    config = StepConfig(num_minibatches=2, micro_batch_size=4)
+    optimizer = ("adamw", 1e-3, 0.0)
+    single, single_metrics, single_state = run_step(setup, config, optimizer=optimizer)
+
+    mesh = make_mesh(data=2, fsdp=4)
+    _, mesh_params = nnx.split(shard_model(new_model(), mesh), nnx.Param)
+    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(mesh_params)), "some parameter should be split over fsdp"
+    state = new_state(mesh_params, optimizer_of(optimizer))
+    # As the trainer does: scalars replicated on the mesh, the state kept on its shardings.
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    step = jit_train_step(make_train_step(graphdef, optimizer_of(optimizer), config, mesh), shardings)
+    sharded_batch = shard_batch(batch, mesh)
+    assert len(sharded_batch.input_ids.sharding.device_set) == 8
+    state, metrics = step(state, sharded_batch)
+    np.testing.assert_allclose(flat(state.params), flat(single), atol=1e-5, rtol=0)
+    for name, value in jax.device_get(metrics).items():
+        assert value == pytest.approx(single_metrics[name], rel=1e-4, abs=1e-5), name
+
+    # More steps with new rollouts of the same shapes: same shardings, no recompilation, and the
+    # single-device run still agrees.
+    single_step = jitted_step(graphdef, config, optimizer)
+    model = new_model()
+    for i in range(2):
+        nnx.update(model, jax.device_get(single_state.params))
+        new_batch = sample_batch(model, seed=200 + i)
+        single_state, _ = single_step(single_state, new_batch)
+        state, _ = step(state, shard_batch(new_batch, mesh))
+        assert step._cache_size() == 1, f"recompiled at step {i + 2}"
+        assert jax.tree.map(lambda x: x.sharding, state) == shardings
+    np.testing.assert_allclose(flat(state.params), flat(single_state.params), atol=1e-5, rtol=0)
