@@ -34,8 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.on_error = "raise"  # raise | skip (malformed rows are counted and reported)
     config.data.max_prompt_tokens = 1024  # longer prompts are an error naming the row
     config.data.synthetic = ml_collections.ConfigDict(
-        dict(seed=0, num_train=2000, num_validation=128, num_test=256, mistake_rate=0.5,
-             habit_fraction=0.3, min_think_words=4, max_think_words=36, tokenizer_vocab_size=2048)
+        dict(seed=0, num_train=2000, num_validation=128, num_test=256, mistake_rate=0.2,
+             habit_fraction=0.0, min_think_words=4, max_think_words=36, tokenizer_vocab_size=2048)
     )
 
     config.rewards = ml_collections.ConfigDict()
@@ -77,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.num_steps = 40
     config.train.prompts_per_step = 16
     config.train.seed = 0
-    config.train.learning_rate = 2e-4
+    config.train.learning_rate = 5e-5
     config.train.warmup_steps = 0
     config.train.weight_decay = 0.01
     config.train.grad_clip = 1.0
@@ -90,9 +90,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.sft = ml_collections.ConfigDict()
     config.sft.enabled = True
     config.sft.data = ""  # default: the training data's targets
-    config.sft.num_steps = 300
+    config.sft.num_steps = 500
     config.sft.batch_size = 16
-    config.sft.learning_rate = 2e-3
+    config.sft.learning_rate = 5e-3
     config.sft.max_length = 512
 
     config.checkpoint = ml_collections.ConfigDict()

@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from gd2po_jax import embedded
 from gd2po_jax.checkpointing import Checkpointer
-from gd2po_jax.config_validation import validate_config
+from gd2po_jax.config_validation import ConfigError, validate_config
 from gd2po_jax.data.loaders import load_data
 from gd2po_jax.evaluation.generation import evaluate, tool_calling_scorer
 from gd2po_jax.metrics_logging import MetricsWriter
@@ -105,7 +105,10 @@ def load_splits(config, workdir: pathlib.Path) -> tuple[dict[str, Any], pathlib.
 
 def build_setup(config, workdir: pathlib.Path) -> RunSetup:
     """Data, tokenizer, reward function and mesh of a run; validates the config first."""
-    mesh = make_mesh(data=config.mesh.data, fsdp=config.mesh.fsdp, tensor=config.mesh.tensor)
+    try:
+        mesh = make_mesh(data=config.mesh.data, fsdp=config.mesh.fsdp, tensor=config.mesh.tensor)
+    except ValueError as err:
+        raise ConfigError(f"config.mesh: {err}") from err
     validate_config(config, num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     splits, model_path = load_splits(config, workdir)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
@@ -187,6 +190,7 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
     )
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+    state = _place_on_mesh(state, setup.mesh)
     step_fn = jax.jit(make_sft_step(graphdef, optimizer, compute_dtype=config.model.dtype,
                                     chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
     order = sft_batches(len(data), config.sft.batch_size, config.sft.num_steps, config.train.seed)
@@ -210,6 +214,13 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
 # ----------------------------------------------------------------------------------------------
 
 
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (a kill leaves no half file)."""
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(text)
+    staging.replace(path)
+
+
 def run_eval(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
              *, progress: bool = True) -> dict[str, float]:
     """Greedy evaluation on ``split``; writes ``out_dir/<name>.json`` and ``<name>.jsonl``."""
@@ -221,7 +232,7 @@ def run_eval(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, 
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {"split": split, **summary, "correct_acc": summary.get("correct"), "format_acc": summary.get("format")}
-    (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    _write_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2, sort_keys=True))
     with (out_dir / f"{name}.jsonl").open("w") as file:
         for record in records:
             file.write(json.dumps(record) + "\n")
@@ -338,7 +349,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
     save_pretrained(final, workdir / "policy", tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
     results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
                "before_rl": before, "after_rl": after}
-    (workdir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
+    _write_atomic(workdir / "results.json", json.dumps(results, indent=2, sort_keys=True))
     if progress:
         print(results_table(results))
     return results
