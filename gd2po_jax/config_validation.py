@@ -92,8 +92,10 @@ def validate_config(config, num_data_shards: int = 1) -> None:
     _positive_int(config, "train.num_steps", minimum=0)
     prompts = _positive_int(config, "train.prompts_per_step")
     per_call = config.sampling.get("prompts_per_call", 0)
-    _require(isinstance(per_call, int) and per_call >= 0 and (per_call == 0 or prompts % per_call == 0),
-             "sampling.prompts_per_call", f"{per_call} must be 0 or divide train.prompts_per_step={prompts}")
+    chunked_ok = per_call == 0 or per_call >= prompts or prompts % per_call == 0
+    _require(isinstance(per_call, int) and per_call >= 0 and chunked_ok,
+             "sampling.prompts_per_call",
+             f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")
     _require(config.train.learning_rate > 0, "train.learning_rate", "must be > 0")
     _positive_int(config, "train.warmup_steps", minimum=0)
     _positive_int(config, "train.log_every")

@@ -133,11 +133,11 @@ def collect_rollouts(
       prompt_length: padded prompt length Lp (fixed for a run: one compiled program).
       valid: [P] bool, False for filler prompts of a partly filled batch.
       prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
-        cache of large steps; 0 samples the whole step at once.
+        cache of large steps; 0 (or at least P) samples the whole step at once.
     """
     num_prompts = len(prompt_set)
     start = time.perf_counter()
-    chunk = prompts_per_call or num_prompts
+    chunk = min(prompts_per_call, num_prompts) or num_prompts
     if num_prompts % chunk:
         raise ValueError(
             f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step"
