@@ -10,10 +10,10 @@ runs/eval/<model directory name>. See gd2po_jax/evaluation/run.py.
 """
 
 import dataclasses
-import logging
 
 from absl import app, flags
 
+from gd2po_jax import cli
 from gd2po_jax.evaluation.run import DEFAULT_API_BANK_DIR, EvalError, EvalOptions, run
 
 _DEFAULTS = EvalOptions()
@@ -42,11 +42,7 @@ def options_from_flags() -> EvalOptions:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax", "datasets", "httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    cli.start(argv)
     try:
         run(options_from_flags())
     except EvalError as err:

@@ -6,11 +6,11 @@
 Rerunning the same command resumes from the latest checkpoint in the workdir.
 """
 
-import logging
-
 from absl import app, flags
 from ml_collections import config_flags
 
+from gd2po_jax import cli
+from gd2po_jax.config_validation import ConfigError
 from gd2po_jax.trainer import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", "configs/default.py", "Training config file.", lock_config=True)
@@ -19,12 +19,11 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax", "datasets", "httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    cli.start(argv)
+    try:
+        train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except ConfigError as err:
+        raise SystemExit(f"train.py: {err}") from None
 
 
 if __name__ == "__main__":
