@@ -12,14 +12,12 @@ import dataclasses
 
 import datasets
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from gd2po_jax import losses
 from gd2po_jax.data.chat import render_sft_example
-from gd2po_jax.train_step import TrainState, _cast, completion_logprobs
+from gd2po_jax.train_step import TrainState, completion_logprobs, merge_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +80,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_
     metrics)``, to be jitted."""
 
     def loss_fn(params, input_ids, attention_mask, loss_mask):
-        model = nnx.merge(graphdef, _cast(params, jnp.dtype(compute_dtype)))
+        model = merge_model(graphdef, params, compute_dtype)
         logp, _ = completion_logprobs(model, input_ids, attention_mask, loss_mask.shape[1], chunk_size=chunk_size)
         numerator, denominator = losses.aggregate_loss(-logp, loss_mask, "token-mean")
         return losses.safe_ratio(numerator, denominator), denominator

@@ -140,8 +140,14 @@ def completion_logprobs(
     )
 
 
-def _cast(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+def merge_model(graphdef, params, dtype):
+    """The model of ``graphdef`` with ``params`` (master weights) cast to the compute ``dtype``.
+
+    The cast is differentiable: gradients flow back to the master weights in their own dtype.
+    """
+    dtype = jnp.dtype(dtype)
+    cast = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    return nnx.merge(graphdef, cast)
 
 
 def _constrain_rows(tree, mesh: Mesh | None):
@@ -183,7 +189,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     compute_dtype = jnp.dtype(config.compute_dtype)
 
     def micro_loss(params, rows: dict, denominator):
-        model = nnx.merge(graphdef, _cast(params, compute_dtype))
+        model = merge_model(graphdef, params, compute_dtype)
         need_entropy = config.log_entropy or bool(config.entropy_coef)
         logp, entropy = completion_logprobs(
             model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],

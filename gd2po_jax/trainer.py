@@ -47,11 +47,11 @@ from gd2po_jax.tokenization import eos_token_ids, load_tokenizer
 from gd2po_jax.train_step import (
     StepConfig,
     TrainState,
-    _cast,
     completion_logprobs,
     jit_train_step,
     make_optimizer,
     make_train_step,
+    merge_model,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,10 +164,6 @@ def _place_on_mesh(tree, mesh):
         return x if on_mesh else jax.device_put(x, replicated)
 
     return jax.tree.map(place, tree)
-
-
-def _model_from(graphdef, params, dtype: str):
-    return nnx.merge(graphdef, _cast(params, jnp.dtype(dtype)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,14 +291,14 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
     if split is not None:
         saved = eval_dir / "before_rl.json"
         before = json.loads(saved.read_text()) if saved.is_file() else run_eval(
-            config, setup, _model_from(graphdef, state.params, config.model.dtype), split, eval_dir,
+            config, setup, merge_model(graphdef, state.params, config.model.dtype), split, eval_dir,
             "before_rl", progress=progress)
 
     writer = MetricsWriter(workdir, resume_step=start if start else None)
     train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config(config), setup.mesh),
                                 state_shardings)
     ref_logp_fn = jax.jit(lambda p, ids, mask, m: completion_logprobs(
-        nnx.merge(graphdef, _cast(p, jnp.dtype(config.model.dtype))), ids, mask, m,
+        merge_model(graphdef, p, config.model.dtype), ids, mask, m,
         chunk_size=config.train.logit_chunk_size)[0], static_argnums=(3,))
     sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
     reward_names = tuple(config.rewards.names)
@@ -311,7 +307,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
     for step in bar:
         t0 = time.perf_counter()
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
-        policy = _model_from(graphdef, state.params, config.model.dtype)
+        policy = merge_model(graphdef, state.params, config.model.dtype)
         rollouts = collect_rollouts(
             policy, prompts, setup.tokenizer, setup.reward_fn, num_generations=config.rl.num_generations,
             sampling=config.sampling, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
@@ -332,7 +328,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
         metrics = _step_metrics(raw, reward_names, rollouts, timings)
         done = step + 1
         if config.eval.every_steps and split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
-            summary = run_eval(config, setup, _model_from(graphdef, state.params, config.model.dtype), split,
+            summary = run_eval(config, setup, merge_model(graphdef, state.params, config.model.dtype), split,
                                eval_dir, f"step_{done}", progress=False)
             metrics.update({f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         if done % config.train.log_every == 0 or done == config.train.num_steps:
@@ -344,7 +340,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
     writer.close()
     checkpointer.close()
 
-    final = _model_from(graphdef, state.params, config.model.dtype)
+    final = merge_model(graphdef, state.params, config.model.dtype)
     after = run_eval(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
     save_pretrained(final, workdir / "policy", tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
     results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,

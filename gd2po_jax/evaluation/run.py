@@ -49,7 +49,7 @@ from gd2po_jax.sampling import bucket_length
 from gd2po_jax.sharding import make_mesh, variable_sharding
 from gd2po_jax.tokenization import eos_token_ids, load_tokenizer
 from gd2po_jax.trainer import build_setup, run_eval
-from gd2po_jax.train_step import _cast
+from gd2po_jax.train_step import merge_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_BANK = "api_bank"
@@ -195,7 +195,7 @@ def policy_from_run(config, setup, workdir: pathlib.Path, step: int | None) -> P
         step = steps[-1] if step is None else step
         graphdef, target = abstract_params(setup.model_path, jnp.dtype(config.train.master_dtype), setup.mesh)
         params = restore_params(checkpoint_dir, step, target)
-        model = nnx.merge(graphdef, _cast(params, jnp.dtype(config.model.dtype)))
+        model = merge_model(graphdef, params, config.model.dtype)
         return Policy(model=model, source={"checkpoint": str(checkpoint_dir), "step": step}, **common)
     policy_dir = workdir / "policy"
     if (policy_dir / "config.json").is_file():
