@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from gd2po_jax.data.chat import render_prompt
+
 Message = dict[str, str]
 
 
@@ -54,29 +56,11 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir=None) -> list[in
     return ids
 
 
-def chat_text(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: Sequence[Message],
-    *,
-    add_generation_prompt: bool = True,
-    **template_kwargs,
-) -> str:
-    """The chat template rendered as text (it already holds any BOS / special tokens)."""
-    if tokenizer.chat_template is None:
-        raise ValueError(
-            f"tokenizer {tokenizer.name_or_path!r} has no chat_template; pass plain strings with chat=False"
-        )
-    return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
-    )
-
-
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str | Sequence[Message]],
     *,
     chat: bool | None = None,
-    add_generation_prompt: bool = True,
     **template_kwargs,
 ) -> list[list[int]]:
     """Token ids (unpadded, one list per prompt) of strings or chat conversations.
@@ -92,7 +76,7 @@ def encode_prompts(
             encoded.append(list(tokenizer(prompt, add_special_tokens=True)["input_ids"]))
             continue
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = chat_text(tokenizer, messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        text = render_prompt(messages, tokenizer, **template_kwargs)
         encoded.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     return encoded
 
