@@ -146,7 +146,8 @@ def merge_model(graphdef, params, dtype):
     The cast is differentiable: gradients flow back to the master weights in their own dtype.
     """
     dtype = jnp.dtype(dtype)
-    cast = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    recast = lambda x: jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype  # noqa: E731
+    cast = jax.tree.map(lambda x: x.astype(dtype) if recast(x) else x, params)
     return nnx.merge(graphdef, cast)
 
 

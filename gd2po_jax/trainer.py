@@ -34,7 +34,7 @@ from gd2po_jax import embedded
 from gd2po_jax.checkpointing import Checkpointer
 from gd2po_jax.config_validation import ConfigError, validate_config
 from gd2po_jax.data.loaders import load_data
-from gd2po_jax.evaluation.generation import evaluate, tool_calling_scorer
+from gd2po_jax.evaluation.generation import evaluate, tool_calling_scorer, write_report
 from gd2po_jax.metrics_logging import MetricsWriter
 from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.prompts import EpochSampler, PromptSet, build_prompt_set
@@ -226,12 +226,8 @@ def run_eval(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, 
         eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
         progress=progress, desc=f"eval {name}",
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = {"split": split, **summary, "correct_acc": summary.get("correct"), "format_acc": summary.get("format")}
-    _write_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2, sort_keys=True))
-    with (out_dir / f"{name}.jsonl").open("w") as file:
-        for record in records:
-            file.write(json.dumps(record) + "\n")
+    write_report(out_dir, name, summary, records)
     return summary
 
 

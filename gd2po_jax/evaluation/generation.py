@@ -6,6 +6,8 @@ one padded prompt length, so evaluating compiles one prefill and one decode prog
 
 from __future__ import annotations
 
+import json
+import pathlib
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +85,17 @@ def evaluate(
                 **scorer(response, row),
             })
     return summarize(records), records
+
+
+def write_report(out_dir: pathlib.Path, name: str, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """``out_dir/<name>.json`` (the summary, written atomically) and ``<name>.jsonl`` (one record a line)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / f"{name}.jsonl").open("w") as file:
+        for record in records:
+            file.write(json.dumps(record) + "\n")
+    staging = out_dir / f"{name}.json.tmp"
+    staging.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    staging.replace(out_dir / f"{name}.json")
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, float]:

@@ -41,7 +41,7 @@ from gd2po_jax.evaluation.api_bank import (
     aggregate_api_bank,
     score_api_bank,
 )
-from gd2po_jax.evaluation.generation import Scorer, evaluate
+from gd2po_jax.evaluation.generation import Scorer, evaluate, write_report
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.config import load_config
 from gd2po_jax.prompts import PromptSet, build_prompt_set
@@ -277,21 +277,13 @@ def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path,
         "max_new_tokens": max_new_tokens, "max_think_words": max_think_words,
         "truncation_rate": summary["truncation_rate"], "response_tokens": summary["response_tokens"],
     }
-    _write(out_dir, API_BANK, result, records)
+    write_report(out_dir, API_BANK, result, records)
     return result
 
 
 # ----------------------------------------------------------------------------------------------
 # Entry point.
 # ----------------------------------------------------------------------------------------------
-
-
-def _write(out_dir: pathlib.Path, name: str, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    with (out_dir / f"{name}.jsonl").open("w") as file:
-        for record in records:
-            file.write(json.dumps(record) + "\n")
 
 
 def split_table(summary: dict[str, Any]) -> str:
