@@ -3,7 +3,9 @@
     python train.py                                         # the embedded default, ./runs/default
     python train.py --config=configs/default.py --workdir=DIR --config.rl.algorithm=gd2po_hard
 
-Rerunning the same command resumes from the latest checkpoint in the workdir.
+Rerunning the same command resumes from the latest checkpoint in the workdir. With
+--warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
+config.sft.cache_dir) and stops; sweep.py does this once before its runs.
 """
 
 from absl import app, flags
@@ -11,17 +13,21 @@ from ml_collections import config_flags
 
 from gd2po_jax import cli
 from gd2po_jax.config_validation import ConfigError
-from gd2po_jax.trainer import train_and_evaluate
+from gd2po_jax.trainer import build_warm_start, train_and_evaluate
 
 config_flags.DEFINE_config_file("config", "configs/default.py", "Training config file.", lock_config=True)
 flags.DEFINE_string("workdir", "runs/default", "Directory for checkpoints, metrics and results.")
+flags.DEFINE_bool("warm_start_only", False, "Only build the SFT warm start, then stop.")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     cli.start(argv)
     try:
-        train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        if FLAGS.warm_start_only:
+            print(f"warm start: {build_warm_start(FLAGS.config, FLAGS.workdir)}")
+        else:
+            train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except ConfigError as err:
         raise SystemExit(f"train.py: {err}") from None
 

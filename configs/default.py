@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.on_error = "raise"  # raise | skip (malformed rows are counted and reported)
     config.data.max_prompt_tokens = 1024  # longer prompts are an error naming the row
     config.data.synthetic = ml_collections.ConfigDict(
-        dict(seed=0, num_train=2000, num_validation=128, num_test=256, mistake_rate=0.2,
+        dict(seed=0, num_train=2000, num_validation=128, num_test=256, num_candidates=3, mistake_rate=0.2,
              habit_fraction=0.0, min_think_words=4, max_think_words=36, tokenizer_vocab_size=2048)
     )
 
@@ -86,7 +86,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.log_every = 1
 
     # Supervised warm start on the data's `target` column (ToolRL SFT JSON style), cached in
-    # WORKDIR/warm_start and reused by later runs in the same workdir.
+    # WORKDIR/warm_start and reused by later runs in the same workdir, or, with sft.cache_dir, in
+    # CACHE_DIR/<hash of the config parts it depends on> and shared by every run (see sweep.py).
     config.sft = ml_collections.ConfigDict()
     config.sft.enabled = True
     config.sft.data = ""  # default: the training data's targets
@@ -94,6 +95,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.sft.batch_size = 16
     config.sft.learning_rate = 5e-3
     config.sft.max_length = 512
+    config.sft.seed = 0  # order of the SFT examples (not train.seed: the warm start is shared by RL seeds)
+    config.sft.cache_dir = ""  # empty: WORKDIR/warm_start
 
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 10

@@ -109,6 +109,12 @@ def validate_config(config, num_data_shards: int = 1) -> None:
         _positive_int(config, "sft.num_steps", minimum=0)
         _positive_int(config, "sft.batch_size")
         _positive_int(config, "sft.max_length", minimum=2)
+        # Added later than the rest: a config.json of an older run may lack them (defaults 0 and "").
+        if "seed" in config.sft:
+            _positive_int(config, "sft.seed", minimum=0)
+        if "cache_dir" in config.sft:
+            _require(isinstance(config.sft.cache_dir, str), "sft.cache_dir",
+                     f"must be a directory path (a string; empty: WORKDIR/warm_start), got {config.sft.cache_dir!r}")
 
     rollouts = prompts * config.rl.num_generations
     _require(rollouts % num_data_shards == 0, "train.prompts_per_step",

@@ -6,6 +6,8 @@ everything a run needs to resume or be reproduced::
     config.json         the resolved config
     base_model/         the embedded default's tokenizer + tiny random Qwen2 (HF format)
     warm_start/         the supervised warm-start checkpoint (HF format), reused when present
+                        (with config.sft.cache_dir it lives in CACHE_DIR/<key> instead, shared)
+    warm_start_logs/    the SFT loss of the warm start, if this run trained it
     checkpoints/        Orbax checkpoints of the RL state and data position
     metrics.jsonl       one JSON object per RL step;  tensorboard/  the same as event files
     eval/               before_rl.json, after_rl.json (+ generations *.jsonl)
@@ -16,10 +18,14 @@ everything a run needs to resume or be reproduced::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import pathlib
+import shutil
 import time
+import uuid
 from typing import Any
 
 import jax
@@ -171,10 +177,74 @@ def _place_on_mesh(tree, mesh):
 # ----------------------------------------------------------------------------------------------
 
 
+# The config parts a warm start depends on (besides sft.*, minus sft.cache_dir): the task and data
+# (examples and, for the embedded task, the tokenizer), the model, and the SFT optimizer's settings.
+WARM_START_FIELDS = ("task", "data", "model", "train.weight_decay", "train.grad_clip", "train.logit_chunk_size")
+
+
+def warm_start_inputs(config) -> dict[str, Any]:
+    """The config values that determine the warm start, as plain JSON values (dotted name -> value).
+
+    RL fields (``rl.*``, ``train.seed``, ``train.learning_rate`` ...) are not among them: every RL
+    run of a sweep starts from the same warm start.
+    """
+    inputs = {}
+    for dotted in WARM_START_FIELDS:
+        node = config
+        for part in dotted.split("."):
+            node = node[part]
+        inputs[dotted] = node
+    inputs["sft"] = {k: v for k, v in config.sft.items() if k != "cache_dir"}
+    inputs["sft"].setdefault("seed", 0)
+    return json.loads(json.dumps(inputs, sort_keys=True, default=_json_value))
+
+
+def _json_value(value):
+    if hasattr(value, "to_dict"):  # nested ConfigDict
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"config value {value!r} of type {type(value).__name__} has no JSON form")
+
+
+def warm_start_key(config) -> str:
+    """A short hash (12 hex digits) of `warm_start_inputs`: the warm start's directory name in
+    ``config.sft.cache_dir``."""
+    text = json.dumps(warm_start_inputs(config), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def warm_start_dir(config, workdir: pathlib.Path) -> pathlib.Path:
+    """Where the warm start of a run lives: ``<sft.cache_dir>/<warm_start_key>``, or
+    ``workdir/warm_start`` when ``config.sft.cache_dir`` is empty."""
+    cache_dir = config.sft.get("cache_dir", "")
+    return pathlib.Path(cache_dir) / warm_start_key(config) if cache_dir else pathlib.Path(workdir) / "warm_start"
+
+
+def _publish_dir(staging: pathlib.Path, target: pathlib.Path) -> bool:
+    """Rename the finished ``staging`` directory to ``target``; if another process got there first
+    (``target`` exists), discard ``staging`` and keep theirs. Returns whether ours was published."""
+    try:
+        os.rename(staging, target)  # atomic; fails if target is a non-empty directory
+        return True
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+
+
 def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool = True) -> pathlib.Path:
-    """The warm-start checkpoint directory: trained once, then reused from ``workdir/warm_start``."""
-    out_dir = workdir / "warm_start"
+    """The warm-start checkpoint directory (`warm_start_dir`): trained once, then reused.
+
+    Several processes may train the same shared warm start at once (``config.sft.cache_dir``): each
+    writes its own staging directory and renames it into place; the first rename wins and the others
+    discard theirs, so readers only ever see a complete checkpoint. The SFT loss is logged to
+    ``workdir/warm_start_logs`` of the run that trains it.
+    """
+    out_dir = warm_start_dir(config, workdir)
     if (out_dir / "config.json").is_file():
+        logger.info("warm start: reusing %s", out_dir)
         return out_dir
     data = build_sft_data(setup.sft_dataset, setup.tokenizer, max_length=config.sft.max_length,
                           where=config.sft.data or "training data")
@@ -189,8 +259,8 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
     state = _place_on_mesh(state, setup.mesh)
     step_fn = jax.jit(make_sft_step(graphdef, optimizer, compute_dtype=config.model.dtype,
                                     chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
-    order = sft_batches(len(data), config.sft.batch_size, config.sft.num_steps, config.train.seed)
-    writer = MetricsWriter(out_dir.with_name("warm_start_logs"), tensorboard=False)
+    order = sft_batches(len(data), config.sft.batch_size, config.sft.num_steps, config.sft.get("seed", 0))
+    writer = MetricsWriter(pathlib.Path(workdir) / "warm_start_logs", tensorboard=False)
     bar = tqdm.tqdm(order, desc="warm start (SFT)", disable=not progress)
     for i, rows in enumerate(bar):
         state, metrics = step_fn(state, *(jnp.asarray(a[rows]) for a in (data.input_ids, data.attention_mask, data.loss_mask)))
@@ -198,11 +268,30 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
             record = writer.write(i + 1, jax.device_get(metrics))
             bar.set_postfix(loss=f"{record['sft/loss']:.3f}")
     writer.close()
-    staging = out_dir.with_name("warm_start.tmp")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     save_pretrained(nnx.merge(graphdef, state.params), staging, tokenizer=setup.tokenizer,
                     copy_files_from=setup.model_path)
-    staging.rename(out_dir)
+    (staging / "warm_start_inputs.json").write_text(json.dumps(warm_start_inputs(config), indent=2, sort_keys=True))
+    if not _publish_dir(staging, out_dir):
+        logger.info("warm start: %s was written by another run meanwhile; using it", out_dir)
     return out_dir
+
+
+def build_warm_start(config, workdir: str | pathlib.Path, *, progress: bool = True) -> pathlib.Path:
+    """Only the warm start of a run (``train.py --warm_start_only``): validates the config, builds the
+    data and base model in ``workdir``, trains or finds the warm start, and returns its directory.
+
+    A sweep calls this once before its runs start in parallel, so that they share one warm start
+    (``config.sft.cache_dir``) instead of each training it.
+    """
+    if not config.sft.enabled:
+        raise ConfigError("config.sft.enabled: is False, so there is no warm start to build")
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    setup = build_setup(config, workdir)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+    return warm_start(config, setup, workdir, progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------

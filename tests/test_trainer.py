@@ -180,6 +180,8 @@ def reference(tmp_path_factory, train_env) -> pathlib.Path:
         ({"train__prompts_per_step": 3, "rl__num_generations": 2}, "config.train.prompts_per_step"),  # 6 % 8
         ({"eval__batch_size": 12}, "config.eval.batch_size"),
         ({"rl__loss_agg_mode": "sum"}, "config.rl.loss_agg_mode"),
+        ({"sft__seed": -1}, "config.sft.seed"),
+        ({"sft__cache_dir": None}, "config.sft.cache_dir"),
     ],
 )
 def test_invalid_config_fails_before_any_compute_naming_the_field(tmp_path, overrides, field):
@@ -189,6 +191,62 @@ def test_invalid_config_fails_before_any_compute_naming_the_field(tmp_path, over
     with pytest.raises(ConfigError, match="^" + re.escape(field) + ":"):
         train_and_evaluate(tiny_config(**overrides), tmp_path / "run", progress=False)
     assert list((tmp_path / "run").iterdir()) == []  # no config.json, no tokenizer, no model
+
+
+# ----------------------------------------------------------------------------------------------
+# The warm start's place: WORKDIR/warm_start, or shared in config.sft.cache_dir under a key.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_warm_start_key_depends_on_what_the_warm_start_is_made_of():
+    from gd2po_jax.trainer import warm_start_key
+
+    key = warm_start_key(tiny_config())
+    assert len(key) == 12
+    # RL settings, the RL seed and the cache location itself: the same warm start.
+    for same in [{"rl__algorithm": "grpo"}, {"rl__snr_tau": 0.2}, {"train__seed": 3},
+                 {"train__learning_rate": 0.5}, {"train__num_steps": 9}, {"sft__cache_dir": "/elsewhere"}]:
+        assert warm_start_key(tiny_config(**same)) == key, same
+    # Its data, model, SFT settings (its own seed included) and SFT optimizer: another one.
+    for other in [{"sft__seed": 1}, {"sft__num_steps": 61}, {"data__synthetic__num_train": 65},
+                  {"model__tiny__hidden_size": 32}, {"train__weight_decay": 0.0}, {"task": "files"}]:
+        assert warm_start_key(tiny_config(**other)) != key, other
+    config = tiny_config()
+    del config.sft["seed"]  # a config.json older than sft.seed: the seed was 0
+    assert warm_start_key(config) == key
+
+
+def test_warm_start_lives_in_the_workdir_or_under_its_key_in_the_cache(tmp_path):
+    from gd2po_jax.trainer import warm_start, warm_start_dir, warm_start_key
+
+    assert warm_start_dir(tiny_config(), tmp_path) == tmp_path / "warm_start"
+    config = tiny_config(sft__cache_dir=str(tmp_path / "cache"))
+    shared = tmp_path / "cache" / warm_start_key(config)
+    assert warm_start_dir(config, tmp_path / "run") == shared
+    shared.mkdir(parents=True)
+    (shared / "config.json").write_text("{}")
+    assert warm_start(config, None, tmp_path / "run", progress=False) == shared  # found: nothing trained
+    assert not (tmp_path / "run").exists()
+
+
+def test_publishing_a_warm_start_keeps_the_first_of_two_racing_writers(tmp_path):
+    from gd2po_jax.trainer import _publish_dir
+
+    target = tmp_path / "abc123"
+    for name, label in [("abc123.tmp-1", "first"), ("abc123.tmp-2", "second")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(label)
+    assert _publish_dir(tmp_path / "abc123.tmp-1", target)
+    assert not _publish_dir(tmp_path / "abc123.tmp-2", target)  # lost the race: discarded
+    assert (target / "config.json").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abc123"]
+
+
+def test_warm_start_only_needs_sft():
+    from gd2po_jax.trainer import build_warm_start
+
+    with pytest.raises(ConfigError, match=r"^config\.sft\.enabled"):
+        build_warm_start(tiny_config(sft__enabled=False), "/nonexistent", progress=False)
 
 
 # ----------------------------------------------------------------------------------------------
