@@ -438,8 +438,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
 
 def results_table(results: dict[str, Any]) -> str:
     """A small before/after table of the headline validation metrics."""
-    rows = [("Correct Acc", "correct_acc"), ("Format Acc", "format_acc"), ("Length", "length"),
-            ("Truncation", "truncation_rate")]
+    rows = [("Correct Acc", "correct_acc"), ("Correctness", "correctness"), ("Format Acc", "format_acc"),
+            ("Length", "length"), ("Truncation", "truncation_rate")]
     before, after = results.get("before_rl") or {}, results.get("after_rl") or {}
     lines = [f"{results['split'] or 'no eval split'} ({results['algorithm']}, {results['steps']} RL steps)",
              f"{'metric':<14}{'before RL':>12}{'after RL':>12}"]

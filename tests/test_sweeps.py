@@ -322,10 +322,15 @@ def test_an_interrupted_sweep_stops_its_runs_and_records_them(tmp_path, fake_rep
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handler, whatever a library imported earlier in the session installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_a_run_started, daemon=True).start()
     start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        sweeps.run_sweep(sweep, env=env, progress=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweeps.run_sweep(sweep, env=env, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 30  # the 60 s run was terminated
     record = json.loads((sweep.sweep_dir / "sweep.json").read_text())
     assert [r["status"] for r in record["runs"]] == [INTERRUPTED, PENDING, PENDING]

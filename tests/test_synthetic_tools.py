@@ -238,6 +238,25 @@ def test_habit_tools_are_always_demonstrated_with_their_habit(requests):
     assert counts["habit"] > 100 and counts[None] > 100
 
 
+def test_habit_rate_keeps_the_right_call_as_the_minority_of_habit_demonstrations(requests):
+    config = st.SyntheticToolsConfig(habit_fraction=1.0, habit_rate=0.7, mistake_rate=0.0)
+    kinds = []
+    for i, request in enumerate(requests["train"]):
+        if not request.calls:
+            continue
+        target, mistake = st.demonstration(request, config, random.Random(i))
+        kinds.append(mistake)
+        assert st.is_correct(target, st.ground_truth(request)) == (mistake is None)
+    share = kinds.count("habit") / len(kinds)
+    assert set(kinds) == {"habit", None}
+    assert share == pytest.approx(0.7, abs=0.05)
+    # habit_rate 1 is the old behaviour, drawn without touching the random stream of other rows.
+    always = st.SyntheticToolsConfig(habit_fraction=1.0, mistake_rate=0.0)
+    assert {st.demonstration(r, always, random.Random(0))[1] for r in requests["train"] if r.calls} == {"habit"}
+    with pytest.raises(ValueError, match="habit_rate"):
+        st.SyntheticToolsConfig(habit_rate=1.5)
+
+
 def test_demonstration_correct_rate_is_in_the_configured_band(default_splits):
     train = default_splits["train"]
     rate = st.correct_rate(train["target"], train["ground_truth"])

@@ -97,6 +97,10 @@ class SyntheticToolsConfig:
       habit_fraction: share of the tools (drawn by seed, see `habit_tools`) whose demonstrations
         always leave out the tool's last parameter. Random mistakes are noise that greedy
         decoding of a warm-started model averages away; a habit is learned as the behaviour.
+      habit_rate: probability that a demonstration of a habit tool has the habit (1: always).
+        Below 1 the right call is in the demonstrations too, as the minority: the warm-started
+        model decodes the habit greedily but samples the right call now and then, which is what
+        a reward for correctness can act on.
     """
 
     seed: int = 0
@@ -111,6 +115,7 @@ class SyntheticToolsConfig:
     max_think_words: int = 36
     mistakes: tuple[str, ...] = MISTAKES
     habit_fraction: float = 0.0
+    habit_rate: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "mistakes", tuple(self.mistakes))
@@ -126,7 +131,7 @@ class SyntheticToolsConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SyntheticToolsConfig.{name} must be an int >= 0, got {value!r}")
-        for name in ("response_fraction", "multi_call_fraction", "mistake_rate", "habit_fraction"):
+        for name in ("response_fraction", "multi_call_fraction", "mistake_rate", "habit_fraction", "habit_rate"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -453,7 +458,7 @@ def demonstration(
 
     The think block has a uniform number of words in [min_think_words, max_think_words] (at most
     half the maximum for two-call requests). A request for a habit tool (`habit_tools`) gets the
-    habit (kind "habit"); otherwise, with probability `mistake_rate`, the answer has one mistake
+    habit (kind "habit") with probability `habit_rate`; otherwise, with probability `mistake_rate`, the answer has one mistake
     from `config.mistakes` (requests that need a response get a needless call or an unclosed
     response instead, reported as "malformed").
     """
@@ -462,7 +467,9 @@ def demonstration(
         high = max(config.min_think_words, high // 2)
     think = think_text(request, rng.randint(config.min_think_words, high), rng)
     habits = habit_tools(config.seed, config.habit_fraction)
-    if any(name in habits for name, _ in request.calls):
+    if any(name in habits for name, _ in request.calls) and (
+        config.habit_rate >= 1 or rng.random() < config.habit_rate
+    ):
         return _answer(think, _habit(request.calls, habits), None), "habit"
     if rng.random() >= config.mistake_rate:
         return _answer(think, request.calls, request.reply), None
