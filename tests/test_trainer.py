@@ -364,7 +364,9 @@ def test_fsdp_mesh_run_matches_the_data_parallel_run(reference, tmp_path, train_
     """The reference spans the 8 devices with data=8; the same run on data=2 x fsdp=4 (parameters
     and optimizer state split 4 ways) gives the same metrics and parameters within float
     tolerance."""
-    steps = 4
+    # Two steps: a float difference of ~1e-6 can flip a near-tied sampled token from step 2 on,
+    # after which the two runs legitimately sample different rollouts.
+    steps = 2
     workdir = tmp_path / "run"
     copy_warm_start(reference, workdir)
     config_file = write_config_file(tmp_path, mesh__data=2, mesh__fsdp=4, train__num_steps=steps,
