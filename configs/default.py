@@ -96,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sft = ml_collections.ConfigDict()
     config.sft.enabled = True
     config.sft.data = ""  # default: the training data's targets
-    config.sft.num_steps = 700
+    config.sft.num_steps = 1000
     config.sft.batch_size = 16
     config.sft.learning_rate = 5e-3
     config.sft.max_length = 512

@@ -67,11 +67,9 @@ Call = tuple[str, dict[str, Any]]
 """A tool call: (tool name, parameters)."""
 
 SYSTEM_HEADER = "You are a helpful assistant that can call tools.\n\n**Available Tools**\n"
-SYSTEM_FOOTER = (
-    "\n\n**Output Format**\n<think> reasoning </think>\n<tool_call>\n"
-    '{"name": "tool", "parameters": {"key": "value"}}\n</tool_call>\n'
-    "or <response> reply </response>"
-)
+# One line of format instructions: every token of the system prompt is paid for in every SFT and
+# RL step, and the longest prompt must fit a 192-token bucket (`sampling.bucket_length`).
+SYSTEM_FOOTER = "\n\nAnswer with <think> </think>, then <tool_call> </tool_call> or <response> </response>."
 USER_PREFIX = "**Dialogue Records History**\n<user> "
 USER_SUFFIX = " </user>"
 
