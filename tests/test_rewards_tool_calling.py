@@ -19,7 +19,7 @@ from gd2po_jax.rewards import (
     score_tool_call,
 )
 from gd2po_jax.rewards.bounded_json import MAX_JSON_DEPTH, loads_bounded, nesting_depth
-from gd2po_jax.rewards.tool_calling import multiset_match
+from gd2po_jax.rewards.tool_calling import multiset_match, parse_response_calls
 
 GT_TOOL = (
     "<think> I should use the appropriate tool. </think>\n<tool_call>\n"
@@ -476,3 +476,11 @@ def test_check_reward_output_catches_shape_and_nan():
     with pytest.raises(ValueError, match="non-finite"):
         check_reward_output(fn, np.array([[np.nan]]), 1)
     assert check_reward_output(fn, [[1.0]], 1).dtype == np.float32
+
+
+def test_parse_response_calls_returns_none_for_what_correctness_scores_as_malformed():
+    assert parse_response_calls('<tool_call>\n{"name": "a", "parameters": {}}\n[1]\n</tool_call>') == [
+        {"name": "a", "parameters": {}}, [1]]
+    assert parse_response_calls('<tool_call>\n{"name": "a"\n</tool_call>') is None  # not JSON
+    assert parse_response_calls('<tool_call>\n{"name": "a"}\n\n{"name": "b"}\n</tool_call>') is None  # blank line
+    assert parse_response_calls("<response> hi </response>") is None  # no block

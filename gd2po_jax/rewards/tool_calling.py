@@ -101,6 +101,18 @@ def _parse_lines(block: str) -> list[Any]:
     return [loads_bounded(line) for line in block.split("\n")]
 
 
+def parse_response_calls(response: str) -> list[Any] | None:
+    """The JSON values of the first ``<tool_call>`` block of a response, one per line; None when
+    the block is missing or a line is not bounded, valid JSON (what correctness scores as -3)."""
+    block = _tool_block(response)
+    if block is None:
+        return None
+    try:
+        return _parse_lines(block)
+    except ValueError:
+        return None
+
+
 def parse_ground_truth_calls(ground_truth: str) -> list[Any] | None:
     """The ground truth's tool calls, or None when it has no `<tool_call>` (nothing to score).
 

@@ -18,18 +18,8 @@ import pathlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gd2po_jax.rewards.tool_calling import _parse_lines, _tool_block, parse_ground_truth_calls
+from gd2po_jax.rewards.tool_calling import parse_ground_truth_calls, parse_response_calls
 from gd2po_jax.tasks.synthetic_tools import habit_tools
-
-
-def _response_calls(response: str) -> list[Any] | None:
-    block = _tool_block(response)
-    if block is None:
-        return None
-    try:
-        return _parse_lines(block)
-    except ValueError:
-        return None
 
 
 def habit_breakdown(generations: Iterable[Mapping[str, Any]], habits: frozenset[str]) -> dict[str, dict[str, int]]:
@@ -47,7 +37,7 @@ def habit_breakdown(generations: Iterable[Mapping[str, Any]], habits: frozenset[
         (wanted,) = truth
         counts = out["habit_tools" if wanted["name"] in habits else "other_tools"]
         counts["rows"] += 1
-        calls = _response_calls(row["response"])
+        calls = parse_response_calls(row["response"])
         counts["right_names"] += bool(
             calls and len(calls) == 1 and isinstance(calls[0], dict) and calls[0].get("name") == wanted["name"]
             and isinstance(calls[0].get("parameters"), dict)
