@@ -74,7 +74,9 @@ def test_system_prompt_lists_tools_in_the_toolrl_layout():
         "city": {"type": "string"},
         "unit": {"enum": ["celsius", "fahrenheit"]},
     }
-    assert text.startswith("You are a helpful assistant") and all(tag in text.split("Parameters: ")[-1] for tag in ("<think>", "<tool_call>", "<response>"))
+    assert text.startswith("You are a helpful assistant")
+    format_line = text.split("Parameters: ")[-1]  # after the last tool: the format instruction
+    assert all(tag in format_line for tag in ("<think>", "<tool_call>", "<response>"))
     assert st.user_message("Hi") == "**Dialogue Records History**\n<user> Hi </user>"
 
 

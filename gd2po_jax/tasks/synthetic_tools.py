@@ -68,7 +68,7 @@ Call = tuple[str, dict[str, Any]]
 
 SYSTEM_HEADER = "You are a helpful assistant that can call tools.\n\n**Available Tools**\n"
 # One line of format instructions: every token of the system prompt is paid for in every SFT and
-# RL step, and the longest prompt must fit a 192-token bucket (`sampling.bucket_length`).
+# RL step, and the longest prompt must fit a 192-token bucket (`gd2po_jax.sampling.bucket_length`).
 SYSTEM_FOOTER = "\n\nAnswer with <think> </think>, then <tool_call> </tool_call> or <response> </response>."
 USER_PREFIX = "**Dialogue Records History**\n<user> "
 USER_SUFFIX = " </user>"
