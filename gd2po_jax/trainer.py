@@ -221,6 +221,42 @@ def warm_start_dir(config, workdir: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(cache_dir) / warm_start_key(config) if cache_dir else pathlib.Path(workdir) / "warm_start"
 
 
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested JSON objects as one level of dotted names."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+def check_warm_start_inputs(warm_start_path: pathlib.Path, config) -> None:
+    """Refuse to reuse a warm start trained from other inputs than ``config``'s.
+
+    A warm start records its `warm_start_inputs` (``warm_start_inputs.json``). In
+    ``WORKDIR/warm_start`` nothing else ties it to the config, so rerunning in the same workdir with,
+    say, another ``data.synthetic.habit_fraction`` would silently start RL from the old warm start.
+    A directory without the record (written by hand, or by an older version) is trusted.
+
+    Raises:
+      ConfigError: naming the fields whose values differ.
+    """
+    record = pathlib.Path(warm_start_path) / "warm_start_inputs.json"
+    if not record.is_file():
+        return
+    recorded, current = _flat(json.loads(record.read_text())), _flat(warm_start_inputs(config))
+    recorded.setdefault("sft.seed", 0)  # recorded before sft.seed existed: the seed was 0
+    changed = sorted(name for name in recorded.keys() | current.keys() if recorded.get(name) != current.get(name))
+    if changed:
+        details = ", ".join(f"{name} (was {recorded.get(name)!r}, now {current.get(name)!r})" for name in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise ConfigError(
+            f"the warm start in {warm_start_path} was trained with other values of {details}{more}; "
+            "use a new --workdir, delete that directory to retrain it, or set config.sft.cache_dir"
+        )
+
+
 def _publish_dir(staging: pathlib.Path, target: pathlib.Path) -> bool:
     """Rename the finished ``staging`` directory to ``target``; if another process got there first
     (``target`` exists), discard ``staging`` and keep theirs. Returns whether ours was published."""
@@ -244,6 +280,7 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
     """
     out_dir = warm_start_dir(config, workdir)
     if (out_dir / "config.json").is_file():
+        check_warm_start_inputs(out_dir, config)
         logger.info("warm start: reusing %s", out_dir)
         return out_dir
     data = build_sft_data(setup.sft_dataset, setup.tokenizer, max_length=config.sft.max_length,

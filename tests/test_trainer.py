@@ -229,6 +229,22 @@ def test_warm_start_lives_in_the_workdir_or_under_its_key_in_the_cache(tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_a_workdir_warm_start_from_other_inputs_is_refused_naming_the_fields(tmp_path):
+    import json
+
+    from gd2po_jax.config_validation import ConfigError
+    from gd2po_jax.trainer import warm_start, warm_start_inputs
+
+    run = tmp_path / "run"
+    (run / "warm_start").mkdir(parents=True)
+    (run / "warm_start" / "config.json").write_text("{}")
+    assert warm_start(tiny_config(), None, run, progress=False) == run / "warm_start"  # no record: trusted
+    (run / "warm_start" / "warm_start_inputs.json").write_text(json.dumps(warm_start_inputs(tiny_config())))
+    assert warm_start(tiny_config(rl__algorithm="grpo"), None, run, progress=False) == run / "warm_start"
+    with pytest.raises(ConfigError, match=r"data\.synthetic\.num_train \(was 64, now 65\), sft\.num_steps"):
+        warm_start(tiny_config(data__synthetic__num_train=65, sft__num_steps=61), None, run, progress=False)
+
+
 def test_publishing_a_warm_start_keeps_the_first_of_two_racing_writers(tmp_path):
     from gd2po_jax.trainer import _publish_dir
 
