@@ -81,7 +81,7 @@ def get_config():
     config.train.update(num_steps=10, prompts_per_step=8, learning_rate=1e-3)
     config.rl.num_generations = 8
     config.rewards.max_think_words = 6
-    config.sampling.update(max_new_tokens=64, temperature=1.0)  # the bounds below were measured at 1
+    config.sampling.update(max_new_tokens=64, temperature=1.0)  # its bounds were measured at temperature 1
     config.eval.update(max_examples=16, batch_size=8)
     return config
 """
