@@ -4,17 +4,17 @@
         --algorithms=grpo,gdpo,gd2po_hard,gd2po_snr --snr_taus=0.2,0.5,0.8 --seeds=0,1,2,3,4 \\
         [--parallel=N] [--config.train.num_steps=100 ...]
 
-Each run is ``train.py`` in DIR/runs/<method>/seed<k> with the config file, the ``--config.*``
-overrides given here and its own algorithm, threshold (GD2PO-SNR only) and seed, then ``eval.py
---split=test``; command.txt and log.txt of each run are in its workdir. All runs start RL from one
-SFT warm start, trained once first (config.sft.cache_dir, default DIR/warm_starts). ``--parallel=N``
-runs N at once, one GPU each (default: one per visible GPU; 1 on CPU). Rerun the same command to
-resume: finished runs are skipped. The exit status is non-zero if a run failed; the failures and
-their logs are listed at the end. When every run has finished, the report (report.py) is written to
-DIR/report. See gd2po_jax/sweeps.py.
+Each run is ``train.py`` in DIR/runs/<method>/seed<k> from its resolved config (the config file,
+the ``--config.*`` overrides given here and its own algorithm, threshold (GD2PO-SNR only) and seed),
+written to the run's config.json first, then ``eval.py --split=test``; command.txt and log.txt of
+each run are in its workdir. All runs start RL from one SFT warm start, trained once first
+(config.sft.cache_dir, default DIR/warm_starts). ``--parallel=N`` runs N at once, one GPU each
+(default: one per visible GPU; 1 on CPU). Rerun the same command to resume: finished runs are
+skipped, and a run whose config.json differs from its config now is refused. The exit status is
+non-zero if a run failed; the failures and their logs are listed at the end. When every run has
+finished, the report (report.py) is written to DIR/report. See gd2po_jax/sweeps.py.
 """
 
-import pathlib
 import signal
 import sys
 
@@ -23,8 +23,7 @@ from ml_collections import config_flags
 
 from gd2po_jax import cli, sweeps
 
-config_flags.DEFINE_config_file("config", "configs/default.py", "Training config file of every run.",
-                                lock_config=True)
+cli.define_config_flag("config", "configs/default.py", "Training config file of every run.")
 flags.DEFINE_string("sweep_dir", None, "Directory of the sweep (runs, sweep.json, report).", required=True)
 flags.DEFINE_list("algorithms", "grpo,gdpo,gd2po_hard,gd2po_snr", "Algorithms (config.rl.algorithm).")
 flags.DEFINE_list("snr_taus", "0.2,0.5,0.8", "Thresholds config.rl.snr_tau of gd2po_snr.")
@@ -40,13 +39,9 @@ def _stop(signum, frame):
 def main(argv):
     cli.start(argv)
     try:
-        config_arg, overrides = sweeps.config_arguments(sys.argv[1:], FLAGS.config)
-        missed = set(config_flags.get_override_values(FLAGS["config"])) - set(sweeps.override_names(overrides))
-        if missed:  # a form config_arguments does not know: it would silently not reach the runs
-            raise sweeps.SweepError(f"cannot forward {sorted(missed)} to train.py; write them as --config.NAME=VALUE")
         sweep = sweeps.plan_sweep(
-            FLAGS.sweep_dir, config=FLAGS.config, overrides=overrides,
-            config_arg=sweeps.resolve_config_arg(config_arg, pathlib.Path.cwd()),
+            FLAGS.sweep_dir, config=FLAGS.config, config_file=config_flags.get_config_filename(FLAGS["config"]),
+            overrides=config_flags.get_override_values(FLAGS["config"]),
             algorithms=FLAGS.algorithms, snr_taus=FLAGS.snr_taus, seeds=FLAGS.seeds, parallel=FLAGS.parallel,
         )
     except sweeps.SweepError as err:

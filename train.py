@@ -2,6 +2,7 @@
 
     python train.py                                         # the embedded default, ./runs/default
     python train.py --config=configs/default.py --workdir=DIR --config.rl.algorithm=gd2po_hard
+    python train.py --config=configs/resolved.py:DIR/config.json --workdir=NEW_DIR  # rerun a run's config
 
 Rerunning the same command resumes from the latest checkpoint in the workdir. With
 --warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
@@ -9,13 +10,13 @@ config.sft.cache_dir) and stops; sweep.py does this once before its runs.
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from gd2po_jax import cli
-from gd2po_jax.config_validation import ConfigError
-from gd2po_jax.trainer import build_warm_start, train_and_evaluate
+from gd2po_jax.config import ConfigError
+from gd2po_jax.trainer import train_and_evaluate
+from gd2po_jax.warm_start import build_warm_start
 
-config_flags.DEFINE_config_file("config", "configs/default.py", "Training config file.", lock_config=True)
+cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
 flags.DEFINE_string("workdir", "runs/default", "Directory for checkpoints, metrics and results.")
 flags.DEFINE_bool("warm_start_only", False, "Only build the SFT warm start, then stop.")
 FLAGS = flags.FLAGS

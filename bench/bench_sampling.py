@@ -5,9 +5,14 @@ intermediate 1408, vocab 12288, tied embeddings), fp32, 32 prompts x 64 prompt t
 
     python bench/bench_sampling.py                       # the default above
     python bench/bench_sampling.py --preset qwen2.5-0.5b --dtype bfloat16 --batch 64
-    python bench/bench_sampling.py --hf-dir /path/to/checkpoint
+    python bench/bench_sampling.py --hf_dir /path/to/checkpoint
 
-No EOS is set, so every row generates exactly --new-tokens tokens. Compilation is excluded (one
+A seconds-long check that the script runs (a 1-layer model, 2 prompts, 4 new tokens):
+
+    python bench/bench_sampling.py --hidden=32 --layers=1 --heads=2 --kv_heads=1 --intermediate=64
+        --vocab=128 --head_dim=16 --batch=2 --prompt_len=8 --new_tokens=4 --repeats=1
+
+No EOS is set, so every row generates exactly --new_tokens tokens. Compilation is excluded (one
 warm-up call); each timing is reported as the best and the median of --repeats calls (the best is
 the better estimate on a shared, noisy machine).
 """
@@ -40,17 +45,17 @@ PRESETS = {
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2-29m")
-    for name in ("hidden", "layers", "heads", "kv-heads", "intermediate", "vocab", "head-dim"):
+    for name in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "head_dim"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the preset")
-    parser.add_argument("--hf-dir", default=None, help="load this checkpoint instead of a random model")
+    parser.add_argument("--hf_dir", default=None, help="load this checkpoint instead of a random model")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--batch", type=int, default=32, help="number of prompts P")
-    parser.add_argument("--num-samples", type=int, default=1, help="completions per prompt G")
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--num_samples", type=int, default=1, help="completions per prompt G")
+    parser.add_argument("--prompt_len", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     return parser.parse_args(argv)
 
@@ -61,7 +66,7 @@ def build_model(args) -> Decoder:
         return load_pretrained(args.hf_dir, dtype=dtype)
     shape = dict(PRESETS[args.preset])
     for key in shape:
-        override = getattr(args, key.replace("-", "_"))
+        override = getattr(args, key)
         if override is not None:
             shape[key] = override
     config = ModelConfig(

@@ -15,6 +15,7 @@ Two measurements:
     python bench/bench_train.py                               # default config, 2 warm-up + 3 steps
     python bench/bench_train.py --config.train.prompts_per_step=8 --steps=5
     python bench/bench_train.py --mode=frame
+    python bench/bench_train.py --config=configs/tiny.py --warmup=1 --steps=1   # a seconds-long check
 """
 
 from __future__ import annotations
@@ -31,23 +32,19 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 from flax import nnx
-from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from gd2po_jax import cli  # noqa: E402
+from gd2po_jax.config import as_run_config  # noqa: E402
+from gd2po_jax.logprobs import completion_logprobs, merge_model  # noqa: E402
 from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  # noqa: E402
-from gd2po_jax.rollout import collect_rollouts  # noqa: E402
-from gd2po_jax.train_step import (  # noqa: E402
-    RolloutBatch,
-    StepConfig,
-    TrainState,
-    completion_logprobs,
-    jit_train_step,
-    make_optimizer,
-    make_train_step,
-)
+from gd2po_jax.optimizer import make_optimizer  # noqa: E402
+from gd2po_jax.rollout import RolloutBatch, collect_rollouts  # noqa: E402
+from gd2po_jax.run_setup import build_setup  # noqa: E402
+from gd2po_jax.train_step import StepConfig, TrainState, jit_train_step, make_train_step  # noqa: E402
 
-config_flags.DEFINE_config_file("config", "configs/default.py", "Training config file.", lock_config=True)
+cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
 flags.DEFINE_enum("mode", "default", ["default", "frame"], "What to measure (see the module docstring).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps first (compilation; step 2 must not compile again).")
 flags.DEFINE_integer("steps", 3, "Timed steps.")
@@ -65,16 +62,15 @@ def peak_memory() -> str:
 
 
 def bench_default(config, workdir: pathlib.Path) -> None:
-    from gd2po_jax.trainer import _model_from, _place_on_mesh, build_setup, step_config
-
+    config = as_run_config(config)
     setup = build_setup(config, workdir)
     model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh)
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = make_optimizer(config.train.learning_rate, weight_decay=config.train.weight_decay,
                                grad_clip=config.train.grad_clip)
-    state = _place_on_mesh(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
-                                      jax.random.PRNGKey(0)), setup.mesh)
-    step = jit_train_step(make_train_step(graphdef, optimizer, step_config(config), setup.mesh),
+    state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
+                                   jax.random.PRNGKey(0)))
+    step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig.from_config(config), setup.mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     rows = []
     for i in range(FLAGS.warmup + FLAGS.steps):
@@ -82,7 +78,7 @@ def bench_default(config, workdir: pathlib.Path) -> None:
             [(i * config.train.prompts_per_step + j) % len(setup.train) for j in range(config.train.prompts_per_step)]
         )
         rollouts = collect_rollouts(
-            _model_from(graphdef, state.params, config.model.dtype), prompts, setup.tokenizer, setup.reward_fn,
+            merge_model(graphdef, state.params, config.model.dtype), prompts, setup.tokenizer, setup.reward_fn,
             num_generations=config.rl.num_generations, sampling=config.sampling, eos_token_ids=setup.eos_ids,
             pad_token_id=setup.pad_id, prompt_length=setup.prompt_length, rng=jax.random.key(i),
         )

@@ -7,14 +7,8 @@
 The config argument is ``MODEL[,SETTING]``: MODEL one of `MODELS`, SETTING one of the reward settings
 of `gd2po_jax.rewards.tool_calling.SETTINGS` (default ``correctness_format_length``; it fills
 ``config.rewards.names``). The algorithm is ``config.rl.algorithm`` (grpo, gdpo, gd2po_hard,
-gd2po_snr). Everything else is the official run script's value (spec section 5):
-
-  G = 4 rollouts, 512 prompts per step in 4 mini-batches of 128 prompts, AdamW lr 1e-6 (constant),
-  weight decay 0.01, grad clip 1.0, clip 0.2 / 0.2, dual clip 3, token-mean, no KL, no entropy,
-  temperature 1 for rollouts, greedy validation on rlla_4k/test.parquet every 10 steps,
-  prompts up to 2048 tokens, responses up to 1024, length reward Lmax 512, SNR tau 0.8,
-  a checkpoint every 5 steps, 30 epochs, remat (gradient checkpointing), bf16 compute with fp32
-  master weights and AdamW state, parameters and batch sharded over all devices (fsdp).
+gd2po_snr). Everything else is the official run scripts' value; docs/paper.md ("What the config
+fixes") lists them, and gd2po_jax/config.py documents each field.
 
 ``config.model.path`` (a local Hugging Face directory of the instruct model, with its chat template)
 has no default: the files task fails naming that field. ``config.data.train`` defaults to the
@@ -33,9 +27,8 @@ RLLA_TEST = str(SHARED_DATA / "rlla_4k" / "test.parquet")
 """The official validation file (also the test split, and the smoke default of data.train)."""
 
 MODELS = {
-    # name: (Hugging Face repository of the instruct model, micro_batch_size in rollouts).
-    # A micro-batch is split over every device; these sizes leave room for the activations of
-    # 3072-token sequences with remat on 8 x 80 GB (see README.md, "Reproducing the paper's table").
+    # name: (Hugging Face repository of the instruct model, rl.micro_batch_size in rollouts).
+    # A micro-batch is split over every device; docs/paper.md ("Memory") sizes them for 8 x 80 GB.
     "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B-Instruct", 64),
     "qwen2.5-3b": ("Qwen/Qwen2.5-3B-Instruct", 32),
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", 16),
@@ -45,7 +38,7 @@ DEFAULT_SETTING = "correctness_format_length"
 PROMPTS_PER_STEP = 512
 NUM_MINIBATCHES = 4
 STEPS_PER_EPOCH = 7  # about 4,000 RLLA training prompts / 512 per step, the last partial batch dropped (verl)
-NUM_EPOCHS = 30
+NUM_EPOCHS = 30  # train.num_steps = STEPS_PER_EPOCH x NUM_EPOCHS
 
 
 def parse_arg(arg: str | None) -> tuple[str, str]:
@@ -70,57 +63,57 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.task = "files"
 
     config.model.path = ""  # a local copy of MODELS[model][0]; required
-    config.model.dtype = "bfloat16"
-    config.model.remat = True
+    config.model.dtype = "bfloat16"  # compute; master weights and AdamW state in train.master_dtype
+    config.model.remat = True  # gradient checkpointing
 
     config.data.train = RLLA_TEST
     config.data.validation = RLLA_TEST
     config.data.test = RLLA_TEST  # the same file: what `eval.py --workdir=RUN` scores by default
-    config.data.max_prompt_tokens = 2048
+    config.data.max_prompt_tokens = 2048  # longer prompts are an error naming the row
 
-    config.rewards.names = SETTINGS[setting]
-    config.rewards.max_think_words = 512
-    config.rewards.conditional_length = False
-    config.rewards.num_workers = 4
+    config.rewards.names = SETTINGS[setting]  # the K rewards of the reward setting
+    config.rewards.max_think_words = 512  # Lmax of the length reward
+    config.rewards.conditional_length = False  # official: length is not conditioned on correctness
+    config.rewards.num_workers = 4  # threads scoring rollouts in parallel
 
-    config.rl.algorithm = "gd2po_snr"
-    config.rl.snr_tau = 0.8
-    config.rl.num_generations = 4
-    config.rl.batch_norm = "token"
-    config.rl.clip_low = config.rl.clip_high = 0.2
-    config.rl.dual_clip = 3.0
+    config.rl.algorithm = "gd2po_snr"  # grpo | gdpo | gd2po_hard | gd2po_snr
+    config.rl.snr_tau = 0.8  # tau
+    config.rl.num_generations = 4  # G
+    config.rl.batch_norm = "token"  # official: token-weighted batch whitening
+    config.rl.clip_low = config.rl.clip_high = 0.2  # eps_low, eps_high
+    config.rl.dual_clip = 3.0  # c
     config.rl.loss_agg_mode = "token-mean"
-    config.rl.kl_coef = 0.0
-    config.rl.entropy_coef = 0.0
-    config.rl.ppo_epochs = 1
-    config.rl.num_minibatches = NUM_MINIBATCHES
-    config.rl.micro_batch_size = micro_batch_size
+    config.rl.kl_coef = 0.0  # beta: no KL
+    config.rl.entropy_coef = 0.0  # no entropy bonus
+    config.rl.ppo_epochs = 1  # one pass over each step's rollouts
+    config.rl.num_minibatches = NUM_MINIBATCHES  # mini-batches of 128 prompts x G
+    config.rl.micro_batch_size = micro_batch_size  # rollouts per forward / backward pass (MODELS)
 
-    config.sampling.max_new_tokens = 1024
-    config.sampling.temperature = 1.0
-    config.sampling.top_p = 1.0
-    config.sampling.top_k = 0
-    # Sample a step in chunks of 128 prompts (x 4 rollouts): a quarter of the KV cache and prefill
-    # memory of sampling all 512 prompts at once (see README, memory).
+    config.sampling.max_new_tokens = 1024  # longest response
+    config.sampling.temperature = 1.0  # of RL rollouts (validation is greedy)
+    config.sampling.top_p = 1.0  # off
+    config.sampling.top_k = 0  # off
+    # Sample a step in chunks of this many prompts: a quarter of the KV cache and prefill memory of
+    # sampling all 512 at once (docs/paper.md, "Memory").
     config.sampling.prompts_per_call = 128
 
-    config.train.num_steps = STEPS_PER_EPOCH * NUM_EPOCHS
-    config.train.prompts_per_step = PROMPTS_PER_STEP
-    config.train.learning_rate = 1e-6
+    config.train.num_steps = STEPS_PER_EPOCH * NUM_EPOCHS  # 30 epochs
+    config.train.prompts_per_step = PROMPTS_PER_STEP  # P
+    config.train.learning_rate = 1e-6  # AdamW, constant
     config.train.warmup_steps = 0
     config.train.weight_decay = 0.01
-    config.train.grad_clip = 1.0
-    config.train.master_dtype = "float32"
+    config.train.grad_clip = 1.0  # global gradient norm
+    config.train.master_dtype = "float32"  # master weights and AdamW state
 
     config.sft.enabled = False  # RL starts from the instruct model, as in the paper
 
-    config.checkpoint.every_steps = 5
-    config.checkpoint.keep = 2
+    config.checkpoint.every_steps = 5  # save every this many RL steps
+    config.checkpoint.keep = 2  # the latest checkpoints kept
 
-    config.eval.split = "validation"
+    config.eval.split = "validation"  # evaluated before and after RL, and every eval.every_steps
     config.eval.max_examples = 0  # all 80 validation prompts
-    config.eval.batch_size = 128
-    config.eval.every_steps = 10
+    config.eval.batch_size = 128  # prompts per generation batch
+    config.eval.every_steps = 10  # greedy validation every 10 RL steps
 
-    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1  # parameters and batch over all devices
     return config

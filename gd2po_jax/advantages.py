@@ -1,7 +1,9 @@
 """Multi-reward advantages: GRPO, GDPO and GD2PO (Hard and SNR filtering).
 
-The equations are those of `spec/ALGORITHM.md`, restated from the official GD2PO code (built on
-verl); TRL's variants are available as options. Notation used throughout:
+The equations are those of docs/algorithm.md, restated from the official GD2PO code (built on
+verl); TRL's variants are available as options. Each method is one function (`grpo`, `gdpo`,
+`gd2po_hard`, `gd2po_snr`, registered in `ADVANTAGE_METHODS`); `compute_advantages` computes what
+they share, applies the masks and dispatches. Notation used throughout:
 
     P  prompts (queries) in the step batch        G  rollouts per prompt
     K  reward functions                            r[p, g, k]  reward k of rollout g of prompt p
@@ -46,7 +48,8 @@ with weight 0 cannot put a rollout in conflict.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +59,6 @@ Method = Literal["grpo", "gdpo", "gd2po_hard", "gd2po_snr"]
 BatchNorm = Literal["token", "sequence", "none"]
 GroupScale = Literal["group", "batch", "none"]
 
-METHODS: tuple[str, ...] = ("grpo", "gdpo", "gd2po_hard", "gd2po_snr")
 BATCH_NORMS: tuple[str, ...] = ("token", "sequence", "none")
 GROUP_SCALES: tuple[str, ...] = ("group", "batch", "none")
 
@@ -81,7 +83,8 @@ class AdvantageOutput:
       keep: [P, G] bool, rollouts that survive filtering (all True for grpo/gdpo on a full batch).
       conflict: [P, G] bool, sign conflict among the weighted reward-wise advantages.
       snr: [P, G] float32, signal-to-noise ratio of the reward-wise advantages, in [-1, 1].
-      query_weight: [P] float32, kappa: kept fraction per prompt (1 for grpo/gdpo, 0 if padded).
+      query_weight: [P] float32, kappa: kept fraction per prompt (grpo/gdpo: 1 if any rollout of
+        the prompt is kept, else 0; 0 if padded).
       reward_advantages: [P, G, K] float32, per-reward group-normalized advantages A_k (0 where
         the reward is missing).
       unfiltered_advantages: [P, G] float32, the advantages the same method gives with every
@@ -270,23 +273,100 @@ def signal_to_noise(token_advantages: jax.Array, eps: float = RATIO_EPS) -> jax.
     return signal / (noise + eps)
 
 
-def keep_mask(
-    method: Method, conflict: jax.Array, snr: jax.Array, snr_tau: float | jax.Array
-) -> jax.Array:
-    """[P, G] bool: which rollouts a method keeps, before padding and missing-reward masks."""
-    if method in ("grpo", "gdpo"):
-        return jnp.ones_like(conflict)
-    if method == "gd2po_hard":
-        return ~conflict
-    if method == "gd2po_snr":
-        tau = jnp.clip(jnp.asarray(snr_tau, jnp.float32), 0.0, 1.0)
-        return ~(conflict & (jnp.abs(snr) < tau))
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-
-
 def zero_variance_groups(reward_zero_std: jax.Array) -> jax.Array:
     """[P, K] -> [P] bool: groups with no variance in any reward (DAPO's dynamic-sampling filter)."""
     return jnp.all(reward_zero_std, axis=-1)
+
+
+def query_weight(keep: jax.Array) -> jax.Array:
+    """[P, G] bool -> [P] float32 kappa: the kept fraction of each prompt's rollouts
+    (docs/algorithm.md#query-reweighting)."""
+    return jnp.sum(keep, axis=1).astype(jnp.float32) / keep.shape[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# The methods: one function each, over the statistics that `compute_advantages` computes once.
+# ----------------------------------------------------------------------------------------------
+
+
+class RewardSignals(NamedTuple):
+    """What every method reads, computed once from the rewards by `compute_advantages`.
+
+    Attributes:
+      rewards: [P, G, K] float32 r (NaN = missing).
+      present: [P, G, K] bool, the reward exists and its prompt is valid.
+      scorable: [P, G] bool, at least one reward of the rollout is present.
+      weights: [K] float32 w.
+      lengths: [P, G] float32 L, valid response tokens.
+      summed: [P, G] float32 S = sum_k w_k A_k, the weighted sum of the group-normalized rewards.
+      conflict: [P, G] bool, sign conflict among the T_k = w_k A_k L of a scorable rollout.
+      snr: [P, G] float32 signal-to-noise ratio of the T_k (0 where not scorable).
+    """
+
+    rewards: jax.Array
+    present: jax.Array
+    scorable: jax.Array
+    weights: jax.Array
+    lengths: jax.Array
+    summed: jax.Array
+    conflict: jax.Array
+    snr: jax.Array
+
+
+class AdvantageOptions(NamedTuple):
+    """The settings of `compute_advantages` that the methods read (see its arguments)."""
+
+    snr_tau: float | jax.Array
+    batch_norm: BatchNorm
+    batch_eps: float | None
+    group_eps: float
+    group_scale: GroupScale
+
+
+def grpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
+    """GRPO: ``A = groupnorm(sum_k w_k r_k)``, no batch step (docs/algorithm.md#grpo).
+
+    Every method takes the shared statistics ``s``, the [P, G] ``eligible`` rollouts (scorable, of
+    a valid prompt, not dropped by the DAPO filter) and the options; it returns the [P, G] rollouts
+    it keeps and their [P, G] advantages (0 elsewhere).
+    """
+    summed = jnp.sum(jnp.where(s.present, s.rewards, 0.0) * s.weights, axis=-1)  # [P, G]
+    advantages, _, _ = group_normalize(summed, s.scorable, eps=o.group_eps, scale=o.group_scale)
+    return eligible, jnp.where(eligible, advantages, 0.0)
+
+
+def gdpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
+    """GDPO: ``A = batch_whiten(S, weights = L)`` over the eligible rollouts (docs/algorithm.md#gdpo)."""
+    return eligible, batch_normalize(s.summed, eligible, s.lengths, mode=o.batch_norm, eps=o.batch_eps)
+
+
+def _reweighted_batch_step(s: RewardSignals, keep: jax.Array, o: AdvantageOptions) -> jax.Array:
+    """GD2PO's batch step: ``keep * batch_whiten(kappa S, weights = L keep)``, kappa the kept
+    fraction of each prompt (docs/algorithm.md#query-reweighting)."""
+    reweighted = query_weight(keep)[:, None] * s.summed
+    return batch_normalize(reweighted, keep, s.lengths, mode=o.batch_norm, eps=o.batch_eps)
+
+
+def gd2po_hard(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
+    """GD2PO-Hard: drop every rollout in sign conflict, ``keep = not conflict``
+    (docs/algorithm.md#gd2po)."""
+    keep = eligible & ~s.conflict
+    return keep, _reweighted_batch_step(s, keep, o)
+
+
+def gd2po_snr(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
+    """GD2PO-SNR: drop a conflicting rollout only when its rewards mostly cancel,
+    ``keep = not (conflict and |snr| < tau)``, tau clamped to [0, 1] (docs/algorithm.md#gd2po)."""
+    tau = jnp.clip(jnp.asarray(o.snr_tau, jnp.float32), 0.0, 1.0)
+    keep = eligible & ~(s.conflict & (jnp.abs(s.snr) < tau))
+    return keep, _reweighted_batch_step(s, keep, o)
+
+
+#: method name -> ``fn(signals, eligible, options) -> (keep [P, G], advantages [P, G])``.
+ADVANTAGE_METHODS = {"grpo": grpo, "gdpo": gdpo, "gd2po_hard": gd2po_hard, "gd2po_snr": gd2po_snr}
+METHODS: tuple[str, ...] = tuple(ADVANTAGE_METHODS)
+#: the methods that filter rollouts and reweight prompts by kappa.
+FILTERING_METHODS: tuple[str, ...] = ("gd2po_hard", "gd2po_snr")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,6 +390,10 @@ def compute_advantages(
 ) -> AdvantageOutput:
     """Per-rollout advantages of GRPO, GDPO, GD2PO-Hard or GD2PO-SNR.
 
+    Computes the statistics every method shares (the group-normalized rewards A_k, their weighted
+    sum S, conflicts and SNR), applies the masks (padded prompts, missing rewards, the DAPO filter)
+    once, and dispatches to the method's function in `ADVANTAGE_METHODS`.
+
     Pure and jittable with ``method``, ``batch_norm``, ``group_scale`` and
     ``drop_zero_variance_groups`` static; vectorized over prompts and groups.
 
@@ -328,7 +412,8 @@ def compute_advantages(
         ``scale_rewards``; "none" is verl's ``norm_adv_by_std_in_grpo=False``).
       valid: [P] bool, False for padded prompts of a partly filled batch (they move no statistic
         and get zero advantages, keep=False and query_weight=0). Default: all True.
-      drop_zero_variance_groups: also drop groups whose rewards are all constant (DAPO filter).
+      drop_zero_variance_groups: also drop groups whose rewards are all constant
+        (docs/algorithm.md#dapo-filter).
 
     Returns:
       An `AdvantageOutput`.
@@ -351,53 +436,41 @@ def compute_advantages(
         weights = jnp.asarray(reward_weights, jnp.float32)
         if weights.shape != (num_rewards,):
             raise ValueError(f"reward_weights must have K = {num_rewards} entries, got {weights.shape}")
-    if valid is None:
-        valid = jnp.ones((num_prompts,), bool)
-    valid = jnp.asarray(valid, bool)
+    valid = jnp.ones((num_prompts,), bool) if valid is None else jnp.asarray(valid, bool)
 
+    # Padded prompts and missing rewards move no statistic (docs/algorithm.md#missing-rewards-and-padded-prompts).
     present = ~jnp.isnan(rewards) & valid[:, None, None]  # [P, G, K]
     scorable = jnp.any(present, axis=-1)  # [P, G]
-
-    # Reward-wise group normalization: A_k (needed by every method for the diagnostics).
-    reward_adv, reward_defined, reward_constant = group_normalize(
-        rewards, present, eps=group_eps, scale=group_scale
-    )
+    reward_adv, _, reward_constant = group_normalize(rewards, present, eps=group_eps, scale=group_scale)
     reward_zero_std = reward_constant[:, 0, :] & valid[:, None]  # [P, K]
-    weighted_adv = reward_adv * weights  # [P, G, K], 0 where undefined
-    token_adv = weighted_adv * lengths[..., None]
-    conflict = sign_conflict(token_adv) & scorable
-    snr = jnp.where(scorable, signal_to_noise(token_adv), 0.0)
-
+    weighted_adv = reward_adv * weights  # w_k A_k: [P, G, K], 0 where undefined
+    token_adv = weighted_adv * lengths[..., None]  # T_k
+    signals = RewardSignals(
+        rewards=rewards, present=present, scorable=scorable, weights=weights, lengths=lengths,
+        summed=jnp.sum(weighted_adv, axis=-1),
+        conflict=sign_conflict(token_adv) & scorable,
+        snr=jnp.where(scorable, signal_to_noise(token_adv), 0.0),
+    )
     eligible = scorable
     if drop_zero_variance_groups:
         eligible = eligible & ~zero_variance_groups(reward_zero_std)[:, None]
-    keep = keep_mask(method, conflict, snr, snr_tau) & eligible
 
-    if method == "grpo":
-        summed = jnp.sum(jnp.where(present, rewards, 0.0) * weights, axis=-1)  # [P, G]
-        grpo_adv, _, _ = group_normalize(summed, scorable, eps=group_eps, scale=group_scale)
-        advantages = jnp.where(keep, grpo_adv, 0.0)
-        query_weight = jnp.where(valid, 1.0, 0.0)
-        if drop_zero_variance_groups:
-            query_weight = jnp.where(jnp.any(keep, axis=1), query_weight, 0.0)
-        unfiltered = advantages
+    options = AdvantageOptions(snr_tau=snr_tau, batch_norm=batch_norm, batch_eps=batch_eps,
+                               group_eps=group_eps, group_scale=group_scale)
+    keep, advantages = ADVANTAGE_METHODS[method](signals, eligible, options)
+    if method in FILTERING_METHODS:
+        kappa = query_weight(keep)
+        _, unfiltered = gdpo(signals, eligible, options)
     else:
-        summed_adv = jnp.sum(weighted_adv, axis=-1)  # S: [P, G]
-        unfiltered = batch_normalize(summed_adv, eligible, lengths, mode=batch_norm, eps=batch_eps)
-        if method == "gdpo":
-            query_weight = jnp.where(jnp.any(keep, axis=1), 1.0, 0.0)
-            advantages = unfiltered
-        else:
-            query_weight = jnp.sum(keep, axis=1).astype(jnp.float32) / group_size  # kappa: [P]
-            reweighted = query_weight[:, None] * summed_adv
-            advantages = batch_normalize(reweighted, keep, lengths, mode=batch_norm, eps=batch_eps)
+        kappa = jnp.where(jnp.any(keep, axis=1), 1.0, 0.0)
+        unfiltered = advantages
 
     return AdvantageOutput(
         advantages=advantages,
         keep=keep,
-        conflict=conflict,
-        snr=snr,
-        query_weight=query_weight,
+        conflict=signals.conflict,
+        snr=signals.snr,
+        query_weight=kappa,
         reward_advantages=reward_adv,
         unfiltered_advantages=unfiltered,
         reward_zero_std=reward_zero_std,
@@ -425,19 +498,20 @@ def _lower_median(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def advantage_diagnostics(
-    out: AdvantageOutput, valid: jax.Array | None = None
+    out: AdvantageOutput, valid: jax.Array | None = None, reward_names: Sequence[str] | None = None
 ) -> dict[str, jax.Array]:
     """Scalar diagnostics of one step's advantages (jittable; every value a float32 scalar).
 
     Ratios are over the real rollouts (of ``valid`` prompts); ``query_weight_*`` over valid
     prompts (std with ddof=0, as the official logging). ``snr_*_in_conflict`` summarize the SNR
     of conflicting rollouts (0 when there are none). ``dropped_*`` count conflicting rollouts that
-    were filtered out. ``zero_std_fraction/k`` is the fraction of groups in which reward k is
+    were filtered out. ``zero_std_fraction/<name>`` is the fraction of groups in which reward k is
     constant (a reward that gives no signal there).
 
     Args:
       out: the output of `compute_advantages`.
       valid: [P] bool, the same mask given to `compute_advantages` (default all True).
+      reward_names: K names for the ``zero_std_fraction/<name>`` keys (default: the indices k).
 
     Returns:
       dict name -> scalar array.
@@ -467,8 +541,12 @@ def advantage_diagnostics(
         "abs_advantage_mean_unfiltered": _masked_mean(jnp.abs(out.unfiltered_advantages), real),
     }
     zero_std = jnp.sum(out.reward_zero_std & valid[:, None], axis=0) / jnp.maximum(jnp.sum(valid), 1)
-    for k in range(out.reward_zero_std.shape[-1]):
-        metrics[f"zero_std_fraction/{k}"] = zero_std[k]
+    num_rewards = out.reward_zero_std.shape[-1]
+    names = tuple(reward_names) if reward_names is not None else tuple(str(k) for k in range(num_rewards))
+    if len(names) != num_rewards:
+        raise ValueError(f"reward_names: {len(names)} names {names} for the {num_rewards} rewards")
+    for k, name in enumerate(names):
+        metrics[f"zero_std_fraction/{name}"] = zero_std[k]
     any_valid = jnp.any(valid)
     for name in ("query_weight_min", "query_weight_max"):
         metrics[name] = jnp.where(any_valid, metrics[name], 0.0)

@@ -1,10 +1,30 @@
-"""What train.py and eval.py share: argument checks and logging setup."""
+"""What the entry points (train.py, eval.py, sweep.py) share: the ``--config`` flag, argument checks
+and logging setup.
 
+``--config=FILE[:ARG]`` names a configs/*.py file and ``--config.SECTION.FIELD=VALUE`` overrides one
+of its fields (ml_collections' config flags). A tuple-valued field takes a comma-separated list::
+
+    --config.rewards.names=correctness,length          # ('correctness', 'length')
+    --config.rewards.weights=1,0.5                     # (1, 0.5)
+    --config.rewards.weights=                          # () (empty)
+    --config.rewards.names=correctness --config.rewards.names=length    # repeated: appended
+
+and, as before, a Python literal (``"('correctness', 'length')"``, ``[1, 0.5]``), which is how to
+pass an element that contains a comma.
+"""
+
+from __future__ import annotations
+
+import ast
 import logging
+from typing import Any
 
-from absl import app
+from absl import app, flags
+from ml_collections import config_flags
+from ml_collections.config_flags import tuple_parser
 
 _NOISY_LOGGERS = ("absl", "jax", "orbax", "datasets", "httpx", "urllib3")
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def start(argv) -> None:
@@ -14,3 +34,69 @@ def start(argv) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _element(text: str) -> Any:
+    """One element of a comma-separated list: a Python number, bool or quoted string if it reads as
+    one, else the text itself (``correctness`` -> 'correctness', ``0.5`` -> 0.5)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return value if isinstance(value, _SCALARS) else text
+
+
+def parse_sequence(text: str) -> tuple:
+    """The tuple a command-line value stands for.
+
+    A Python literal keeps its meaning (``"('a', 'b')"``, ``[1, 2]``, ``'a'``, ``1.5``); otherwise
+    the text is a comma-separated list, optionally in brackets, whose bare words are strings
+    (``a,b``, ``(a, b)``, ``a,`` -> ('a', 'b'), ('a', 'b'), ('a',)). An empty value is ().
+
+    Raises:
+      ValueError: for an empty element in the middle of a list (``a,,b``).
+    """
+    stripped = text.strip()
+    if not stripped:
+        return ()
+    try:
+        value = ast.literal_eval(stripped)
+    except (ValueError, SyntaxError):
+        pass
+    else:
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if stripped[:1] + stripped[-1:] in ("()", "[]"):
+        stripped = stripped[1:-1]
+    parts = [part.strip() for part in stripped.split(",")]
+    if len(parts) > 1 and not parts[-1]:
+        parts.pop()  # a trailing comma, as in Python: "a," is ('a',)
+    if not all(parts):
+        raise ValueError(f"{text!r} has an empty element; write a comma-separated list such as a,b")
+    return tuple(_element(part) for part in parts)
+
+
+class ListParser(tuple_parser.TupleParser):
+    """ml_collections' parser of tuple-valued config fields, reading ``a,b`` as ('a', 'b') (its own
+    reads it as the one string 'a,b'); see `parse_sequence`."""
+
+    def parse(self, argument):
+        return parse_sequence(argument) if isinstance(argument, str) else super().parse(argument)
+
+
+def define_config_flag(name: str = "config", default: str | None = "configs/default.py",
+                       help_string: str = "Training config file (configs/*.py[:ARG]).", **kwargs):
+    """``config_flags.DEFINE_config_file`` (locked config), with tuple fields parsed by `ListParser`.
+
+    Args:
+      name, default, help_string: of the flag.
+      **kwargs: passed on (``flag_values=``, ``sys_argv=`` ... for parsing an argv list in tests).
+
+    Returns:
+      The flag holder; after parsing, ``FLAGS.config`` is the ConfigDict with the overrides applied.
+    """
+    config_flags.register_flag_parser_for_type(tuple, ListParser())
+    kwargs.setdefault("lock_config", True)
+    return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
+
+
+__all__ = ["ListParser", "define_config_flag", "parse_sequence", "start"]

@@ -10,23 +10,19 @@ import datasets
 import jax.numpy as jnp
 from flax import nnx
 
+from gd2po_jax.config import SyntheticDataConfig, TinyModelConfig
 from gd2po_jax.models import Decoder, ModelConfig, save_pretrained
 from gd2po_jax.tasks import synthetic_tools
 from gd2po_jax.tasks.tokenizer import build_tokenizer
 
 
-def synthetic_config(data_config) -> synthetic_tools.SyntheticToolsConfig:
-    """`SyntheticToolsConfig` from ``config.data.synthetic`` (fields the task does not know are ours)."""
-    fields = {f for f in synthetic_tools.SyntheticToolsConfig.__dataclass_fields__}
-    return synthetic_tools.SyntheticToolsConfig(**{k: v for k, v in dict(data_config).items() if k in fields})
+def synthetic_splits(data_config: SyntheticDataConfig) -> datasets.DatasetDict:
+    """Train / validation / test splits of the synthetic tool-calling task (``config.data.synthetic``)."""
+    return synthetic_tools.make_splits(data_config.task_config())
 
 
-def synthetic_splits(data_config) -> datasets.DatasetDict:
-    """Train / validation / test splits of the synthetic tool-calling task."""
-    return synthetic_tools.make_splits(synthetic_config(data_config))
-
-
-def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny, vocab_size: int) -> pathlib.Path:
+def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny: TinyModelConfig,
+                     vocab_size: int) -> pathlib.Path:
     """Write a tokenizer trained on ``splits`` and a random tiny Qwen2 to ``out_dir`` (once).
 
     Args:

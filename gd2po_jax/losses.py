@@ -1,13 +1,13 @@
-"""Policy loss: per-token log-probs, the clipped surrogate, KL, entropy, and exact aggregation.
+"""Policy loss: the clipped surrogate, KL, entropy, and exact aggregation.
 
 The objective is PPO's clipped surrogate as verl computes it for GRPO / GDPO / GD2PO
-(`spec/ALGORITHM.md`, section 5)::
+(docs/algorithm.md#policy-loss)::
 
     rho = exp(clip(logp - old_logp, -20, 20))
     l   = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
     l   = min(l, -A c)          where A < 0             (dual clip, Ye et al. 2020; c = 3)
 
-Shapes: ``B`` sequences, ``T`` response tokens, ``V`` vocabulary, ``H`` hidden size.
+Shapes: ``B`` sequences, ``T`` response tokens. The log-probs come from `gd2po_jax.logprobs`.
 
 Aggregation returns ``(numerator, denominator)`` instead of a mean, so gradient accumulation over
 micro-batches sums both and divides once: the result equals one big batch exactly.
@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from gd2po_jax.logprobs import at_least_f32
+
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean",
@@ -38,98 +40,6 @@ KL_ESTIMATORS: tuple[str, ...] = ("k1", "k3")
 LOG_RATIO_CLAMP = 20.0
 #: k3 estimator clamp of verl ("low_var_kl").
 K3_CLAMP = 10.0
-
-
-def _at_least_f32(x: jax.Array) -> jax.Array:
-    """Promote to float32 (bf16/f16 -> f32) while keeping float64 inputs in float64."""
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
-# ----------------------------------------------------------------------------------------------
-# Log-probs and entropy from logits.
-# ----------------------------------------------------------------------------------------------
-
-
-def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Log-prob of each target token: ``logits[target] - logsumexp(logits)``.
-
-    The log-softmax is never materialized: one reduction (logsumexp) and one gather.
-
-    Args:
-      logits: [B, T, V] any float dtype (computed in float32).
-      targets: [B, T] int token ids.
-
-    Returns:
-      [B, T] float32.
-    """
-    logits = _at_least_f32(logits)
-    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return target_logits - log_normalizer
-
-
-def token_entropy(logits: jax.Array) -> jax.Array:
-    """Entropy of the next-token distribution: ``logsumexp(z) - sum softmax(z) z``.
-
-    Args:
-      logits: [B, T, V].
-
-    Returns:
-      [B, T] float32.
-    """
-    logits = _at_least_f32(logits)
-    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    probs = jnp.exp(logits - log_normalizer[..., None])
-    return log_normalizer - jnp.sum(probs * logits, axis=-1)
-
-
-def chunked_token_logprobs(
-    hidden: jax.Array,
-    unembedding: jax.Array,
-    targets: jax.Array,
-    *,
-    chunk_size: int = 128,
-    with_entropy: bool = False,
-) -> tuple[jax.Array, jax.Array | None]:
-    """Per-token log-probs (and entropy) from final hidden states, a chunk of positions at a time.
-
-    Only ``[B, chunk_size, V]`` logits exist at once, in the forward and (through
-    ``jax.checkpoint``) in the backward pass: with a large vocabulary this is what keeps the
-    training step's memory bounded.
-
-    Args:
-      hidden: [B, T, H] final (normed) hidden states.
-      unembedding: [H, V] output projection (the transposed embedding when tied).
-      targets: [B, T] int token ids.
-      chunk_size: positions per chunk; T is padded up to a multiple of it.
-      with_entropy: also return the entropy.
-
-    Returns:
-      logp [B, T] float32 and entropy [B, T] float32 (None unless ``with_entropy``).
-    """
-    batch, length, _ = hidden.shape
-    chunk = max(1, min(chunk_size, length))
-    num_chunks = -(-length // chunk)
-    pad = num_chunks * chunk - length
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    hidden_chunks = hidden.reshape(batch, num_chunks, chunk, -1).swapaxes(0, 1)
-    target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
-
-    @jax.checkpoint
-    def one_chunk(args):
-        hidden_chunk, target_chunk = args
-        logits = jnp.einsum(
-            "bth,hv->btv", hidden_chunk, unembedding, preferred_element_type=jnp.float32
-        )
-        logp = token_logprobs(logits, target_chunk)
-        entropy = token_entropy(logits) if with_entropy else jnp.zeros_like(logp)
-        return logp, entropy
-
-    logp, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
-    logp = logp.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-    entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-    return logp, (entropy if with_entropy else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,9 +71,9 @@ def clipped_surrogate(
     """
     if advantages.ndim == logp.ndim - 1:
         advantages = advantages[..., None]
-    advantages = jnp.broadcast_to(_at_least_f32(advantages), logp.shape)
-    old_logp = jax.lax.stop_gradient(_at_least_f32(old_logp))
-    log_ratio = jnp.clip(_at_least_f32(logp) - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    advantages = jnp.broadcast_to(at_least_f32(advantages), logp.shape)
+    old_logp = jax.lax.stop_gradient(at_least_f32(old_logp))
+    log_ratio = jnp.clip(at_least_f32(logp) - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     unclipped_loss = -advantages * ratio
     clipped_loss = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -194,8 +104,8 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
     Returns:
       [B, T] float32.
     """
-    logp = _at_least_f32(logp)
-    ref_logp = jax.lax.stop_gradient(_at_least_f32(ref_logp))
+    logp = at_least_f32(logp)
+    ref_logp = jax.lax.stop_gradient(at_least_f32(ref_logp))
     if estimator == "k1":
         return logp - ref_logp
     if estimator == "k3":
@@ -237,7 +147,7 @@ def aggregate_loss(
     Returns:
       numerator, denominator: float32 scalars.
     """
-    per_token = _at_least_f32(per_token)
+    per_token = at_least_f32(per_token)
     mask = mask.astype(per_token.dtype)
     masked = per_token * mask
     tokens_per_seq = jnp.sum(mask, axis=-1)
@@ -358,7 +268,7 @@ def policy_loss(
       agg_mode, norm_length: see `aggregate_loss`.
       ref_logp: [B, T] reference-policy log-probs, required when ``kl_coef`` is not 0.
       kl_coef, kl_estimator: KL-to-reference term.
-      entropy: [B, T] per-token entropy (e.g. from `chunked_token_logprobs`), required when
+      entropy: [B, T] per-token entropy (e.g. from `gd2po_jax.logprobs.completion_logprobs`), required when
         ``entropy_coef`` is not 0; when given it is also reported.
       entropy_coef: entropy bonus.
 
@@ -397,7 +307,7 @@ def policy_loss(
         "ratio": stats["ratio"],
         "approx_kl": approx_kl,
         "kl": kl,
-        "entropy": _at_least_f32(entropy),
+        "entropy": at_least_f32(entropy),
     }
     sums = {name: jax.lax.stop_gradient(jnp.sum(per_token[name] * maskf)) for name in SUM_NAMES}
     ratio = jax.lax.stop_gradient(stats["ratio"])

@@ -11,6 +11,9 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
+from gd2po_jax import run_dir
+from gd2po_jax.run_dir import RunDir
+
 
 def _plain(value: Any) -> Any:
     value = value.item() if hasattr(value, "item") else value
@@ -23,28 +26,26 @@ class MetricsWriter:
     """Appends step metrics to JSONL and TensorBoard.
 
     Args:
-      workdir: the run directory.
+      workdir: the run directory (or ``WORKDIR/warm_start_logs`` for the warm start's loss).
       resume_step: the step restored from a checkpoint (None for a fresh run): JSONL lines of later
         steps (written before an interruption) are dropped and TensorBoard purges them.
       tensorboard: write TensorBoard event files too.
     """
 
     def __init__(self, workdir: str | pathlib.Path, resume_step: int | None = None, tensorboard: bool = True):
-        self.path = pathlib.Path(workdir) / "metrics.jsonl"
+        files = RunDir(workdir)
+        self.path = files.metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                record = json.loads(line)
-                if resume_step is not None and record.get("step", 0) <= resume_step:
-                    kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        if self.path.exists() and resume_step is not None:
+            kept = [r for r in run_dir.read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+        run_dir.write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
             # Also on a fresh start: a run killed before its first checkpoint left events behind.
             purge = (resume_step or 0) + 1
-            self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"), purge_step=purge)
+            self._tb = SummaryWriter(str(files.tensorboard), purge_step=purge)
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """Write one step's metrics (scalars); returns them as plain Python values."""
@@ -65,5 +66,4 @@ class MetricsWriter:
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
     """The records of ``WORKDIR/metrics.jsonl`` in order."""
-    path = pathlib.Path(workdir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run_dir.read_jsonl(RunDir(workdir).metrics)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import pathlib
 import warnings
@@ -33,7 +32,10 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-from gd2po_jax.sweeps import FINISHED, SNR_ALGORITHM, method_name, run_status
+from gd2po_jax import run_dir
+from gd2po_jax.config import ConfigError
+from gd2po_jax.run_dir import RunDir, RunDirError
+from gd2po_jax.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, method_name, run_status
 
 BASELINE = "gdpo"
 CONFIDENCE = 0.95
@@ -71,30 +73,24 @@ class Run:
     metrics: list[dict[str, Any]]
 
 
-def _read_json(path: pathlib.Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ReportError(f"{path}: cannot read it as JSON ({err})") from None
-
-
 def load_run(workdir: pathlib.Path) -> Run:
-    """A finished run from its workdir; method, threshold and seed come from its config.json."""
-    config = _read_json(workdir / "config.json")
+    """A finished run from its workdir; method, threshold and seed come from its config.json.
+
+    Raises:
+      ReportError: naming the file that is missing, unreadable, or lacks a field.
+    """
+    files = RunDir(workdir)
     try:
-        algorithm, seed = config["rl"]["algorithm"], int(config["train"]["seed"])
-        snr_tau = float(config["rl"]["snr_tau"]) if algorithm == SNR_ALGORITHM else None
-        reward_names = tuple(config["rewards"]["names"])
-    except (KeyError, TypeError) as err:
-        raise ReportError(f"{workdir / 'config.json'}: missing field {err} (not written by train.py?)") from None
-    metrics_file = workdir / "metrics.jsonl"
-    try:
-        metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        raise ReportError(f"{metrics_file}: cannot read it ({err})") from None
+        config = run_dir.read_config(workdir)
+        test = run_dir.read_json(files.eval_report(TEST_SPLIT))
+        metrics = run_dir.read_jsonl(files.metrics)
+    except (ConfigError, RunDirError) as err:  # both name the file
+        raise ReportError(str(err)) from None
+    algorithm, seed = config.rl.algorithm, config.train.seed
+    snr_tau = float(config.rl.snr_tau) if algorithm == SNR_ALGORITHM else None
+    reward_names = tuple(config.rewards.names)
     return Run(method=method_name(algorithm, snr_tau), algorithm=algorithm, snr_tau=snr_tau, seed=seed,
-               workdir=workdir, reward_names=reward_names, test=_read_json(workdir / "eval" / "test.json"),
-               metrics=metrics)
+               workdir=workdir, reward_names=reward_names, test=test, metrics=metrics)
 
 
 def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:

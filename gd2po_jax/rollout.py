@@ -6,87 +6,44 @@ the host to be decoded into text for the reward functions, and the [P, G, K] rew
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import logging
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from gd2po_jax.prompts import PromptSet
-from gd2po_jax.rewards.base import RewardFunction, check_reward_output
-from gd2po_jax.sampling import GenerateOutput, generate
+from gd2po_jax.rewards.base import RewardFunction
+from gd2po_jax.rewards.scoring import abstained_fraction, repeat_columns, score_rollouts
+from gd2po_jax.sampling import GenerateOutput, completion_mask, generate
 from gd2po_jax.tokenization import decode_completions
-from gd2po_jax.train_step import RolloutBatch
-
-logger = logging.getLogger(__name__)
 
 
-class RewardError(RuntimeError):
-    """A reward function raised on a rollout; the message names the rollout and the exception."""
+@struct.dataclass
+class RolloutBatch:
+    """One step's rollouts on device: what the update (`gd2po_jax.train_step`) consumes.
 
+    B = P x G rows, prompt-major (rows ``p * G .. p * G + G - 1`` answer prompt ``p``); ``S = Lp +
+    M``, the padded prompt length plus the completion budget (``max_new_tokens``).
 
-def reward_minimums(reward_fn: RewardFunction) -> np.ndarray:
-    """[K] minimum of each reward, from the function's ``min_values`` (required for on_error=min)."""
-    minimums = getattr(reward_fn, "min_values", None)
-    if minimums is None:
-        raise ValueError(
-            f"config.rewards.on_error='min' needs the reward function {type(reward_fn).__name__} "
-            "to declare min_values; use on_error='raise'"
-        )
-    return np.asarray(minimums, np.float32)
+    input_ids: [B, S] int32, left-padded prompt then completion (padded after EOS).
+    attention_mask: [B, S] bool, False on left padding.
+    response_mask: [B, M] bool, completion tokens that count (EOS included).
+    old_logp: [B, M] float32, log-probs of the sampling policy.
+    ref_logp: [B, M] float32, reference-policy log-probs (zeros when no KL is used).
+    rewards: [P, G, K] float32 raw rewards (NaN = missing).
+    valid: [P] bool, False for padded prompts.
+    """
 
-
-def _score_chunk(reward_fn, prompts, responses, columns, start, on_error) -> np.ndarray:
-    """Scores rows ``start..`` together; on failure, row by row to find (or floor) the bad ones."""
-    try:
-        return check_reward_output(reward_fn, reward_fn(prompts, responses, columns), len(responses))
-    except Exception:  # noqa: BLE001 - re-raised below with the rollout that failed
-        pass
-    rows = []
-    for i, (prompt, response) in enumerate(zip(prompts, responses)):
-        one = {name: values[i : i + 1] for name, values in columns.items()}
-        try:
-            rows.append(check_reward_output(reward_fn, reward_fn([prompt], [response], one), 1)[0])
-        except Exception as err:  # noqa: BLE001
-            if on_error != "min":
-                raise RewardError(
-                    f"reward function {type(reward_fn).__name__} failed on rollout {start + i} "
-                    f"(response {response[:200]!r}): {type(err).__name__}: {err}. Fix the reward or "
-                    "set config.rewards.on_error='min' to score such rollouts as the minimum"
-                ) from err
-            logger.warning("reward failed on rollout %d (scored as the minimum): %s", start + i, err)
-            rows.append(reward_minimums(reward_fn))
-    return np.stack(rows)
-
-
-def score_rollouts(
-    reward_fn: RewardFunction,
-    prompts: list[str],
-    responses: list[str],
-    columns: dict[str, list[Any]],
-    *,
-    on_error: str = "raise",
-    num_workers: int = 1,
-) -> np.ndarray:
-    """[N, K] float32 rewards of N responses, scored in ``num_workers`` parallel chunks."""
-    if on_error == "min":
-        reward_minimums(reward_fn)  # fail early, not on the first bad rollout
-    n = len(responses)
-    bounds = np.linspace(0, n, min(num_workers, n) + 1).astype(int)
-    chunks = [
-        (prompts[a:b], responses[a:b], {k: v[a:b] for k, v in columns.items()}, int(a))
-        for a, b in zip(bounds[:-1], bounds[1:])
-    ]
-    if len(chunks) == 1:
-        parts = [_score_chunk(reward_fn, *chunks[0], on_error)]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
-            parts = list(pool.map(lambda c: _score_chunk(reward_fn, *c, on_error), chunks))
-    return np.concatenate(parts).astype(np.float32)
+    input_ids: jax.Array
+    attention_mask: jax.Array
+    response_mask: jax.Array
+    old_logp: jax.Array
+    ref_logp: jax.Array
+    rewards: jax.Array
+    valid: jax.Array
 
 
 @dataclasses.dataclass
@@ -95,16 +52,12 @@ class Rollouts:
 
     batch: RolloutBatch
     responses: list[str]
-    rewards: np.ndarray  # [P, G, K]
+    rewards: np.ndarray  # [P, G, K], NaN where a reward abstained
+    abstained: np.ndarray  # [K] share of the valid rollouts each reward abstained on
     truncated: np.ndarray  # [P * G] bool, no EOS within max_new_tokens
     generated_tokens: int
     sampling_seconds: float  # generation, until the tokens are on the host
     reward_seconds: float  # decoding and scoring
-
-
-def repeat_columns(columns: dict[str, list[Any]], times: int) -> dict[str, list[Any]]:
-    """Each value repeated ``times`` in place (prompt-major rollout order)."""
-    return {name: [v for v in values for _ in range(times)] for name, values in columns.items()}
 
 
 def collect_rollouts(
@@ -164,22 +117,27 @@ def collect_rollouts(
     scored = time.perf_counter()
     valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
     batch = rollout_batch(out, jnp.asarray(rewards), jnp.asarray(valid))
-    return Rollouts(batch=batch, responses=responses, rewards=rewards, truncated=~np.asarray(finished),
+    return Rollouts(batch=batch, responses=responses, rewards=rewards, abstained=abstained_fraction(rewards, valid),
+                    truncated=~np.asarray(finished),
                     generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
                     reward_seconds=scored - sampled)
 
 
 def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,
                   ref_logp: jax.Array | None = None) -> RolloutBatch:
-    """A `RolloutBatch` from sampler output (device arrays stay on device)."""
-    max_new = out.tokens.shape[1]
-    response_mask = jnp.arange(max_new)[None, :] < out.lengths[:, None]
+    """A `RolloutBatch` from sampler output (device arrays stay on device).
+
+    Args:
+      out: `generate` output for B = P x G rows.
+      rewards: [P, G, K] rewards; valid: [P] bool.
+      ref_logp: [B, M] reference log-probs (default zeros: no KL term).
+    """
     return RolloutBatch(
         input_ids=jnp.concatenate([out.prompt_tokens, out.tokens], axis=1).astype(jnp.int32),
         attention_mask=jnp.concatenate(
             [out.prompt_mask.astype(bool), jnp.ones(out.tokens.shape, bool)], axis=1
         ),
-        response_mask=response_mask,
+        response_mask=completion_mask(out.lengths, out.tokens.shape[1]),
         old_logp=out.logprobs,
         ref_logp=jnp.zeros_like(out.logprobs) if ref_logp is None else ref_logp,
         rewards=rewards.astype(jnp.float32),

@@ -17,7 +17,9 @@ import optax
 
 from gd2po_jax import losses
 from gd2po_jax.data.chat import render_sft_example
-from gd2po_jax.train_step import TrainState, completion_logprobs, merge_model
+from gd2po_jax.logprobs import completion_logprobs, merge_model
+from gd2po_jax.tokenization import eos_token_ids, pad_token_id
+from gd2po_jax.train_step import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,7 @@ def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, whe
       ValueError: no row has a target, or an example is longer than ``max_length`` (naming the row).
     """
     prompts, completions = [], []
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer, eos_token_ids(tokenizer))
     for row, (messages, target) in enumerate(zip(dataset["prompt"], dataset["target"])):
         if not target:
             continue

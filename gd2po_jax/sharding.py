@@ -7,9 +7,11 @@ The mesh has three axes, always in this order:
 * ``tensor`` tensor (model) parallelism over heads / the MLP width / the vocabulary.
 
 Parameters of `gd2po_jax.models.Decoder` carry ``out_sharding`` annotations naming "fsdp" and
-"tensor"; `model_shardings` turns them into `NamedSharding`s for a given mesh. A dimension whose size
+"tensor"; `variable_sharding` turns one into a `NamedSharding` for a given mesh, and
+`gd2po_jax.models.load_pretrained` creates each parameter directly on it. A dimension whose size
 does not divide by its mesh axes is replicated instead (`fit_spec`), so any mesh works with any model
-(e.g. 2 key/value heads on a tensor axis of 4). Batches are split over ``("data", "fsdp")``.
+(e.g. 2 key/value heads on a tensor axis of 4). Batches are split over ``("data", "fsdp")``
+(`batch_sharding`): the sampler and the update constrain their rows to it.
 """
 
 from __future__ import annotations
@@ -87,32 +89,9 @@ def variable_sharding(variable: nnx.Variable, mesh: Mesh) -> NamedSharding:
     return named_sharding(mesh, spec, variable.shape)
 
 
-def model_shardings(model: nnx.Module, mesh: Mesh) -> nnx.State:
-    """`nnx.State` with the same structure as ``nnx.state(model)`` holding `NamedSharding`s."""
-    state = nnx.state(model)
-    return jax.tree.map(
-        lambda v: variable_sharding(v, mesh),
-        state,
-        is_leaf=lambda x: isinstance(x, nnx.Variable),
-    )
-
-
-def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
-    """Moves every variable of ``model`` onto its annotated sharding (in place); returns the model."""
-    state = nnx.state(model)
-    shardings = model_shardings(model, mesh)
-    nnx.update(model, jax.device_put(state, shardings))
-    return model
-
-
 def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
     """Sharding of a ``[B, ...]`` array: B split over ("data", "fsdp") as far as B divides."""
     return named_sharding(mesh, (BATCH_AXES,), shape)
-
-
-def shard_batch(tree, mesh: Mesh):
-    """`jax.device_put` of every array leaf of ``tree`` with `batch_sharding`."""
-    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.shape(x))), tree)
 
 
 def mesh_of(model: nnx.Module) -> Mesh | None:

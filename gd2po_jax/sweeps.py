@@ -1,9 +1,11 @@
 """Sweeps: a grid of ordinary training runs (algorithm x SNR threshold x seed), run and evaluated.
 
-``python sweep.py`` runs this. Every run is a plain ``train.py`` run in its own workdir, launched as
-a subprocess with the sweep's config file, the user's ``--config.*`` overrides and its own
-``--config.rl.algorithm`` / ``--config.rl.snr_tau`` / ``--config.train.seed``, then evaluated on the
-test split by ``eval.py``, so a run is reproducible from its workdir alone. The sweep directory::
+``python sweep.py`` runs this. Every run is a plain ``train.py`` run in its own workdir: the sweep
+resolves the run's config once (the config file, the user's ``--config.*`` overrides, and the run's
+own ``rl.algorithm`` / ``rl.snr_tau`` / ``train.seed``), writes it to the workdir's config.json and
+launches ``train.py --config=configs/resolved.py:WORKDIR/config.json``, then evaluates the run on
+the test split with ``eval.py``, so a run is reproducible from its workdir alone. The sweep
+directory::
 
     sweep.json                     the grid, the config file, the overrides, the base config, and
                                    each run's status (rewritten as runs finish)
@@ -18,7 +20,8 @@ test split by ``eval.py``, so a run is reproducible from its workdir alone. The 
 A method is the algorithm, with the threshold for GD2PO-SNR: ``gdpo``, ``gd2po_snr-tau0.5``.
 Rerunning the same sweep command skips finished runs (results.json and eval/test.json present),
 evaluates trained ones, and reruns interrupted or failed ones (train.py resumes from the latest
-checkpoint in the workdir by itself).
+checkpoint in the workdir by itself). A run whose config.json differs from the config the sweep
+resolves for it now (other overrides) is refused, naming the fields that differ.
 """
 
 from __future__ import annotations
@@ -36,17 +39,21 @@ import sys
 import threading
 import time
 from concurrent import futures
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import tqdm
 
+from gd2po_jax import run_dir
 from gd2po_jax.advantages import METHODS
-from gd2po_jax.config_validation import ConfigError, validate_config
+from gd2po_jax.config import ConfigError, as_run_config
+from gd2po_jax.run_dir import RunDir, RunDirError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SNR_ALGORITHM = "gd2po_snr"  # the only algorithm with a threshold to sweep
-SWEPT_FIELDS = ("rl.algorithm", "rl.snr_tau", "train.seed")  # set per run; not user overrides
+# The fields the sweep sets per run (not user overrides), and the sweep.py flag that sets each.
+SWEPT_FIELDS = {"rl.algorithm": "--algorithms", "rl.snr_tau": "--snr_taus", "train.seed": "--seeds"}
 TEST_SPLIT = "test"
+RESOLVED_CONFIG = pathlib.Path("configs") / "resolved.py"  # in the repository: loads a config.json
 
 # Status of a run, from its workdir (`run_status`) or from the attempt in this sweep (`execute_run`).
 PENDING = "pending"  # nothing started
@@ -93,13 +100,6 @@ class RunSpec:
     def name(self) -> str:
         """``<method>/seed<k>``: also the run's workdir under ``DIR/runs``."""
         return f"{self.method}/seed{self.seed}"
-
-    def overrides(self) -> list[str]:
-        """The train.py flags that make this run what it is."""
-        flags = [f"--config.rl.algorithm={self.algorithm}"]
-        if self.snr_tau is not None:
-            flags.append(f"--config.rl.snr_tau={self.snr_tau:g}")
-        return flags + [f"--config.train.seed={self.seed}"]
 
     def apply(self, config):
         """A copy of ``config`` with this run's algorithm, threshold and seed."""
@@ -156,103 +156,69 @@ def expand_grid(algorithms: Sequence[str], snr_taus: Sequence[str | float],
     return specs
 
 
-def run_dir(sweep_dir: pathlib.Path, spec: RunSpec) -> pathlib.Path:
+def run_workdir(sweep_dir: pathlib.Path, spec: RunSpec) -> pathlib.Path:
     """``DIR/runs/<method>/seed<k>``."""
     return pathlib.Path(sweep_dir) / "runs" / spec.method / f"seed{spec.seed}"
 
 
 def run_status(workdir: pathlib.Path) -> str:
-    """`FINISHED`, `TRAINED`, `STARTED` or `PENDING`, from the files train.py and eval.py leave."""
-    workdir = pathlib.Path(workdir)
-    if (workdir / "results.json").is_file():
-        return FINISHED if (workdir / "eval" / f"{TEST_SPLIT}.json").is_file() else TRAINED
-    return STARTED if (workdir / "config.json").is_file() else PENDING
+    """`FINISHED`, `TRAINED`, `STARTED` or `PENDING`, from the files of the workdir (config.json is
+    written when the sweep launches train.py)."""
+    files = RunDir(workdir)
+    if files.results.is_file():
+        return FINISHED if files.eval_report(TEST_SPLIT).is_file() else TRAINED
+    return STARTED if files.config.is_file() else PENDING
 
 
 # ----------------------------------------------------------------------------------------------
-# Commands.
+# Run configs and commands.
 # ----------------------------------------------------------------------------------------------
 
 
-_CONFIG_FLAG = re.compile(r"^--?config(=|$)")
-_OVERRIDE_FLAG = re.compile(r"^--?(no)?config\.([A-Za-z0-9_.]+)(=.*)?$")
+def config_values(config) -> dict[str, Any]:
+    """``config`` as the plain JSON values of its config.json (tuples as lists)."""
+    return json.loads(run_dir.config_json(config))
 
 
-def config_arguments(argv: Sequence[str], config) -> tuple[str, list[str]]:
-    """The ``--config`` value and the ``--config.*`` override flags of a command line, as given,
-    to be forwarded to train.py.
+def check_same_config(workdir: pathlib.Path, config) -> None:
+    """Refuse to continue a run that an earlier sweep started with another config than ``config``
+    (the run's resolved config now).
 
-    Args:
-      argv: the sweep's arguments (without the program name).
-      config: the parsed config (with overrides): tells a boolean flag (``--config.x``, no value)
-        from one whose value is the next argument (``--config.x VALUE``).
-
-    Returns:
-      (config file argument, default ``configs/default.py``; override flags, each one string
-      ``--config.name=value`` or the boolean forms ``--config.name`` / ``--noconfig.name``).
+    Raises:
+      SweepError: naming the run's config.json and the fields whose values differ.
     """
-    config_arg, overrides = "configs/default.py", []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if _CONFIG_FLAG.match(arg):
-            if "=" in arg:
-                config_arg = arg.split("=", 1)[1]
-            elif i + 1 < len(argv):
-                config_arg, i = argv[i + 1], i + 1
-        elif match := _OVERRIDE_FLAG.match(arg):
-            negated, name, value = match.groups()
-            if value is None and not negated and not isinstance(_field(config, name), bool) and i + 1 < len(argv):
-                arg, i = f"--config.{name}={argv[i + 1]}", i + 1
-            overrides.append(arg)
-        i += 1
-    return config_arg, overrides
-
-
-def override_names(overrides: Sequence[str]) -> list[str]:
-    """The dotted field names of override flags (``--config.rl.snr_tau=0.5`` -> ``rl.snr_tau``)."""
-    return [_OVERRIDE_FLAG.match(arg).group(2) for arg in overrides]
-
-
-def _field(config, dotted: str) -> Any:
-    node = config
-    for part in dotted.split("."):
-        if part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def resolve_config_arg(config_arg: str, cwd: pathlib.Path) -> str:
-    """``--config`` with its file made absolute (``path[:args]``), so commands run from anywhere."""
-    path, sep, args = config_arg.partition(":")
-    file = pathlib.Path(path)
-    if not file.is_absolute() and (cwd / file).is_file():
-        file = (cwd / file).resolve()
-    return f"{file}{sep}{args}"
+    file = RunDir(workdir).config
+    if not file.is_file():
+        return
+    try:
+        before = run_dir.read_config(workdir)
+    except (ConfigError, RunDirError) as err:  # both name the file
+        raise SweepError(f"{err}; delete the run to start it again") from None
+    changes = run_dir.config_changes(config_values(before), config_values(config))
+    if changes:
+        raise SweepError(f"{file}: this run was started with other values of {changes}. Use a new "
+                         "--sweep_dir for other overrides, or delete the run.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Commands:
-    """How runs are launched: interpreter, scripts, config file and forwarded overrides, and the
-    directory they run in (the sweep's own, so that relative paths in overrides mean the same)."""
+    """How runs are launched: interpreter, repository (train.py, eval.py, configs/resolved.py), and
+    the directory they run in (the sweep's own, so that relative paths in the config mean the same).
+    train.py reads each run's config from its workdir's config.json."""
 
-    config_arg: str
-    overrides: tuple[str, ...] = ()
     python: str = sys.executable
-    repo: pathlib.Path = REPO_ROOT  # holds train.py and eval.py
+    repo: pathlib.Path = REPO_ROOT
     cwd: pathlib.Path = dataclasses.field(default_factory=pathlib.Path.cwd)
 
-    def train(self, spec: RunSpec, workdir: pathlib.Path) -> list[str]:
-        return [self.python, str(self.repo / "train.py"), f"--config={self.config_arg}",
-                f"--workdir={workdir}", *self.overrides, *spec.overrides()]
+    def train(self, workdir: pathlib.Path, *flags: str) -> list[str]:
+        config = f"{self.repo / RESOLVED_CONFIG}:{RunDir(workdir).config}"
+        return [self.python, str(self.repo / "train.py"), f"--config={config}", f"--workdir={workdir}", *flags]
 
     def evaluate(self, workdir: pathlib.Path) -> list[str]:
         return [self.python, str(self.repo / "eval.py"), f"--workdir={workdir}", f"--split={TEST_SPLIT}"]
 
     def warm_start(self, workdir: pathlib.Path) -> list[str]:
-        return [self.python, str(self.repo / "train.py"), f"--config={self.config_arg}",
-                f"--workdir={workdir}", *self.overrides, "--warm_start_only"]
+        return self.train(workdir, "--warm_start_only")
 
 
 def command_line(command: Sequence[str], env: dict[str, str] | None = None, cwd: pathlib.Path | None = None) -> str:
@@ -260,32 +226,6 @@ def command_line(command: Sequence[str], env: dict[str, str] | None = None, cwd:
     prefix = [f"cd {shlex.quote(str(cwd))} &&"] if cwd is not None else []
     prefix += [f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
     return " ".join(prefix + [shlex.quote(part) for part in command])
-
-
-def _arguments_of(line: str) -> list[str]:
-    """The script arguments of a `command_line` (what defines a run): no cd, env, python, script."""
-    parts = shlex.split(line)
-    if parts[:1] == ["cd"] and "&&" in parts:
-        parts = parts[parts.index("&&") + 1:]
-    while parts and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", parts[0]):
-        parts.pop(0)
-    return parts[2:]
-
-
-def check_same_command(workdir: pathlib.Path, train_command: Sequence[str]) -> None:
-    """Refuse to continue a run that an earlier sweep started with other train.py arguments.
-
-    Raises:
-      SweepError: naming the run's command.txt.
-    """
-    file = workdir / "command.txt"
-    if not file.is_file():
-        return
-    before = _arguments_of(file.read_text().splitlines()[0])
-    if before != list(train_command[2:]):
-        raise SweepError(
-            f"{file}: this run was started with other arguments:\n  {shlex.join(before)}\nnot\n  "
-            f"{shlex.join(train_command[2:])}\nUse a new --sweep_dir for other overrides, or delete the run.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -408,32 +348,33 @@ def _attempt(name: str, workdir: pathlib.Path, steps: list[list[str]], env_overr
     return Outcome(name, workdir, FINISHED, 0, time.monotonic() - start)
 
 
-def execute_run(spec: RunSpec, workdir: pathlib.Path, commands: Commands, device: str | None,
-                base_env: dict[str, str], group: ProcessGroup) -> Outcome:
-    """Train (or resume) and evaluate one run, unless its workdir says that part is done."""
-    train, evaluate = commands.train(spec, workdir), commands.evaluate(workdir)
+def execute_run(spec: RunSpec, sweep: Sweep, device: str | None, base_env: dict[str, str],
+                group: ProcessGroup) -> Outcome:
+    """Train (or resume) and evaluate one run, unless its workdir says that part is done. Before
+    train.py starts, the run's resolved config is written to its config.json."""
+    workdir, commands = sweep.workdir(spec), sweep.commands
     status = run_status(workdir)
     if status == FINISHED:
         return Outcome(spec.name, workdir, FINISHED)
+    train, evaluate = commands.train(workdir), commands.evaluate(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if status != TRAINED:
+        run_dir.write_config(workdir, sweep.run_config(spec))
     lines = [command_line(command, cwd=commands.cwd) for command in (train, evaluate)]
-    (workdir / "command.txt").write_text("\n".join(lines) + "\n")
+    run_dir.write_text(workdir / "command.txt", "\n".join(lines) + "\n")
     steps = [evaluate] if status == TRAINED else [train, evaluate]
     return _attempt(spec.name, workdir, steps, device_env(device), base_env, commands.cwd, group)
-
-
-def _write_json_atomic(path: pathlib.Path, value: Any) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(json.dumps(value, indent=2, sort_keys=True))
-    staging.replace(path)
 
 
 @dataclasses.dataclass
 class Sweep:
     """A sweep request, resolved: what to run, where, and how.
 
-    config: the base config (file + user overrides, with ``sft.cache_dir`` set), for validation,
-      the warm-start key and sweep.json; each run's own config is train.py's to resolve.
+    config: the base config (file + user overrides, with ``sft.cache_dir`` set), for the warm start
+      and sweep.json; a run's config is `run_config` (the base with the run's algorithm, threshold
+      and seed).
+    config_file, overrides: where the base config came from (for sweep.json): the ``--config``
+      file and the ``--config.*`` overrides (dotted name -> value).
     """
 
     sweep_dir: pathlib.Path
@@ -442,25 +383,32 @@ class Sweep:
     commands: Commands
     devices: list[str | None]
     grid: dict[str, Any]
+    config_file: str = ""
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def workdir(self, spec: RunSpec) -> pathlib.Path:
-        return run_dir(self.sweep_dir, spec)
+        return run_workdir(self.sweep_dir, spec)
+
+    def run_config(self, spec: RunSpec):
+        """The resolved config of one run: what its config.json holds and train.py runs."""
+        return spec.apply(self.config)
 
 
-def plan_sweep(sweep_dir: str | pathlib.Path, *, config, config_arg: str, overrides: Sequence[str],
-               algorithms: Sequence[str], snr_taus: Sequence[str], seeds: Sequence[str], parallel: int = 0,
-               gpus: Sequence[str] | None = None, repo: pathlib.Path = REPO_ROOT,
+def plan_sweep(sweep_dir: str | pathlib.Path, *, config, algorithms: Sequence[str], snr_taus: Sequence[str],
+               seeds: Sequence[str], config_file: str = "", overrides: Mapping[str, Any] | None = None,
+               parallel: int = 0, gpus: Sequence[str] | None = None, repo: pathlib.Path = REPO_ROOT,
                python: str = sys.executable, cwd: pathlib.Path | None = None) -> Sweep:
     """Check a sweep request and resolve it, before anything runs.
 
-    Every run's config is validated here (``validate_config`` with one data shard: the device
-    split is checked by train.py), and a run started by an earlier invocation with other train.py
-    arguments is refused.
+    Every run's config is resolved and validated here (`RunConfig`, without the mesh checks:
+    the device split is checked by train.py), and a run that an earlier invocation started with
+    another config is refused (`check_same_config`).
 
     Args:
-      config: the config parsed from ``config_arg`` with the ``overrides`` applied.
-      config_arg, overrides: what train.py gets (`config_arguments`, `resolve_config_arg`).
+      config: the parsed config: the config file with the user's overrides applied.
       algorithms, snr_taus, seeds: the grid (`expand_grid`).
+      config_file, overrides: the ``--config`` file and the overridden fields (dotted name ->
+        value), recorded in sweep.json; an override of a field the sweep sets is refused.
       parallel, gpus: workers and the GPUs to pin them to (`worker_devices`; default `visible_gpus`).
       repo, python, cwd: where train.py / eval.py are, the interpreter, and the directory the runs
         start in (default: this process's).
@@ -470,37 +418,33 @@ def plan_sweep(sweep_dir: str | pathlib.Path, *, config, config_arg: str, overri
     """
     sweep_dir = pathlib.Path(sweep_dir).resolve()
     specs = expand_grid(algorithms, snr_taus, seeds)
-    names = override_names(overrides)
-    for field in SWEPT_FIELDS:
-        if field in names:
-            flag = {"rl.algorithm": "--algorithms", "rl.snr_tau": "--snr_taus", "train.seed": "--seeds"}[field]
+    overrides = json.loads(json.dumps(dict(overrides or {}), default=str))  # as sweep.json records them
+    for field, flag in SWEPT_FIELDS.items():
+        if field in overrides:
             raise SweepError(f"--config.{field}: the sweep sets it for each run; use {flag}")
     config = copy.deepcopy(config)
-    overrides = list(overrides)
     if config.sft.enabled:
         if "cache_dir" not in config.sft:
             raise SweepError("config.sft.cache_dir is missing: the sweep's runs share one warm start "
                              "through it (start from configs/default.py)")
         if not config.sft.cache_dir:
             config.sft.cache_dir = str(sweep_dir / "warm_starts")
-            overrides.append(f"--config.sft.cache_dir={config.sft.cache_dir}")
-    if config.task == "files" and not config.data.get(TEST_SPLIT):
+    if config.task == "files" and not getattr(config.data, TEST_SPLIT):
         raise SweepError(f"config.data.{TEST_SPLIT} is empty: the sweep evaluates every run on the "
                          f"{TEST_SPLIT} split (eval.py --split={TEST_SPLIT})")
-    for spec in specs:
-        try:
-            validate_config(spec.apply(config))
-        except ConfigError as err:
-            raise SweepError(f"run {spec.name}: {err}") from None
-    commands = Commands(config_arg=config_arg, overrides=tuple(overrides), python=python, repo=repo,
-                        cwd=(cwd or pathlib.Path.cwd()).resolve())
-    for spec in specs:
-        check_same_command(run_dir(sweep_dir, spec), commands.train(spec, run_dir(sweep_dir, spec)))
+    commands = Commands(python=python, repo=repo, cwd=(cwd or pathlib.Path.cwd()).resolve())
     devices = worker_devices(parallel, visible_gpus() if gpus is None else gpus)
     grid = {"algorithms": list(dict.fromkeys(s.algorithm for s in specs)),
             "snr_taus": sorted({s.snr_tau for s in specs if s.snr_tau is not None}),
             "seeds": list(dict.fromkeys(s.seed for s in specs))}
-    return Sweep(sweep_dir, specs, config, commands, devices, grid)
+    sweep = Sweep(sweep_dir, specs, config, commands, devices, grid, config_file=config_file, overrides=overrides)
+    for spec in specs:
+        try:
+            as_run_config(sweep.run_config(spec))  # validated as train.py will, on one data shard
+        except ConfigError as err:
+            raise SweepError(f"run {spec.name}: {err}") from None
+        check_same_config(sweep.workdir(spec), sweep.run_config(spec))
+    return sweep
 
 
 def sweep_record(sweep: Sweep, outcomes: dict[str, Outcome], warm_start: dict[str, Any]) -> dict[str, Any]:
@@ -518,8 +462,8 @@ def sweep_record(sweep: Sweep, outcomes: dict[str, Outcome], warm_start: dict[st
             entry["seconds"] = round(outcome.seconds, 1)
         runs.append(entry)
     return {
-        "grid": sweep.grid, "config_file": sweep.commands.config_arg, "overrides": list(sweep.commands.overrides),
-        "base_config": json.loads(sweep.config.to_json_best_effort(sort_keys=True)), "warm_start": warm_start,
+        "grid": sweep.grid, "config_file": sweep.config_file, "overrides": sweep.overrides,
+        "base_config": config_values(sweep.config), "warm_start": warm_start,
         "devices": [d if d is not None else "cpu" for d in sweep.devices],
         "updated": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs,
     }
@@ -531,7 +475,7 @@ def build_shared_warm_start(sweep: Sweep, group: ProcessGroup,
     needs it). Returns (its sweep.json entry, the build's outcome or None if nothing was run)."""
     if not sweep.config.sft.enabled:
         return {"enabled": False}, None
-    from gd2po_jax.trainer import warm_start_key  # the trainer's imports are heavy; only here
+    from gd2po_jax.warm_start import warm_start_key  # its imports (models, SFT) are heavy; only here
 
     key = warm_start_key(sweep.config)
     path = pathlib.Path(sweep.config.sft.cache_dir) / key
@@ -542,7 +486,8 @@ def build_shared_warm_start(sweep: Sweep, group: ProcessGroup,
     workdir = sweep.sweep_dir / "warm_start_build"
     command = sweep.commands.warm_start(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "command.txt").write_text(command_line(command, cwd=sweep.commands.cwd) + "\n")
+    run_dir.write_config(workdir, sweep.config)
+    run_dir.write_text(workdir / "command.txt", command_line(command, cwd=sweep.commands.cwd) + "\n")
     tqdm.tqdm.write(f"training the shared warm start {path} (log: {workdir / 'log.txt'})")
     return entry, _attempt("warm start", workdir, [command], device_env(sweep.devices[0]), base_env,
                            sweep.commands.cwd, group)
@@ -562,7 +507,7 @@ def _run_pool(sweep: Sweep, todo: list[RunSpec], outcomes: dict[str, Outcome], o
     def work(spec: RunSpec) -> Outcome:
         device = devices.get()
         try:
-            return execute_run(spec, sweep.workdir(spec), sweep.commands, device, base_env, group)
+            return execute_run(spec, sweep, device, base_env, group)
         except Exception as err:  # noqa: BLE001 -- e.g. the interpreter cannot start: a failed run
             with (sweep.workdir(spec) / "log.txt").open("a") as log:
                 log.write(f"\nsweep: could not run {spec.name}: {err!r}\n")
@@ -623,7 +568,7 @@ def run_sweep(sweep: Sweep, *, env: dict[str, str] | None = None, progress: bool
 
     def save():
         with lock:
-            _write_json_atomic(sweep.sweep_dir / "sweep.json", sweep_record(sweep, outcomes, warm_entry))
+            run_dir.write_json(sweep.sweep_dir / "sweep.json", sweep_record(sweep, outcomes, warm_entry))
 
     todo = []
     for spec in sweep.specs:

@@ -1,10 +1,11 @@
-"""Tokenizer and chat-template helpers (host side; nothing here runs under jit).
+"""Tokenizer helpers: loading, EOS and pad ids, decoding completions (host side, no jit).
 
     tokenizer = load_tokenizer(checkpoint_dir)
-    prompts = encode_prompts(tokenizer, [[{"role": "user", "content": "2+2?"}]])   # ragged id lists
     eos = eos_token_ids(tokenizer, checkpoint_dir)
-    out = generate(model, prompts, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, ...)
+    out = generate(model, prompts, eos_token_ids=eos, pad_token_id=pad_token_id(tokenizer, eos), ...)
     texts = decode_completions(tokenizer, out.tokens, out.lengths)
+
+(prompts are rendered and tokenized by `gd2po_jax.prompts.build_prompt_set`.)
 
 Pad equal to EOS: many tokenizers (Qwen, Llama 3) have no pad token, and we then pad with EOS. A
 completion's EOS must still be trained on, so loss masks come from completion lengths
@@ -19,10 +20,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-from gd2po_jax.data.chat import render_prompt
-
-Message = dict[str, str]
 
 
 def load_tokenizer(path, *, padding_side: str = "left") -> PreTrainedTokenizerBase:
@@ -56,29 +53,18 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir=None) -> list[in
     return ids
 
 
-def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str | Sequence[Message]],
-    *,
-    chat: bool | None = None,
-    **template_kwargs,
-) -> list[list[int]]:
-    """Token ids (unpadded, one list per prompt) of strings or chat conversations.
+def pad_token_id(tokenizer: PreTrainedTokenizerBase, eos_ids: Sequence[int]) -> int:
+    """The id that pads prompts (on the left) and completions (after EOS): the tokenizer's pad
+    token, else the first EOS id of ``eos_ids`` (from `eos_token_ids`).
 
-    A conversation (list of ``{"role", "content"}``) always goes through the chat template. A string
-    is wrapped as a single user message when ``chat`` is true (default: when the tokenizer has a
-    chat template), else tokenized as is with the tokenizer's special tokens (e.g. BOS).
+    Raises:
+      ValueError: when the tokenizer has no pad token and ``eos_ids`` is empty.
     """
-    use_chat = tokenizer.chat_template is not None if chat is None else chat
-    encoded = []
-    for prompt in prompts:
-        if isinstance(prompt, str) and not use_chat:
-            encoded.append(list(tokenizer(prompt, add_special_tokens=True)["input_ids"]))
-            continue
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = render_prompt(messages, tokenizer, **template_kwargs)
-        encoded.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
-    return encoded
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if not len(eos_ids):
+        raise ValueError("no pad token id: the tokenizer has no pad token and there is no EOS id to pad with")
+    return int(eos_ids[0])
 
 
 def decode_completions(

@@ -17,21 +17,30 @@ One call of the step function does, inside a single XLA program::
 
 Dividing every micro-batch numerator by the whole minibatch's denominator makes gradient
 accumulation exact for every aggregation mode (`gd2po_jax.losses.aggregate_loss`).
+
+The batch is a `gd2po_jax.rollout.RolloutBatch`; advantages come from `gd2po_jax.advantages`,
+log-probs from `gd2po_jax.logprobs`, the loss from `gd2po_jax.losses` and the optimizer from
+`gd2po_jax.optimizer`. The step's metrics carry their final names (``reward/<name>`` ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx, struct
+from flax import struct
 from jax.sharding import Mesh
 
 from gd2po_jax import losses
 from gd2po_jax.advantages import advantage_diagnostics, compute_advantages
+from gd2po_jax.logprobs import completion_logprobs, merge_model
+from gd2po_jax.rollout import RolloutBatch
 from gd2po_jax.sharding import batch_sharding
 
 
@@ -50,34 +59,56 @@ class TrainState:
     rng: jax.Array
 
 
-@struct.dataclass
-class RolloutBatch:
-    """One step's rollouts on device.
-
-    input_ids: [B, S] int32, left-padded prompt then completion (padded after EOS).
-    attention_mask: [B, S] bool, False on left padding.
-    response_mask: [B, M] bool, completion tokens that count (EOS included).
-    old_logp: [B, M] float32, log-probs of the sampling policy.
-    ref_logp: [B, M] float32, reference-policy log-probs (zeros when no KL is used).
-    rewards: [P, G, K] float32 raw rewards (NaN = missing).
-    valid: [P] bool, False for padded prompts.
-    """
-
-    input_ids: jax.Array
-    attention_mask: jax.Array
-    response_mask: jax.Array
-    old_logp: jax.Array
-    ref_logp: jax.Array
-    rewards: jax.Array
-    valid: jax.Array
-
-
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Static hyperparameters of the update (hashable: part of the compiled program)."""
+    """Static hyperparameters of the update (frozen and hashable: part of the compiled program).
+
+    Symbols are those of docs/algorithm.md (#notation); build it from a run config with
+    `StepConfig.from_config`, which reads the fields named in `STEP_CONFIG_SOURCES`.
+
+    Advantages (docs/algorithm.md#grpo .. #dapo-filter):
+      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr" (``rl.algorithm``).
+      snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (``rl.snr_tau``).
+      reward_names: the K reward names, in the order of the reward tensor's last axis
+        (``rewards.names``); metrics are named ``reward/<name>``. Empty: the rewards' indices.
+      reward_weights: w_k, K weights of the rewards (``rewards.weights``); None or empty: all ones.
+      batch_norm: GDPO / GD2PO batch step: "token" (official) | "sequence" (TRL) | "none"
+        (``rl.batch_norm``).
+      group_eps: eps_group, added to the group std (``rl.group_eps``).
+      drop_zero_variance_groups: DAPO's filter of groups where every reward is constant
+        (``rl.drop_zero_variance_groups``).
+
+    Policy loss (docs/algorithm.md#policy-loss, #loss-aggregation, #kl-estimators):
+      clip_low, clip_high: eps_low, eps_high: the ratio rho is clipped to [1 - eps_low,
+        1 + eps_high] (``rl.clip_low``, ``rl.clip_high``).
+      dual_clip: c of dual clipping (> 1), bounding the loss at -A c where A < 0; None (or a value
+        <= 0, as ``rl.dual_clip`` writes it) disables it.
+      loss_agg_mode: how token losses become one number (``rl.loss_agg_mode``).
+      norm_length: the constant length of "seq-mean-token-sum-norm" (None: the padded length M;
+        not in the run config).
+      filtered_in_denominator: rollouts that GD2PO filters out (A = 0) still count in the
+        aggregation's denominator, as in the official code (``rl.filtered_in_denominator``).
+      kl_coef: beta, the coefficient of the KL term to the reference policy (``rl.kl_coef``).
+      kl_estimator: "k1" | "k3" (``rl.kl_estimator``).
+      entropy_coef: coefficient of the entropy bonus (``rl.entropy_coef``).
+      log_entropy: compute the policy's entropy for the metrics even when entropy_coef is 0 (not in
+        the run config).
+
+    Update (docs/algorithm.md#the-update):
+      ppo_epochs: passes over the rollouts of a step (``rl.ppo_epochs``).
+      num_minibatches: optimizer steps per epoch; they split the B = P x G rollouts
+        (``rl.num_minibatches``).
+      micro_batch_size: rows per gradient-accumulation micro-batch; 0: the whole minibatch
+        (``rl.micro_batch_size``).
+      logit_chunk_size: positions per chunk of the vocabulary projection
+        (``train.logit_chunk_size``; see `gd2po_jax.logprobs.chunked_token_logprobs`).
+      compute_dtype: dtype of the forward pass, "float32" | "bfloat16" (``model.dtype``); the
+        master weights keep theirs.
+    """
 
     method: str = "gd2po_snr"
     snr_tau: float = 0.8
+    reward_names: tuple[str, ...] = ()
     reward_weights: tuple[float, ...] | None = None
     batch_norm: str = "token"
     group_eps: float = 1e-6
@@ -98,57 +129,70 @@ class StepConfig:
     logit_chunk_size: int = 128
     compute_dtype: str = "float32"
 
+    def __post_init__(self):
+        # Each value as its field's type (config files give ints for floats, lists for tuples), then
+        # the run config's spellings of "off": rl.dual_clip <= 0 and empty rewards.weights.
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, _as_type(hints[field.name], getattr(self, field.name)))
+        if self.dual_clip is not None and self.dual_clip <= 0:
+            object.__setattr__(self, "dual_clip", None)
+        if not self.reward_weights:
+            object.__setattr__(self, "reward_weights", None)
 
-def make_optimizer(
-    learning_rate: float | optax.Schedule,
-    *,
-    weight_decay: float = 0.01,
-    grad_clip: float = 1.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-) -> optax.GradientTransformation:
-    """AdamW with global-norm gradient clipping (the official GD2PO optimizer settings)."""
-    parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
-    parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
-    return optax.chain(*parts)
-
-
-def unembedding(model) -> jax.Array:
-    """[D, V] output projection of a `Decoder` (the transposed embedding when tied)."""
-    return model.embed[...].T if model.lm_head is None else model.lm_head[...]
+    @classmethod
+    def from_config(cls, config) -> StepConfig:
+        """The step's hyperparameters from a run config (an ``ml_collections.ConfigDict`` or the typed
+        config of `gd2po_jax.config`), read through `STEP_CONFIG_SOURCES`."""
+        return cls(**{field: _config_value(config, path) for field, path in STEP_CONFIG_SOURCES.items()})
 
 
-def completion_logprobs(
-    model, input_ids: jax.Array, attention_mask: jax.Array, num_completion: int, *,
-    chunk_size: int = 128, with_entropy: bool = False,
-) -> tuple[jax.Array, jax.Array | None]:
-    """Log-probs (and entropy) of the last ``M`` tokens of each row given everything before.
+#: StepConfig field -> dotted path of its value in the run config (the fields not named here,
+#: ``norm_length`` and ``log_entropy``, keep their defaults).
+STEP_CONFIG_SOURCES: dict[str, str] = {
+    "method": "rl.algorithm",
+    "snr_tau": "rl.snr_tau",
+    "reward_names": "rewards.names",
+    "reward_weights": "rewards.weights",
+    "batch_norm": "rl.batch_norm",
+    "group_eps": "rl.group_eps",
+    "drop_zero_variance_groups": "rl.drop_zero_variance_groups",
+    "clip_low": "rl.clip_low",
+    "clip_high": "rl.clip_high",
+    "dual_clip": "rl.dual_clip",
+    "loss_agg_mode": "rl.loss_agg_mode",
+    "filtered_in_denominator": "rl.filtered_in_denominator",
+    "kl_coef": "rl.kl_coef",
+    "kl_estimator": "rl.kl_estimator",
+    "entropy_coef": "rl.entropy_coef",
+    "ppo_epochs": "rl.ppo_epochs",
+    "num_minibatches": "rl.num_minibatches",
+    "micro_batch_size": "rl.micro_batch_size",
+    "logit_chunk_size": "train.logit_chunk_size",
+    "compute_dtype": "model.dtype",
+}
 
-    Args:
-      model: a `Decoder`.
-      input_ids: [B, S] int32; attention_mask: [B, S].
-      num_completion: M.
 
-    Returns:
-      logp [B, M] float32 and entropy [B, M] float32 (None unless ``with_entropy``).
-    """
-    hidden, _ = model.hidden_states(input_ids, attention_mask)
-    start = input_ids.shape[1] - num_completion
-    return losses.chunked_token_logprobs(
-        hidden[:, start - 1 : -1], unembedding(model), input_ids[:, start:],
-        chunk_size=chunk_size, with_entropy=with_entropy,
-    )
+def _config_value(config, dotted: str):
+    """``config.<dotted>`` by attribute access; raises naming the missing field."""
+    try:
+        return functools.reduce(getattr, dotted.split("."), config)
+    except AttributeError as err:
+        raise ValueError(f"config.{dotted} is missing (start from configs/default.py)") from err
 
 
-def merge_model(graphdef, params, dtype):
-    """The model of ``graphdef`` with ``params`` (master weights) cast to the compute ``dtype``.
-
-    The cast is differentiable: gradients flow back to the master weights in their own dtype.
-    """
-    dtype = jnp.dtype(dtype)
-    recast = lambda x: jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype  # noqa: E731
-    cast = jax.tree.map(lambda x: x.astype(dtype) if recast(x) else x, params)
-    return nnx.merge(graphdef, cast)
+def _as_type(hint, value):
+    """``value`` converted to the annotated type ``hint``: a scalar type, ``tuple[X, ...]`` or
+    ``X | None``."""
+    if value is None:
+        return None
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType):
+        (hint,) = [arg for arg in args if arg is not type(None)]
+        return _as_type(hint, value)
+    if typing.get_origin(hint) is tuple:
+        return tuple(_as_type(args[0], item) for item in value)
+    return hint(value)
 
 
 def _constrain_rows(tree, mesh: Mesh | None):
@@ -157,19 +201,38 @@ def _constrain_rows(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape)), tree)
 
 
-def check_batch_layout(config: StepConfig, batch_rows: int) -> tuple[int, int]:
-    """(minibatch rows, micro-batch rows) for ``batch_rows`` = B; raises naming the config field."""
-    if batch_rows % config.num_minibatches:
+def check_batch_layout(
+    rollouts: int, num_minibatches: int, micro_batch_size: int, num_data_shards: int = 1
+) -> tuple[int, int]:
+    """(minibatch rows, micro-batch rows) of a step: the one rule of batch divisibility.
+
+    The B = P x G ``rollouts`` of a step split into ``num_minibatches`` minibatches (one optimizer
+    step each), and each minibatch into micro-batches of ``micro_batch_size`` rows (0: the whole
+    minibatch) whose gradients are summed. With the batch split over ``num_data_shards`` devices
+    (mesh data x fsdp), the rollouts and every micro-batch must divide by it too.
+
+    Raises:
+      ValueError: the message starts with the config field at fault, ``train.prompts_per_step``,
+        ``rl.num_minibatches`` or ``rl.micro_batch_size``, then a colon.
+    """
+    if rollouts % num_data_shards:
         raise ValueError(
-            f"rl.num_minibatches={config.num_minibatches} must divide the rollouts per step "
-            f"(prompts_per_step x num_generations = {batch_rows})"
+            f"train.prompts_per_step: the {rollouts} rollouts of a step (train.prompts_per_step x "
+            f"rl.num_generations) cannot be split over {num_data_shards} data-parallel devices (config.mesh)"
         )
-    minibatch = batch_rows // config.num_minibatches
-    micro = config.micro_batch_size or minibatch
-    if minibatch % micro:
+    if rollouts % num_minibatches:
         raise ValueError(
-            f"rl.micro_batch_size={micro} must divide the minibatch size {minibatch} "
-            f"(= {batch_rows} rollouts / rl.num_minibatches={config.num_minibatches})"
+            f"rl.num_minibatches: {num_minibatches} does not divide the {rollouts} rollouts of a step "
+            "(train.prompts_per_step x rl.num_generations)"
+        )
+    minibatch = rollouts // num_minibatches
+    micro = micro_batch_size or minibatch
+    if minibatch % micro:
+        raise ValueError(f"rl.micro_batch_size: {micro} does not divide the minibatch of {minibatch} rollouts")
+    if micro % num_data_shards:
+        raise ValueError(
+            f"rl.micro_batch_size: micro-batches of {micro} rollouts cannot be split over "
+            f"{num_data_shards} data-parallel devices (config.mesh); use a multiple"
         )
     return minibatch, micro
 
@@ -210,7 +273,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     def step(state: TrainState, batch: RolloutBatch):
         num_prompts, group, _ = batch.rewards.shape
         rows_total = num_prompts * group
-        minibatch_rows, micro_rows = check_batch_layout(config, rows_total)
+        minibatch_rows, micro_rows = check_batch_layout(rows_total, config.num_minibatches, config.micro_batch_size)
         lengths = jnp.sum(batch.response_mask, axis=-1).reshape(num_prompts, group)
         adv = compute_advantages(
             batch.rewards, lengths, config.method, snr_tau=config.snr_tau,
@@ -264,16 +327,20 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         (params, opt_state, loss_sums), grad_norms = jax.lax.scan(
             update_epoch, (state.params, state.opt_state, init_sums), epoch_keys
         )
-        metrics = _step_metrics(batch, adv, loss_sums, grad_norms, lengths)
+        metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         return new_state, metrics
 
     return step
 
 
-def _step_metrics(batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_norms, lengths):
-    """Scalar metrics of one update (means over every minibatch of every epoch)."""
-    metrics = {f"advantages/{k}": v for k, v in advantage_diagnostics(adv, batch.valid).items()}
+def _step_metrics(config: StepConfig, batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_norms,
+                  lengths) -> dict[str, jax.Array]:
+    """Scalar metrics of one update, under their final names (means over every minibatch of every
+    epoch): ``advantages/*``, ``loss/*``, ``reward/<name>`` and ``response_length``."""
+    names = _reward_names(config, batch.rewards.shape[-1])
+    diagnostics = advantage_diagnostics(adv, batch.valid, reward_names=names)
+    metrics = {f"advantages/{k}": v for k, v in diagnostics.items()}
     metrics.update({f"loss/{k}": v for k, v in loss_sums.metrics().items()})
     metrics["loss/grad_norm"] = jnp.mean(grad_norms)
     real = jnp.broadcast_to(batch.valid[:, None], lengths.shape)
@@ -282,10 +349,22 @@ def _step_metrics(batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_n
     reward_means = jnp.sum(jnp.where(present, rewards, 0.0), axis=(0, 1)) / jnp.maximum(
         jnp.sum(present, axis=(0, 1)), 1
     )
-    for k in range(rewards.shape[-1]):
-        metrics[f"reward_index/{k}"] = reward_means[k]
+    for k, name in enumerate(names):
+        metrics[f"reward/{name}"] = reward_means[k]
     metrics["response_length"] = jnp.sum(jnp.where(real, lengths, 0)) / jnp.maximum(jnp.sum(real), 1)
     return metrics
+
+
+def _reward_names(config: StepConfig, num_rewards: int) -> tuple[str, ...]:
+    """The K names of the metrics' rewards: ``config.reward_names``, or the indices when empty."""
+    if not config.reward_names:
+        return tuple(str(k) for k in range(num_rewards))
+    if len(config.reward_names) != num_rewards:
+        raise ValueError(
+            f"rewards.names: {len(config.reward_names)} names {config.reward_names} for the {num_rewards} "
+            "rewards of the batch"
+        )
+    return config.reward_names
 
 
 def jit_train_step(step_fn, state_shardings=None):

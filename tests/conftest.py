@@ -18,7 +18,7 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-SHARED_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
+from tests.fakes import SHARED as SHARED_DIR  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,13 @@
 properties the spec demands (permutation, tau limits, padding, constant groups, jit/vmap, dtypes)."""
 
 import json
-import pathlib
 
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gd2po_jax.advantages import (
@@ -18,6 +17,8 @@ from gd2po_jax.advantages import (
     compute_advantages,
     token_whiten,
 )
+from tests.fakes import SHARED
+from tests.tolerances import ulps
 
 # ------------------------------------------------------------------------------------------------
 # Official GD2PO vectors.
@@ -156,7 +157,7 @@ TRL_VERL_SETTINGS = {
 }
 
 
-TRL_VERL_FILE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gdpo_trl_verl_vectors.json"
+TRL_VERL_FILE = SHARED / "reference" / "gdpo_trl_verl_vectors.json"
 
 
 def _trl_verl_cases():
@@ -459,7 +460,9 @@ def test_constant_groups_give_zero(batch, method_kw):
     batch_norm=st.sampled_from(["token", "sequence", "none"]),
 )
 def test_all_filtered_gives_zeros(values, lengths, batch_norm):
-    # Reward 2 is the exact mirror of reward 1: every non-constant rollout conflicts with |snr| ~ 0.
+    # Reward 2 is the exact mirror of reward 1: every rollout off its group's mean conflicts with
+    # |snr| ~ 0 (a rollout at the mean, e.g. 0 in [0, 1, 2, -3], has A = 0 and no conflict).
+    assume(np.all(np.abs(values - values.astype(np.float64).mean(axis=1, keepdims=True)) > 1e-3))
     rewards = np.stack([values, -values], axis=-1)
     hard = _run(rewards, lengths, "gd2po_hard", batch_norm=batch_norm)
     assert bool(jnp.all(hard.conflict))
@@ -484,7 +487,8 @@ def test_padded_prompts_change_nothing(batch, method_kw, extra, seed):
     )
     plain = _run(rewards, lengths, method, **kwargs)
     real = slice(0, rewards.shape[0])
-    np.testing.assert_allclose(padded.advantages[real], plain.advantages, atol=1e-6)
+    # The batch statistics are sums over up to P * G rollouts, reassociated when padding is added.
+    np.testing.assert_allclose(padded.advantages[real], plain.advantages, atol=ulps(plain.advantages, 16))
     np.testing.assert_array_equal(padded.keep[real], plain.keep)
     np.testing.assert_allclose(padded.query_weight[real], plain.query_weight)
     np.testing.assert_array_equal(padded.advantages[rewards.shape[0]:], 0.0)
@@ -514,7 +518,8 @@ def test_jit_and_vmap_match_eager(method):
         eager = compute_advantages(rewards[i], lengths[i], method, snr_tau=0.6)
         compiled = jitted(rewards[i], lengths[i], method=method, snr_tau=tau)
         for got in (compiled, jax.tree.map(lambda x: x[i], batched)):
-            np.testing.assert_allclose(got.advantages, eager.advantages, atol=1e-6)
+            # jit / vmap may reassociate the batch sums (12 rollouts): a few ulps of the largest.
+            np.testing.assert_allclose(got.advantages, eager.advantages, atol=ulps(eager.advantages, 16))
             np.testing.assert_array_equal(got.keep, eager.keep)
             np.testing.assert_allclose(got.query_weight, eager.query_weight)
 
@@ -526,7 +531,8 @@ def test_traced_tau_does_not_recompile():
     outs = [jitted(rewards, lengths, jnp.float32(t)) for t in (0.0, 0.5, 1.0)]
     assert jitted._cache_size() == 1
     gdpo = compute_advantages(rewards, lengths, "gdpo").advantages
-    np.testing.assert_allclose(outs[0].advantages, gdpo, atol=1e-6)
+    # jitted with a traced tau vs eager: the batch sums may be reassociated, a few ulps of the largest.
+    np.testing.assert_allclose(outs[0].advantages, gdpo, atol=ulps(gdpo, 16))
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -20,10 +20,9 @@ import pytest
 from flax import nnx
 
 from gd2po_jax.metrics_logging import read_metrics
-from gd2po_jax.models import Decoder, ModelConfig, save_pretrained
+from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.tasks.tokenizer import build_tokenizer
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests.fakes import REPO, tiny_model_config
 
 SYSTEM = (
     "You are a helpful assistant that can call tools.\n\n**Available Tools**\n1. Name: get_weather\n"
@@ -56,11 +55,8 @@ def write_task(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     data = directory / "weather.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     tokenizer = build_tokenizer([SYSTEM, *REQUESTS, COMPLETE, HABIT], 400)
-    config = ModelConfig(
-        model_type="qwen2", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, tie_word_embeddings=True,
-        max_position_embeddings=1024,
-    )
+    config = tiny_model_config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, head_dim=16,
+                               tie_word_embeddings=True, max_position_embeddings=1024)
     model_dir = directory / "model"
     save_pretrained(Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0)), model_dir, tokenizer=tokenizer)
     return data, model_dir

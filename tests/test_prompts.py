@@ -4,18 +4,7 @@ import datasets
 import pytest
 
 from gd2po_jax.prompts import EpochSampler, build_prompt_set, padded_batches
-
-
-class EchoTokenizer:
-    """Chat template = the contents joined; tokens = characters (enough to test the plumbing)."""
-
-    chat_template = "{{ messages }}"
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
-        return "|".join(m["content"] for m in messages) + (">" if add_generation_prompt else "")
-
-    def __call__(self, texts, add_special_tokens=False):
-        return {"input_ids": [[ord(c) for c in text] for text in texts]}
+from tests.fakes import EchoTokenizer
 
 
 def _dataset(contents):

@@ -14,10 +14,11 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from gd2po_jax import report
+from configs import default
+from gd2po_jax import report, run_dir
 from gd2po_jax.report import Paired, curve_area, mean_ci, method_order, paired_test
+from tests.fakes import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 REWARDS = ("correctness", "format", "length")
 SEEDS = (0, 1, 2)
 # (algorithm, snr_tau) -> test correct_acc per seed
@@ -47,9 +48,10 @@ def write_run(sweep_dir: pathlib.Path, algorithm: str, tau: float | None, seed: 
               *, finished: bool = True) -> pathlib.Path:
     workdir = sweep_dir / "runs" / _method(algorithm, tau) / f"seed{seed}"
     (workdir / "eval").mkdir(parents=True)
-    config = {"rl": {"algorithm": algorithm, "snr_tau": 0.8 if tau is None else tau},
-              "train": {"seed": seed}, "rewards": {"names": list(REWARDS)}}
-    (workdir / "config.json").write_text(json.dumps(config))
+    config = default.get_config()
+    config.rl.update(algorithm=algorithm, snr_tau=0.8 if tau is None else tau)
+    config.train.seed = seed
+    run_dir.write_config(workdir, config)
     curves = [_reward_curve(_offset(algorithm), seed, k) for k in range(len(REWARDS))]
     with (workdir / "metrics.jsonl").open("w") as file:
         for i in range(STEPS):
@@ -221,6 +223,13 @@ def test_a_broken_file_is_named(sweep_dir):
     bad = sweep_dir / "runs" / "gdpo" / "seed1" / "eval" / "test.json"
     bad.write_text("{not json")
     with pytest.raises(report.ReportError, match=str(bad)):
+        report.write_report(sweep_dir)
+    bad.write_text("{}")
+    config = sweep_dir / "runs" / "gdpo" / "seed1" / "config.json"
+    values = json.loads(config.read_text())
+    values["rl"]["algorithm"] = "ppo"
+    config.write_text(json.dumps(values))
+    with pytest.raises(report.ReportError, match=rf"{config}: config\.rl\.algorithm"):
         report.write_report(sweep_dir)
 
 

@@ -8,19 +8,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.models import Decoder, ModelConfig
+from gd2po_jax.models import Decoder
 from gd2po_jax.prompts import PromptSet
-from gd2po_jax.rollout import RewardError, collect_rollouts, score_rollouts
+from gd2po_jax.rewards.scoring import RewardError, score_rollouts
+from gd2po_jax.rollout import collect_rollouts
+from tests.fakes import DigitTokenizer, tiny_model_config
 
-CONFIG = ModelConfig(model_type="qwen2", vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
-
-
-class DigitTokenizer:
-    """Decodes token ids as space-separated numbers (enough for reward functions on text)."""
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(str(i) for i in ids)
+CONFIG = tiny_model_config(vocab_size=48)
 
 
 @dataclasses.dataclass

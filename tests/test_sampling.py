@@ -7,8 +7,7 @@ import pytest
 import torch
 from flax import nnx
 
-from _tiny_models import VOCAB, logits_of, tiny_checkpoint
-from gd2po_jax.models import Decoder, ModelConfig, load_pretrained
+from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.sampling import (
     SamplingParams,
     bucket_length,
@@ -19,6 +18,7 @@ from gd2po_jax.sampling import (
     left_pad,
     prefill_fn,
 )
+from tests.fakes import VOCAB, logits_of, tiny_checkpoint, tiny_model_config
 
 PROMPT_LENGTHS = (3, 7, 5, 9, 1)
 
@@ -81,8 +81,8 @@ def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p):
 
 def _peaked_model(vocab=16, scale=20.0):
     """A toy model whose next-token distribution is far from uniform."""
-    config = ModelConfig(model_type="qwen2", vocab_size=vocab, hidden_size=16, intermediate_size=32,
-                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, qkv_bias=True)
+    config = tiny_model_config(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                               num_kv_heads=1)
     model = Decoder(config, rngs=nnx.Rngs(0))
     model.lm_head[...] = model.lm_head[...] * scale
     return model

@@ -7,24 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.models import Decoder, ModelConfig
+from gd2po_jax.models import Decoder
+from gd2po_jax.optimizer import make_optimizer
 from gd2po_jax.sft import build_sft_data, make_sft_step, sft_batches
-from gd2po_jax.train_step import TrainState, make_optimizer
-
-
-class TagTokenizer:
-    """``<role>content`` turns; one token per character (id = code point % 64)."""
-
-    chat_template = "tags"
-    pad_token_id = 0
-    eos_token_id = 1
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % 62 + 2 for c in text]}
+from gd2po_jax.train_step import TrainState
+from tests.fakes import TagTokenizer, tiny_model_config
 
 
 def _dataset(rows):
@@ -61,8 +48,7 @@ def test_sft_batches_are_epochs_of_permutations():
 def test_sft_step_fits_a_small_batch():
     data = build_sft_data(_dataset([("ab", "xy"), ("cd", "zw"), ("ef", "uv"), ("gh", "st")]), TagTokenizer(),
                           max_length=64, where="sft.json")
-    config = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                         num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+    config = tiny_model_config()  # vocabulary 64, as TagTokenizer's ids
     graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0)), nnx.Param)
     optimizer = make_optimizer(1e-2, weight_decay=0.0)
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))

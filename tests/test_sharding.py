@@ -6,18 +6,10 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from _tiny_models import logits_of, ragged_batch, tiny_checkpoint
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.sampling import generate
-from gd2po_jax.sharding import (
-    batch_sharding,
-    fit_spec,
-    make_mesh,
-    mesh_of,
-    model_shardings,
-    shard_batch,
-    shard_model,
-)
+from gd2po_jax.sharding import batch_sharding, fit_spec, make_mesh, mesh_of, variable_sharding
+from tests.fakes import logits_of, ragged_batch, tiny_checkpoint
 
 
 def test_make_mesh_spans_all_devices_by_default():
@@ -71,24 +63,22 @@ def test_model_loaded_on_2x4_mesh_is_sharded_and_matches_single_device():
     assert a.tokens.addressable_shards[0].data.shape == (4, 6)  # 8 rows over fsdp=2
 
 
-def test_shard_model_places_an_unsharded_model_by_its_annotations():
+def test_every_parameter_is_loaded_on_its_annotated_sharding():
     path, _ = tiny_checkpoint("llama3", False)
-    model = load_pretrained(path)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    shard_model(model, mesh)
-    specs = jax.tree.leaves(model_shardings(model, mesh))
-    arrays = jax.tree.leaves(nnx.state(model))
-    assert len(specs) == len(arrays)
-    for sharding, array in zip(specs, arrays):
-        assert array.sharding == sharding
+    model = load_pretrained(path, mesh=mesh)
+    variables = jax.tree.leaves(nnx.state(model), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    assert len(variables) > 10
+    for variable in variables:
+        assert variable[...].sharding == variable_sharding(variable, mesh)
     assert model.lm_head[...].sharding.spec == P("fsdp", "tensor")
     assert model.layers[1].mlp.down_kernel[...].sharding.spec == P("tensor", "fsdp")
 
 
-def test_shard_batch_splits_rows_over_data_and_fsdp():
+def test_batch_sharding_splits_rows_over_data_and_fsdp():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    batch = shard_batch({"ids": np.zeros((8, 5), np.int32), "odd": np.zeros((3,))}, mesh)
-    assert batch["ids"].sharding.spec == P(("data", "fsdp"), None)
-    assert batch["ids"].addressable_shards[0].data.shape == (2, 5)
-    assert batch["odd"].sharding.spec == P(None)
+    ids = jax.device_put(np.zeros((8, 5), np.int32), batch_sharding(mesh, (8, 5)))
+    assert ids.sharding.spec == P(("data", "fsdp"), None)
+    assert ids.addressable_shards[0].data.shape == (2, 5)
+    assert batch_sharding(mesh, (3,)).spec == P(None)  # 3 rows do not split 4 ways: replicated
     assert batch_sharding(mesh, (4, 7)).spec == P(("data", "fsdp"), None)

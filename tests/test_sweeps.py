@@ -1,5 +1,6 @@
-"""gd2po_jax/sweeps.py and sweep.py: the grid, run status, commands, devices, the runner (with
-stand-in train.py / eval.py scripts), and one real 2 x 2 sweep that is killed and resumed."""
+"""gd2po_jax/sweeps.py and sweep.py: the grid, run status, resolved run configs, commands, devices,
+the runner (with stand-in train.py / eval.py scripts), and one real 2 x 2 sweep that is killed and
+resumed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 import pytest
 
 from gd2po_jax import sweeps
+from gd2po_jax.metrics_logging import read_metrics
 from gd2po_jax.sweeps import (
     FAILED,
     FINISHED,
@@ -25,14 +27,14 @@ from gd2po_jax.sweeps import (
     TRAINED,
     RunSpec,
     SweepError,
-    config_arguments,
     expand_grid,
     method_name,
     parse_method,
     run_status,
     worker_devices,
 )
-from test_trainer import REPO, tiny_config, write_config_file
+from tests.fakes import REPO, tiny_config
+
 
 # ----------------------------------------------------------------------------------------------
 # The grid.
@@ -49,14 +51,14 @@ def test_grid_is_seed_major_and_tau_multiplies_snr_only():
     assert all(s.snr_tau is None for s in specs if s.algorithm != "gd2po_snr")
 
 
-def test_run_names_overrides_and_workdirs(tmp_path):
+def test_run_names_configs_and_workdirs(tmp_path):
     snr = RunSpec("gd2po_snr", 3, 0.5)
     assert snr.name == "gd2po_snr-tau0.5/seed3"
-    assert snr.overrides() == ["--config.rl.algorithm=gd2po_snr", "--config.rl.snr_tau=0.5", "--config.train.seed=3"]
-    assert RunSpec("gdpo", 0).overrides() == ["--config.rl.algorithm=gdpo", "--config.train.seed=0"]
-    assert sweeps.run_dir(tmp_path, snr) == tmp_path / "runs" / "gd2po_snr-tau0.5" / "seed3"
+    assert sweeps.run_workdir(tmp_path, snr) == tmp_path / "runs" / "gd2po_snr-tau0.5" / "seed3"
     config = snr.apply(tiny_config())
     assert (config.rl.algorithm, config.rl.snr_tau, config.train.seed) == ("gd2po_snr", 0.5, 3)
+    config = RunSpec("gdpo", 1).apply(tiny_config(rl__snr_tau=0.3))
+    assert (config.rl.algorithm, config.rl.snr_tau, config.train.seed) == ("gdpo", 0.3, 1)  # tau untouched
     for algorithm, tau in [("gdpo", None), ("gd2po_snr", 0.25), ("gd2po_snr", 1.0), ("gd2po_snr", 0.0)]:
         assert parse_method(method_name(algorithm, tau)) == (algorithm, tau)
     assert method_name("gd2po_snr", 1.0) == "gd2po_snr-tau1"
@@ -97,57 +99,64 @@ def test_run_status_from_the_files_a_run_leaves(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_config_arguments_forward_every_override_form():
-    config = tiny_config()
-    argv = ["--sweep_dir=/x", "--config", "configs/toolrl.py:qwen2.5-3b", "--config.train.num_steps=3",
-            "--config.sampling.top_p", "0.9", "--config.sft.enabled", "--noconfig.rl.drop_zero_variance_groups",
-            "--config.rl.clip_low", "-0.0", "--seeds=0,1"]
-    config_arg, overrides = config_arguments(argv, config)
-    assert config_arg == "configs/toolrl.py:qwen2.5-3b"
-    assert overrides == ["--config.train.num_steps=3", "--config.sampling.top_p=0.9", "--config.sft.enabled",
-                         "--noconfig.rl.drop_zero_variance_groups", "--config.rl.clip_low=-0.0"]
-    assert sweeps.override_names(overrides) == ["train.num_steps", "sampling.top_p", "sft.enabled",
-                                                "rl.drop_zero_variance_groups", "rl.clip_low"]
-    assert config_arguments(["--sweep_dir=/x"], config) == ("configs/default.py", [])
-
-
-def test_config_file_is_made_absolute_keeping_its_argument(tmp_path):
-    assert sweeps.resolve_config_arg("configs/toolrl.py:qwen2.5-3b", REPO) == f"{REPO}/configs/toolrl.py:qwen2.5-3b"
-    assert sweeps.resolve_config_arg("missing.py", tmp_path) == "missing.py"
-
-
-def plan(tmp_path, config=None, overrides=(), **kwargs):
+def plan(tmp_path, config=None, overrides=None, **kwargs):
     kwargs = {"algorithms": ["gdpo", "gd2po_snr"], "snr_taus": ["0.5"], "seeds": ["0", "1"], "gpus": [], **kwargs}
-    return sweeps.plan_sweep(tmp_path / "sweep", config=config or tiny_config(), config_arg="cfg.py",
-                             overrides=list(overrides), **kwargs)
+    return sweeps.plan_sweep(tmp_path / "sweep", config=config or tiny_config(), config_file="cfg.py",
+                             overrides=overrides or {}, **kwargs)
 
 
-def test_plan_shares_the_warm_start_and_validates_every_run(tmp_path):
-    sweep = plan(tmp_path, overrides=["--config.train.num_steps=3"])
+def test_plan_shares_the_warm_start_and_resolves_each_run_config(tmp_path):
+    sweep = plan(tmp_path, config=tiny_config(train__num_steps=3), overrides={"train.num_steps": 3})
     cache = tmp_path / "sweep" / "warm_starts"
     assert sweep.config.sft.cache_dir == str(cache)
-    command = sweep.commands.train(sweep.specs[1], sweep.workdir(sweep.specs[1]))
-    assert command[1:] == [str(REPO / "train.py"), "--config=cfg.py",
-                           f"--workdir={tmp_path}/sweep/runs/gd2po_snr-tau0.5/seed0", "--config.train.num_steps=3",
-                           f"--config.sft.cache_dir={cache}", "--config.rl.algorithm=gd2po_snr",
-                           "--config.rl.snr_tau=0.5", "--config.train.seed=0"]
-    assert sweeps.Commands("c").evaluate(pathlib.Path("/w"))[1:] == [str(REPO / "eval.py"), "--workdir=/w",
-                                                                     "--split=test"]
+    spec = sweep.specs[1]
+    config = sweep.run_config(spec)
+    assert (config.rl.algorithm, config.rl.snr_tau, config.train.seed) == ("gd2po_snr", 0.5, 0)
+    assert config.train.num_steps == 3 and config.sft.cache_dir == str(cache)
+    workdir = tmp_path / "sweep" / "runs" / "gd2po_snr-tau0.5" / "seed0"
+    assert sweep.commands.train(workdir)[1:] == [
+        str(REPO / "train.py"), f"--config={REPO / 'configs' / 'resolved.py'}:{workdir / 'config.json'}",
+        f"--workdir={workdir}"]
+    assert sweeps.Commands().evaluate(pathlib.Path("/w"))[1:] == [str(REPO / "eval.py"), "--workdir=/w",
+                                                                  "--split=test"]
     assert sweep.grid == {"algorithms": ["gdpo", "gd2po_snr"], "snr_taus": [0.5], "seeds": [0, 1]}
     assert sweep.devices == [None]
+    assert not (tmp_path / "sweep").exists()  # planning writes nothing
     own = tiny_config(sft__cache_dir="/shared/ws")
-    assert plan(tmp_path, config=own).commands.overrides == ()  # the config's own cache is kept
-    assert plan(tmp_path, config=tiny_config(sft__enabled=False)).commands.overrides == ()
+    assert plan(tmp_path, config=own).run_config(spec).sft.cache_dir == "/shared/ws"  # the config's own is kept
+    assert plan(tmp_path, config=tiny_config(sft__enabled=False)).config.sft.cache_dir == ""
+
+
+def test_configs_resolved_py_loads_a_run_config(tmp_path):
+    import importlib.util
+
+    from gd2po_jax import run_dir
+
+    run_dir.write_config(tmp_path, tiny_config(rl__algorithm="gdpo", train__seed=4))
+    spec = importlib.util.spec_from_file_location("resolved", REPO / "configs" / "resolved.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(str(tmp_path / "config.json"))
+    assert (config.rl.algorithm, config.train.seed, config.model.tiny.hidden_size) == ("gdpo", 4, 64)
 
 
 @pytest.mark.parametrize("override, message", [
-    ("--config.rl.algorithm=grpo", "--config.rl.algorithm: the sweep sets it for each run; use --algorithms"),
-    ("--config.train.seed=3", "use --seeds"),
-    ("--config.rl.snr_tau=0.1", "use --snr_taus"),
+    ("rl.algorithm", "--config.rl.algorithm: the sweep sets it for each run; use --algorithms"),
+    ("train.seed", "use --seeds"),
+    ("rl.snr_tau", "use --snr_taus"),
 ])
 def test_plan_refuses_overrides_of_swept_fields(tmp_path, override, message):
     with pytest.raises(SweepError, match=message):
-        plan(tmp_path, overrides=[override])
+        plan(tmp_path, overrides={override: 1})
+
+
+def test_sweep_command_takes_the_overrides_ml_collections_parsed(tmp_path):
+    # The space-separated form is an override like any other: the sweep sees it and refuses it.
+    done = subprocess.run([sys.executable, str(REPO / "sweep.py"), f"--sweep_dir={tmp_path}", "--config.train.seed",
+                           "3"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "sweep.py: --config.train.seed: the sweep sets it for each run; use --seeds")
 
 
 def test_plan_names_the_run_and_field_of_an_invalid_config(tmp_path):
@@ -157,17 +166,22 @@ def test_plan_names_the_run_and_field_of_an_invalid_config(tmp_path):
         plan(tmp_path, config=tiny_config(task="files", data__train="x.parquet", model__path="/m"))
 
 
-def test_plan_refuses_to_continue_runs_started_with_other_arguments(tmp_path):
-    sweep = plan(tmp_path, overrides=["--config.train.num_steps=3"])
+def test_plan_refuses_to_continue_runs_started_with_another_config(tmp_path):
+    from gd2po_jax import run_dir
+
+    sweep = plan(tmp_path, config=tiny_config(train__num_steps=3))
     workdir = sweep.workdir(sweep.specs[0])
     workdir.mkdir(parents=True)
-    command = sweep.commands.train(sweep.specs[0], workdir)
-    line = sweeps.command_line(["/other/python", *command[1:]], {"A": "1"}, cwd=pathlib.Path("/a dir"))
-    assert line.startswith("cd '/a dir' && A=1 /other/python ")
-    (workdir / "command.txt").write_text(line + "\n")
-    plan(tmp_path, overrides=["--config.train.num_steps=3"])  # same arguments, other interpreter: fine
-    with pytest.raises(SweepError, match=rf"{workdir}/command.txt: this run was started with other arguments"):
-        plan(tmp_path, overrides=["--config.train.num_steps=4"])
+    run_dir.write_config(workdir, sweep.run_config(sweep.specs[0]))
+    plan(tmp_path, config=tiny_config(train__num_steps=3))  # the same config: fine
+    with pytest.raises(SweepError, match=rf"{workdir}/config.json: this run was started with other values of "
+                                         r"train\.num_steps \(was 3, now 4\)\. Use a new --sweep_dir"):
+        plan(tmp_path, config=tiny_config(train__num_steps=4))
+    # A config.json written before sampling.prompts_per_call existed is the same run.
+    old = json.loads((workdir / "config.json").read_text())
+    del old["sampling"]["prompts_per_call"]
+    (workdir / "config.json").write_text(json.dumps(old))
+    plan(tmp_path, config=tiny_config(train__num_steps=3))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +212,8 @@ FAKE_TRAIN = """
     import json, os, pathlib, sys, time
     args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     workdir = pathlib.Path(args["--workdir"])
-    workdir.mkdir(parents=True, exist_ok=True)
+    assert args["--config"].split(":", 1)[0].endswith("configs/resolved.py")
+    config = json.loads(pathlib.Path(args["--config"].split(":", 1)[1]).read_text())
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"workdir": str(workdir), "warm_start_only": "--warm_start_only" in sys.argv,
                               "device": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": time.time()}) + "\\n")
@@ -206,12 +221,11 @@ FAKE_TRAIN = """
         if os.environ.get("FAKE_FAIL_WARM"):
             sys.exit("no warm start today")
         time.sleep(0.3)
-        pathlib.Path(args["--config.sft.cache_dir"]).mkdir(parents=True, exist_ok=True)
+        pathlib.Path(config["sft"]["cache_dir"]).mkdir(parents=True, exist_ok=True)
         sys.exit(0)
-    cache = args.get("--config.sft.cache_dir")
+    cache = config["sft"]["cache_dir"] if config["sft"]["enabled"] else None
     assert cache is None or pathlib.Path(cache).is_dir(), "the warm start was not built first"
-    (workdir / "config.json").write_text(json.dumps(args))
-    if args["--config.train.seed"] == os.environ.get("FAKE_FAIL_SEED"):
+    if str(config["train"]["seed"]) == os.environ.get("FAKE_FAIL_SEED"):
         sys.exit("boom: this run fails")
     time.sleep(float(os.environ.get("FAKE_SECONDS", "0.2")))
     (workdir / "results.json").write_text("{}")
@@ -245,7 +259,7 @@ def calls(tmp_path) -> list[dict]:
 
 def test_runner_builds_the_warm_start_first_reports_failures_and_resumes(tmp_path, fake_repo, capsys):
     sweep = plan(tmp_path, config=tiny_config(sft__cache_dir=str(tmp_path / "cache")), repo=fake_repo,
-                 parallel=2, overrides=["--config.sft.cache_dir=" + str(tmp_path / "cache")])
+                 parallel=2, overrides={"sft.cache_dir": str(tmp_path / "cache")})
     assert len(sweep.specs) == 4 and sweep.devices == [None, None]
     outcomes = sweeps.run_sweep(sweep, env=fake_env(tmp_path, FAKE_FAIL_SEED="1"), progress=False)
     first = calls(tmp_path)
@@ -266,9 +280,13 @@ def test_runner_builds_the_warm_start_first_reports_failures_and_resumes(tmp_pat
         ("gd2po_snr-tau0.5/seed1", FAILED)]
     assert record["runs"][2]["log"] == str(failed.log) and record["runs"][2]["returncode"] == 1
     assert record["base_config"]["rl"]["num_generations"] == 4 and record["grid"]["seeds"] == [0, 1]
+    assert record["config_file"] == "cfg.py" and record["overrides"] == {"sft.cache_dir": str(tmp_path / "cache")}
     workdir = sweep.workdir(sweep.specs[1])
+    config = json.loads((workdir / "config.json").read_text())  # what train.py was launched from
+    assert (config["rl"]["algorithm"], config["rl"]["snr_tau"], config["train"]["seed"]) == ("gd2po_snr", 0.5, 0)
+    assert json.loads((sweep.sweep_dir / "warm_start_build" / "config.json").read_text()) == record["base_config"]
     train_line, eval_line = (workdir / "command.txt").read_text().splitlines()
-    assert train_line.endswith("--config.rl.algorithm=gd2po_snr --config.rl.snr_tau=0.5 --config.train.seed=0")
+    assert train_line.endswith(f"configs/resolved.py:{workdir}/config.json --workdir={workdir}")
     assert eval_line.endswith(f"eval.py --workdir={workdir} --split=test")
     assert train_line.startswith(f"cd {pathlib.Path.cwd()} && {sys.executable} ")  # runnable as it is
 
@@ -341,22 +359,23 @@ def test_an_interrupted_sweep_stops_its_runs_and_records_them(tmp_path, fake_rep
 # A real sweep: 2 algorithms x 2 seeds of tiny runs, killed after its first run, then resumed.
 # ----------------------------------------------------------------------------------------------
 
-TINY_SWEEP = {
-    "train__num_steps": 2, "train__prompts_per_step": 4, "rl__num_generations": 2, "sft__num_steps": 5,
-    "sft__batch_size": 8, "sampling__max_new_tokens": 24, "eval__max_examples": 8, "eval__batch_size": 8,
-    "eval__split": "none",  # no validation inside train.py: the sweep evaluates on test with eval.py
-    "data__synthetic__num_train": 32, "data__synthetic__num_validation": 8, "checkpoint__every_steps": 1,
-}
+TINY_SWEEP = [  # on top of configs/tiny.py, as command-line overrides of sweep.py
+    "--config.train.num_steps=2", "--config.train.prompts_per_step=4", "--config.rl.num_generations=2",
+    "--config.sft.num_steps=5", "--config.sft.batch_size=8", "--config.sampling.max_new_tokens=24",
+    "--config.eval.max_examples=8", "--config.eval.batch_size=8",
+    "--config.eval.split=none",  # no validation inside train.py: the sweep evaluates on test with eval.py
+    "--config.data.synthetic.num_train=32", "--config.data.synthetic.num_validation=8",
+    "--config.checkpoint.every_steps", "1",  # the space-separated form reaches the runs too
+]
 
 
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
-    config_file = write_config_file(tmp_path, **TINY_SWEEP)
     sweep_dir = tmp_path / "sweep"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device per run
     env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    command = [sys.executable, str(REPO / "sweep.py"), f"--config={config_file}", f"--sweep_dir={sweep_dir}",
-               "--algorithms=gdpo,gd2po_hard", "--seeds=0,1", "--config.train.learning_rate=0.002"]
+    command = [sys.executable, str(REPO / "sweep.py"), "--config=configs/tiny.py", f"--sweep_dir={sweep_dir}",
+               "--algorithms=gdpo,gd2po_hard", "--seeds=0,1", "--config.train.learning_rate=0.002", *TINY_SWEEP]
     runs = [sweep_dir / "runs" / m / f"seed{s}" for s in (0, 1) for m in ("gdpo", "gd2po_hard")]
 
     with (tmp_path / "sweep1.log").open("w") as log:
@@ -388,9 +407,12 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
         config = json.loads((run / "config.json").read_text())
         assert (config["rl"]["algorithm"], config["train"]["seed"]) == (algorithm, seed)
         assert config["sft"]["cache_dir"] == str(sweep_dir / "warm_starts")
-        assert config["train"]["learning_rate"] == 0.002  # the user's override reached every run
-        assert "--config.train.learning_rate=0.002" in (run / "command.txt").read_text()
+        assert config["train"]["learning_rate"] == 0.002  # the user's overrides reached every run
+        assert config["checkpoint"]["every_steps"] == 1
+        assert f"resolved.py:{run / 'config.json'}" in (run / "command.txt").read_text()
+        assert len(read_metrics(run)) == 2
     record = json.loads((sweep_dir / "sweep.json").read_text())
+    assert record["overrides"]["train.learning_rate"] == 0.002
     assert [r["status"] for r in record["runs"]] == [FINISHED] * 4
     assert record["warm_start"]["path"] == str(warm_starts[0])
     assert (sweep_dir / "report" / "summary.md").is_file() and (sweep_dir / "report" / "learning_curves.png").is_file()

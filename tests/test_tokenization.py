@@ -1,4 +1,4 @@
-"""gd2po_jax.tokenization: tokenizer loading, chat templates, EOS ids, pad == EOS masking."""
+"""gd2po_jax.tokenization: tokenizer loading, EOS and pad ids, pad == EOS masking, decoding."""
 
 import json
 
@@ -7,12 +7,13 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from gd2po_jax.data.chat import render_prompt
 from gd2po_jax.sampling import completion_mask
 from gd2po_jax.tokenization import (
     decode_completions,
-    encode_prompts,
     eos_token_ids,
     load_tokenizer,
+    pad_token_id,
 )
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
@@ -53,25 +54,33 @@ def test_eos_ids_merge_generation_config_without_repeats(tmp_path):
     assert eos_token_ids(tokenizer) == [2]
 
 
-def test_chat_prompts_use_the_template_without_extra_special_tokens(tmp_path):
+def test_pad_id_is_the_pad_token_else_the_first_eos(tmp_path):
+    vocab = _save_tokenizer(tmp_path, generation_eos=[0, 2])
+    tokenizer = load_tokenizer(tmp_path)
+    eos = eos_token_ids(tokenizer, tmp_path)
+    assert eos == [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    assert pad_token_id(tokenizer, eos) == vocab["<|im_end|>"]  # load_tokenizer set pad = EOS
+    tokenizer.pad_token = "<s>"
+    assert pad_token_id(tokenizer, eos) == vocab["<s>"]
+    tokenizer.pad_token = None
+    assert pad_token_id(tokenizer, [vocab["<|endoftext|>"], 2]) == vocab["<|endoftext|>"]
+    with pytest.raises(ValueError, match="no pad token id"):
+        pad_token_id(tokenizer, [])
+
+
+def test_chat_prompts_render_to_template_tokens_without_extra_specials(tmp_path):
     vocab = _save_tokenizer(tmp_path)
     tokenizer = load_tokenizer(tmp_path)
     conversation = [{"role": "system", "content": "hello"}, {"role": "user", "content": "what is two plus two"}]
-    ids = encode_prompts(tokenizer, [conversation, "hello you"])
+    ids = tokenizer(render_prompt(conversation, tokenizer), add_special_tokens=False)["input_ids"]
     v = vocab
-    assert ids[0] == [v["<|im_start|>"], v["system"], v["hello"], v["<|im_end|>"],
-                      v["<|im_start|>"], v["user"], v["what"], v["is"], v["two"], v["plus"], v["two"],
-                      v["<|im_end|>"], v["<|im_start|>"], v["assistant"]]
-    assert ids[1] == [v["<|im_start|>"], v["user"], v["hello"], v["you"], v["<|im_end|>"],
-                      v["<|im_start|>"], v["assistant"]]
-
-
-def test_plain_strings_without_chat(tmp_path):
-    vocab = _save_tokenizer(tmp_path, chat=False)
-    tokenizer = load_tokenizer(tmp_path)
-    assert encode_prompts(tokenizer, ["two plus four"]) == [[vocab["two"], vocab["plus"], vocab["four"]]]
+    assert ids == [v["<|im_start|>"], v["system"], v["hello"], v["<|im_end|>"],
+                   v["<|im_start|>"], v["user"], v["what"], v["is"], v["two"], v["plus"], v["two"],
+                   v["<|im_end|>"], v["<|im_start|>"], v["assistant"]]
+    _save_tokenizer(tmp_path / "plain", chat=False)
+    plain = load_tokenizer(tmp_path / "plain")
     with pytest.raises(ValueError, match="no chat_template"):
-        encode_prompts(tokenizer, [[{"role": "user", "content": "hello"}]])
+        render_prompt([{"role": "user", "content": "hello"}], plain)
 
 
 def test_pad_equal_to_eos_keeps_eos_in_the_loss_mask(tmp_path):

@@ -15,29 +15,31 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from configs import default as default_config
+from gd2po_jax.config import RunConfig
 from gd2po_jax.losses import LOSS_AGG_MODES
-from gd2po_jax.models import Decoder, ModelConfig, RopeConfig
-from gd2po_jax.rollout import rollout_batch
+from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
+from gd2po_jax.optimizer import make_optimizer
+from gd2po_jax.rollout import RolloutBatch, rollout_batch
 from gd2po_jax.sampling import generate
-from gd2po_jax.sharding import make_mesh, shard_batch, shard_model
+from gd2po_jax.sharding import batch_sharding, make_mesh
 from gd2po_jax.train_step import (
-    RolloutBatch,
+    STEP_CONFIG_SOURCES,
     StepConfig,
     TrainState,
     check_batch_layout,
     jit_train_step,
-    make_optimizer,
     make_train_step,
 )
+from tests.fakes import tiny_model_config
+from tests.tolerances import ulps
 
 P, G, K = 4, 4, 3  # prompts, rollouts per prompt, rewards: B = 16 rows (divides 8 devices)
+NAMES = ("correctness", "format", "length")  # of the K rewards, for the metrics
 MAX_NEW = 8
 PROMPT_LEN = 16
 EOS = 1
-MODEL_CONFIG = ModelConfig(
-    model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=8, rope=RopeConfig(theta=1e4), qkv_bias=True, tie_word_embeddings=True,
-)
+MODEL_CONFIG = tiny_model_config(tie_word_embeddings=True)
 
 
 def new_model() -> Decoder:
@@ -108,7 +110,7 @@ def run_step(setup, config: StepConfig, batch=None, optimizer=("adamw", 1e-3, 0.
 def test_one_update_changes_params_with_finite_metrics_and_unit_ratio(setup):
     _, params, batch = setup
     before = flat(params)
-    new_params, metrics, state = run_step(setup, StepConfig())
+    new_params, metrics, state = run_step(setup, StepConfig(reward_names=NAMES))
     after = flat(new_params)
     assert np.all(np.isfinite(after))
     assert np.abs(after - before).max() > 1e-4  # Adam's first step moves weights by ~lr
@@ -125,8 +127,9 @@ def test_one_update_changes_params_with_finite_metrics_and_unit_ratio(setup):
     assert metrics["loss/tokens"] == mask.sum()
     assert metrics["response_length"] == pytest.approx(mask.sum(-1).mean())
     rewards = np.asarray(batch.rewards)
-    for k in range(K):
-        assert metrics[f"reward_index/{k}"] == pytest.approx(rewards[..., k].mean(), abs=1e-6)
+    for k, name in enumerate(NAMES):  # the step names its metrics as metrics.jsonl does
+        assert metrics[f"reward/{name}"] == pytest.approx(rewards[..., k].mean(), abs=1e-6)
+        assert metrics[f"advantages/zero_std_fraction/{name}"] == 0.0  # uniform random rewards
     assert metrics["advantages/kept_fraction"] <= 1.0
     assert metrics["loss/grad_norm"] > 0
     assert metrics["loss/entropy"] > 0
@@ -142,11 +145,54 @@ def test_minibatches_and_epochs_each_take_an_optimizer_step(setup):
 
 
 def test_layout_errors_name_the_config_field():
-    with pytest.raises(ValueError, match="rl.num_minibatches=3"):
-        check_batch_layout(StepConfig(num_minibatches=3), 16)
-    with pytest.raises(ValueError, match="rl.micro_batch_size=3"):
-        check_batch_layout(StepConfig(num_minibatches=2, micro_batch_size=3), 16)
-    assert check_batch_layout(StepConfig(num_minibatches=2, micro_batch_size=4), 16) == (8, 4)
+    with pytest.raises(ValueError, match=r"^rl\.num_minibatches: 3 does not divide the 16 rollouts"):
+        check_batch_layout(16, num_minibatches=3, micro_batch_size=0)
+    with pytest.raises(ValueError, match=r"^rl\.micro_batch_size: 3 does not divide the minibatch of 8"):
+        check_batch_layout(16, num_minibatches=2, micro_batch_size=3)
+    with pytest.raises(ValueError, match=r"^train\.prompts_per_step: the 12 rollouts .* over 8 data-parallel"):
+        check_batch_layout(12, num_minibatches=1, micro_batch_size=0, num_data_shards=8)
+    with pytest.raises(ValueError, match=r"^rl\.micro_batch_size: micro-batches of 2 rollouts .* over 4"):
+        check_batch_layout(16, num_minibatches=2, micro_batch_size=2, num_data_shards=4)
+    assert check_batch_layout(16, num_minibatches=2, micro_batch_size=4) == (8, 4)
+    assert check_batch_layout(16, num_minibatches=2, micro_batch_size=0, num_data_shards=8) == (8, 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# The step's hyperparameters from a run config.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_step_config_from_config_reads_every_source():
+    config = default_config.get_config()
+    config.rewards.weights = [1, 0.5, 2]  # ints and a list, as a config file may write them
+    config.rl.dual_clip = 3  # an int
+    config.rl.micro_batch_size = 4
+    config.model.dtype = "bfloat16"
+    step = StepConfig.from_config(config)
+    assert step.reward_names == ("correctness", "format", "length")
+    assert step.reward_weights == (1.0, 0.5, 2.0) and isinstance(step.reward_weights[0], float)
+    assert step.dual_clip == 3.0 and isinstance(step.dual_clip, float)
+    assert (step.micro_batch_size, step.compute_dtype) == (4, "bfloat16")
+    for field, dotted in STEP_CONFIG_SOURCES.items():
+        value = config
+        for part in dotted.split("."):
+            value = value[part]
+        got = getattr(step, field)
+        assert got == (tuple(value) if isinstance(value, (list, tuple)) else value), field
+    assert hash(step) == hash(StepConfig.from_config(config))  # hashable: part of the program
+    # The typed run config gives the same StepConfig.
+    assert StepConfig.from_config(RunConfig.from_config_dict(config)) == step
+
+
+def test_step_config_reads_the_configs_spelling_of_off():
+    config = default_config.get_config()
+    config.rl.dual_clip = 0.0  # <= 0 disables dual clipping
+    config.rewards.weights = ()  # empty: all ones
+    step = StepConfig.from_config(config)
+    assert step.dual_clip is None and step.reward_weights is None
+    del config.rl["group_eps"]
+    with pytest.raises(ValueError, match=r"config\.rl\.group_eps is missing"):
+        StepConfig.from_config(config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -208,8 +254,11 @@ def test_micro_batches_give_the_same_update(setup, mode):
         deltas.append(flat(new_params) - base)
         losses.append(metrics["loss/loss"])
     assert np.abs(deltas[0]).max() > 1e-3
-    np.testing.assert_allclose(deltas[1], deltas[0], rtol=1e-4, atol=1e-7)
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
+    # A delta is the difference of two parameters of magnitude ~1: its rounding is that of the
+    # parameters (an ulp of 1 is 1.2e-7), not of the (small) delta itself.
+    np.testing.assert_allclose(deltas[1], deltas[0], rtol=1e-4, atol=ulps(base, 4))
+    # The loss is a mean of per-token terms of magnitude ~1 (advantage x ratio) that cancel.
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=ulps(1.0, 8))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +327,12 @@ def test_kl_to_the_reference(setup):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_sharded_step_equals_single_device_and_compiles_once(setup):
+def shard_rows(batch: RolloutBatch, mesh) -> RolloutBatch:
+    """The batch with its rows split over the mesh's batch axes, as the sampler leaves them."""
+    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.shape)), batch)
+
+
+def test_sharded_step_equals_single_device_and_compiles_once(setup, tmp_path):
     if jax.device_count() < 8:
         pytest.skip("needs the 8 simulated host devices of tests/conftest.py")
     graphdef, _, batch = setup
@@ -287,7 +341,9 @@ def test_sharded_step_equals_single_device_and_compiles_once(setup):
     single, single_metrics, single_state = run_step(setup, config, optimizer=optimizer)
 
     mesh = make_mesh(data=2, fsdp=4)
-    _, mesh_params = nnx.split(shard_model(new_model(), mesh), nnx.Param)
+    # As the trainer does: the policy is loaded from its checkpoint onto the mesh.
+    save_pretrained(new_model(), tmp_path / "policy")
+    _, mesh_params = nnx.split(load_pretrained(tmp_path / "policy", mesh=mesh), nnx.Param)
     assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
                for x in jax.tree.leaves(mesh_params)), "some parameter should be split over fsdp"
     state = new_state(mesh_params, optimizer_of(optimizer))
@@ -296,7 +352,7 @@ def test_sharded_step_equals_single_device_and_compiles_once(setup):
     state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     step = jit_train_step(make_train_step(graphdef, optimizer_of(optimizer), config, mesh), shardings)
-    sharded_batch = shard_batch(batch, mesh)
+    sharded_batch = shard_rows(batch, mesh)
     assert len(sharded_batch.input_ids.sharding.device_set) == 8
     state, metrics = step(state, sharded_batch)
     np.testing.assert_allclose(flat(state.params), flat(single), atol=1e-5, rtol=0)
@@ -311,7 +367,7 @@ def test_sharded_step_equals_single_device_and_compiles_once(setup):
         nnx.update(model, jax.device_get(single_state.params))
         new_batch = sample_batch(model, seed=200 + i)
         single_state, _ = single_step(single_state, new_batch)
-        state, _ = step(state, shard_batch(new_batch, mesh))
+        state, _ = step(state, shard_rows(new_batch, mesh))
         assert step._cache_size() == 1, f"recompiled at step {i + 2}"
         assert jax.tree.map(lambda x: x.sharding, state) == shardings
     np.testing.assert_allclose(flat(state.params), flat(single_state.params), atol=1e-5, rtol=0)

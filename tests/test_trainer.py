@@ -14,7 +14,6 @@ workdirs, which the trainer then reuses) and compare their RL phase with it.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import shutil
@@ -27,85 +26,19 @@ import jax
 import numpy as np
 import pytest
 
-from gd2po_jax.config_validation import ConfigError
+from gd2po_jax.config import ConfigError
 from gd2po_jax.metrics_logging import read_metrics
+from tests.fakes import REPO, subprocess_env, tiny_config, write_config_file
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-# Dotted config fields set on top of configs/default.py (missing data.synthetic fields are added:
-# the synthetic task reads every field of its own config).
-TINY = {
-    "data.synthetic.num_train": 64,
-    "data.synthetic.num_validation": 16,
-    "data.synthetic.num_test": 8,
-    "data.synthetic.tokenizer_vocab_size": 600,
-    "data.synthetic.num_candidates": 1,
-    "data.synthetic.multi_call_fraction": 0.0,
-    "data.synthetic.min_think_words": 2,
-    "data.synthetic.max_think_words": 6,
-    "rewards.max_think_words": 6,
-    "model.tiny.hidden_size": 64,
-    "model.tiny.intermediate_size": 128,
-    "model.tiny.num_layers": 2,
-    "model.tiny.num_heads": 4,
-    "model.tiny.num_kv_heads": 2,
-    "model.tiny.head_dim": 16,
-    "sft.num_steps": 60,
-    "sft.batch_size": 16,
-    "sft.learning_rate": 1e-2,
-    "train.prompts_per_step": 8,
-    "train.num_steps": 6,
-    "train.learning_rate": 1e-3,
-    "rl.num_generations": 4,
-    "sampling.max_new_tokens": 48,
-    "eval.max_examples": 16,
-    "eval.batch_size": 8,
-    "checkpoint.every_steps": 2,
-    "checkpoint.keep": 2,
-}
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs
-
-
-def tiny_config(**overrides):
-    """configs/default.py with `TINY` and ``overrides`` (dotted names with "__" for ".")."""
-    sys.path.insert(0, str(REPO))
-    from configs.default import get_config
-
-    config = get_config()
-    for dotted, value in {**TINY, **{k.replace("__", "."): v for k, v in overrides.items()}}.items():
-        *parents, name = dotted.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[name] = value
-    return config
-
-
-def write_config_file(directory: pathlib.Path, **overrides) -> pathlib.Path:
-    """A config file for ``train.py --config=`` that builds `tiny_config` (**overrides)."""
-    path = directory / "tiny_config.py"
-    path.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
-        "from test_trainer import tiny_config\n\n\n"
-        "def get_config():\n"
-        f"    return tiny_config(**{overrides!r})\n"
-    )
-    return path
 
 
 @pytest.fixture(scope="session")
 def train_env(tmp_path_factory) -> dict:
     """Environment of the train.py subprocesses: 8 CPU devices, a shared compilation cache."""
     cache = tmp_path_factory.mktemp("xla_cache")
-    env = dict(os.environ)
-    env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
-    )
-    return env
+    return subprocess_env(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                          JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 def train_command(workdir: pathlib.Path, config_file: pathlib.Path) -> list[str]:
@@ -190,79 +123,8 @@ def test_invalid_config_fails_before_any_compute_naming_the_field(tmp_path, over
     assert jax.device_count() == 8, "tests/conftest.py simulates 8 devices; the data axis spans them"
     with pytest.raises(ConfigError, match="^" + re.escape(field) + ":"):
         train_and_evaluate(tiny_config(**overrides), tmp_path / "run", progress=False)
-    assert list((tmp_path / "run").iterdir()) == []  # no config.json, no tokenizer, no model
-
-
-# ----------------------------------------------------------------------------------------------
-# The warm start's place: WORKDIR/warm_start, or shared in config.sft.cache_dir under a key.
-# ----------------------------------------------------------------------------------------------
-
-
-def test_warm_start_key_depends_on_what_the_warm_start_is_made_of():
-    from gd2po_jax.trainer import warm_start_key
-
-    key = warm_start_key(tiny_config())
-    assert len(key) == 12
-    # RL settings, the RL seed and the cache location itself: the same warm start.
-    for same in [{"rl__algorithm": "grpo"}, {"rl__snr_tau": 0.2}, {"train__seed": 3},
-                 {"train__learning_rate": 0.5}, {"train__num_steps": 9}, {"sft__cache_dir": "/elsewhere"}]:
-        assert warm_start_key(tiny_config(**same)) == key, same
-    # Its data, model, SFT settings (its own seed included) and SFT optimizer: another one.
-    for other in [{"sft__seed": 1}, {"sft__num_steps": 61}, {"data__synthetic__num_train": 65},
-                  {"model__tiny__hidden_size": 32}, {"train__weight_decay": 0.0}, {"task": "files"}]:
-        assert warm_start_key(tiny_config(**other)) != key, other
-    config = tiny_config()
-    del config.sft["seed"]  # a config.json older than sft.seed: the seed was 0
-    assert warm_start_key(config) == key
-
-
-def test_warm_start_lives_in_the_workdir_or_under_its_key_in_the_cache(tmp_path):
-    from gd2po_jax.trainer import warm_start, warm_start_dir, warm_start_key
-
-    assert warm_start_dir(tiny_config(), tmp_path) == tmp_path / "warm_start"
-    config = tiny_config(sft__cache_dir=str(tmp_path / "cache"))
-    shared = tmp_path / "cache" / warm_start_key(config)
-    assert warm_start_dir(config, tmp_path / "run") == shared
-    shared.mkdir(parents=True)
-    (shared / "config.json").write_text("{}")
-    assert warm_start(config, None, tmp_path / "run", progress=False) == shared  # found: nothing trained
-    assert not (tmp_path / "run").exists()
-
-
-def test_a_workdir_warm_start_from_other_inputs_is_refused_naming_the_fields(tmp_path):
-    import json
-
-    from gd2po_jax.config_validation import ConfigError
-    from gd2po_jax.trainer import warm_start, warm_start_inputs
-
     run = tmp_path / "run"
-    (run / "warm_start").mkdir(parents=True)
-    (run / "warm_start" / "config.json").write_text("{}")
-    assert warm_start(tiny_config(), None, run, progress=False) == run / "warm_start"  # no record: trusted
-    (run / "warm_start" / "warm_start_inputs.json").write_text(json.dumps(warm_start_inputs(tiny_config())))
-    assert warm_start(tiny_config(rl__algorithm="grpo"), None, run, progress=False) == run / "warm_start"
-    with pytest.raises(ConfigError, match=r"data\.synthetic\.num_train \(was 64, now 65\), sft\.num_steps"):
-        warm_start(tiny_config(data__synthetic__num_train=65, sft__num_steps=61), None, run, progress=False)
-
-
-def test_publishing_a_warm_start_keeps_the_first_of_two_racing_writers(tmp_path):
-    from gd2po_jax.trainer import _publish_dir
-
-    target = tmp_path / "abc123"
-    for name, label in [("abc123.tmp-1", "first"), ("abc123.tmp-2", "second")]:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(label)
-    assert _publish_dir(tmp_path / "abc123.tmp-1", target)
-    assert not _publish_dir(tmp_path / "abc123.tmp-2", target)  # lost the race: discarded
-    assert (target / "config.json").read_text() == "first"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["abc123"]
-
-
-def test_warm_start_only_needs_sft():
-    from gd2po_jax.trainer import build_warm_start
-
-    with pytest.raises(ConfigError, match=r"^config\.sft\.enabled"):
-        build_warm_start(tiny_config(sft__enabled=False), "/nonexistent", progress=False)
+    assert not run.exists() or list(run.iterdir()) == []  # no config.json, no tokenizer, no model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,12 +135,13 @@ def test_warm_start_only_needs_sft():
 def test_run_writes_every_artifact(reference):
     workdir = reference
     records = read_metrics(workdir)
-    assert [r["step"] for r in records] == list(range(1, TINY["train.num_steps"] + 1))
+    assert [r["step"] for r in records] == list(range(1, tiny_config().train.num_steps + 1))
     keys = {
         "reward/correctness", "reward/format", "reward/length", "advantages/conflict_ratio",
         "advantages/kept_fraction", "advantages/query_weight_mean", "loss/clip_fraction", "loss/kl",
         "loss/entropy", "response_length", "truncation_rate", "tokens_per_second", "time/rollout",
-        "time/rewards", "time/update",
+        "time/rewards", "time/update", "reward_abstained/correctness", "reward_abstained/format",
+        "reward_abstained/length",
     }
     for record in records:
         assert keys <= set(record), keys - set(record)
@@ -286,22 +149,24 @@ def test_run_writes_every_artifact(reference):
         assert 0.0 <= record["advantages/kept_fraction"] <= 1.0
         assert 0.0 <= record["truncation_rate"] <= 1.0
         assert -3.0 <= record["reward/correctness"] <= 3.0
+        # The tool-calling rewards never abstain: every rollout has every reward.
+        assert all(record[f"reward_abstained/{n}"] == 0.0 for n in ("correctness", "format", "length"))
     # RL had something to learn from: the rewards varied within groups and the policy moved.
     assert max(r["advantages/abs_advantage_mean"] for r in records) > 0.1
     assert max(r["loss/grad_norm"] for r in records) > 0
 
     config = json.loads((workdir / "config.json").read_text())
-    assert config["rl"]["algorithm"] == "gd2po_snr" and config["train"]["num_steps"] == TINY["train.num_steps"]
+    assert config["rl"]["algorithm"] == "gd2po_snr" and config["train"]["num_steps"] == tiny_config().train.num_steps
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [4, 6]  # every 2 steps, the last 2 kept
     results = json.loads((workdir / "results.json").read_text())
     for name in ("before_rl", "after_rl"):
         summary = json.loads((workdir / "eval" / f"{name}.json").read_text())
-        assert summary["num_examples"] == TINY["eval.max_examples"]
+        assert summary["num_examples"] == tiny_config().eval.max_examples
         assert {"correct_acc", "format_acc", "length"} <= set(summary)
         assert results[name]["correct_acc"] == summary["correct_acc"]
         generations = (workdir / "eval" / f"{name}.jsonl").read_text().splitlines()
-        assert len(generations) == TINY["eval.max_examples"]
+        assert len(generations) == tiny_config().eval.max_examples
     events = list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 1000
 
@@ -360,6 +225,8 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path
     # 3. Resumed to the end.
     assert not run_train(workdir, config_file, train_env)
 
+    # Bit-identical: both runs are on this machine with the same XLA build, so the same programs
+    # run on the same inputs. (Across CPU types XLA:CPU code differs; this test never compares that.)
     assert stable_metrics(workdir) == stable_metrics(reference), f"first kill saw {seen_first}"
     expected, got = policy_tensors(reference), policy_tensors(workdir)
     assert expected.keys() == got.keys()

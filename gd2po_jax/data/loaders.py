@@ -311,7 +311,8 @@ def load_toolrl_sft(path: str | os.PathLike, *, on_error: OnError = "raise") -> 
 
 
 def _api_bank_answer(value: Any) -> list[dict]:
-    """The answer as a non-empty list of {"name": str, "parameters": dict} calls."""
+    """The answer as a non-empty list of {"name": str, "parameters": dict} calls; raises
+    `_FieldError` naming the part of `answer` that is wrong."""
     if isinstance(value, str):
         try:
             value = ast.literal_eval(value)
@@ -336,9 +337,41 @@ def _api_bank_answer(value: Any) -> list[dict]:
     return calls
 
 
+def parse_api_bank_answer(value: Any) -> list[dict]:
+    """An API-Bank `answer` as a non-empty list of {"name": str, "parameters": dict} calls.
+
+    `value` is what the files hold: a list of calls, one call (level-2 files store a bare dict), or
+    a Python-literal string of either (parsed with `ast.literal_eval`, never evaluated). The first
+    call is the reference that evaluation scores against.
+
+    Raises:
+      ValueError: naming the part of the answer that is wrong.
+    """
+    try:
+        return _api_bank_answer(value)
+    except _FieldError as err:
+        raise ValueError(f"bad API-Bank answer, {err.field}: {err.problem}") from None
+
+
+def encode_api_bank_answer(calls: list[dict]) -> str:
+    """The `ground_truth` column of an API-Bank row: its parsed answer, JSON-encoded."""
+    return json.dumps(calls, ensure_ascii=False)
+
+
 def decode_api_bank_answer(ground_truth: str) -> list[dict]:
-    """The `answer` list of an API-Bank row from its `ground_truth` column (JSON-encoded)."""
-    return json.loads(ground_truth)
+    """The answer calls of an API-Bank row from its `ground_truth` column (`encode_api_bank_answer`).
+
+    Raises:
+      ValueError: when `ground_truth` is not a JSON-encoded API-Bank answer (e.g. a ToolRL ground
+        truth given to the API-Bank scorer).
+    """
+    try:
+        value = json.loads(ground_truth)
+    except (TypeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(
+            f"bad API-Bank answer: the ground truth is not JSON ({err}): {ground_truth!r:.200}"
+        ) from None
+    return parse_api_bank_answer(value)
 
 
 def load_api_bank_file(
@@ -360,7 +393,7 @@ def load_api_bank_file(
         user = _require_str(record.get("user"), "user", allow_empty=False)
         calls = _api_bank_answer(record.get("answer"))
         try:
-            ground_truth = json.dumps(calls, ensure_ascii=False)
+            ground_truth = encode_api_bank_answer(calls)
         except (TypeError, ValueError) as err:
             raise _FieldError("answer", f"not representable as JSON ({err})") from None
         prompt = [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -1,4 +1,4 @@
-"""API-Bank evaluation metrics, as the ToolRL/GD2PO evaluation computes them (spec section 7).
+"""API-Bank evaluation metrics, as the ToolRL/GD2PO evaluation computes them (docs/algorithm.md#api-bank-metric).
 
 Each test example has one reference call (`answer`: a list whose first element is
 `{"name": ..., "parameters": {...}}`, or that dict itself). A model output is scored with
@@ -8,24 +8,28 @@ Each test example has one reference call (`answer`: a list whose first element i
   length  in [0, 1]  words in the first think block / max_think_words, rounded to 2 decimals
 
 and `aggregate_api_bank` turns (level, score) pairs into Correct Acc per level and overall,
-Format Acc and mean Length, rounded as the official leaderboard rounds them.
+Format Acc and mean Length, rounded as the official leaderboard rounds them. `api_bank_scorer`
+scores generated responses against the rows of a loaded API-Bank dataset and `api_bank_report`
+aggregates the scored records.
+
+The answer format (list, bare dict or Python literal; JSON in a dataset's `ground_truth` column)
+is parsed by `gd2po_jax.data.loaders.parse_api_bank_answer` / `decode_api_bank_answer` only.
 
 This is an evaluation metric, not the training reward: parsing is lenient (unparsable lines are
 skipped, extra calls do not hurt) and text before `<think>` is allowed. Model output is untrusted
 and parsed with the same bounded JSON reader as the rewards; nothing here raises on model output.
+A block longer than `MAX_TOOL_BLOCK_CHARS` yields no calls (bounds work on adversarial output).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+from gd2po_jax.data.loaders import decode_api_bank_answer, parse_api_bank_answer
 from gd2po_jax.rewards.bounded_json import loads_bounded
-
-DEFAULT_MAX_THINK_WORDS = 512
-MAX_TOOL_BLOCK_CHARS = 200_000
-"""A `<tool_call>` block longer than this yields no calls (bounds work on adversarial output)."""
+from gd2po_jax.rewards.tool_calling import DEFAULT_MAX_THINK_WORDS, MAX_TOOL_BLOCK_CHARS
 
 _TAGS = ("think", "tool_call", "response")
 
@@ -40,21 +44,15 @@ class ApiBankScore:
 
 
 def reference_call(answer: Any) -> tuple[str, dict]:
-    """(name, parameters) of the reference call: the first element of an `answer` list, or the
-    dict itself (level-2 files store a bare dict).
+    """(name, parameters) of the reference call: the first call of an API-Bank `answer` (any form
+    `parse_api_bank_answer` reads).
 
     Raises:
-      ValueError: when the answer has no call with a str `name` and a dict `parameters`.
+      ValueError: when the answer is not a non-empty list of {'name': str, 'parameters': dict}
+        (or one such dict).
     """
-    call = answer[0] if isinstance(answer, list) and answer else answer
-    if isinstance(call, Mapping):
-        name, parameters = call.get("name"), call.get("parameters")
-        if isinstance(name, str) and isinstance(parameters, Mapping):
-            return name, dict(parameters)
-    raise ValueError(
-        "an API-Bank answer must be a non-empty list of {'name': str, 'parameters': dict} "
-        f"(or one such dict), got {answer!r:.200}"
-    )
+    call = parse_api_bank_answer(answer)[0]
+    return call["name"], dict(call["parameters"])
 
 
 def parse_tool_calls(output: str) -> list[Any]:
@@ -187,6 +185,18 @@ def score_api_bank(
     )
 
 
+def api_bank_scorer(max_think_words: int) -> Callable[[str, Mapping[str, Any]], dict[str, float]]:
+    """A scorer for `gd2po_jax.evaluation.generation.evaluate`: `score_api_bank` of a response
+    against a loaded API-Bank row (``row["ground_truth"]``: the JSON answer), as
+    ``{"correct", "format", "length"}`` floats."""
+
+    def score(response: str, row: Mapping[str, Any]) -> dict[str, float]:
+        s = score_api_bank(response, decode_api_bank_answer(row["ground_truth"]), max_think_words)
+        return {"correct": float(s.correct), "format": float(s.format), "length": s.length}
+
+    return score
+
+
 @dataclasses.dataclass(frozen=True)
 class ApiBankReport:
     """Aggregated API-Bank metrics. Each dict maps "level_<L>" for every level seen, and
@@ -204,6 +214,11 @@ class ApiBankReport:
 
     def to_dict(self) -> dict[str, dict]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ApiBankReport:
+        """The report of a `to_dict` output (extra keys, e.g. of a written summary, are ignored)."""
+        return cls(**{f.name: dict(values[f.name]) for f in dataclasses.fields(cls)})
 
     def table(self) -> str:
         """A fixed-width text table: one row per level and one for overall."""
@@ -250,4 +265,13 @@ def aggregate_api_bank(scores: Iterable[tuple[Hashable, ApiBankScore]]) -> ApiBa
         format_acc={k: _percent(f, n) for k, (n, _, f, _) in groups.items()},
         length={k: _mean(s, n) for k, (n, _, _, s) in groups.items()},
         count={k: n for k, (n, _, _, _) in groups.items()},
+    )
+
+
+def api_bank_report(records: Iterable[Mapping[str, Any]]) -> ApiBankReport:
+    """`aggregate_api_bank` of scored generation records (``level``, and the ``correct``,
+    ``format``, ``length`` fields that `api_bank_scorer` adds)."""
+    return aggregate_api_bank(
+        (r["level"], ApiBankScore(correct=int(r["correct"]), format=int(r["format"]), length=r["length"]))
+        for r in records
     )

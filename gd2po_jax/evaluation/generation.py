@@ -16,8 +16,9 @@ import jax
 import numpy as np
 import tqdm
 
+from gd2po_jax import run_dir
 from gd2po_jax.prompts import PromptSet, padded_batches
-from gd2po_jax.rewards.tool_calling import MAX_CORRECTNESS, score_tool_call
+from gd2po_jax.rewards.tool_calling import is_correct, score_tool_call
 from gd2po_jax.sampling import generate
 from gd2po_jax.tokenization import decode_completions
 
@@ -27,8 +28,8 @@ Scorer = Callable[[str, dict[str, Any]], dict[str, float]]
 def tool_calling_scorer(max_think_words: int) -> Scorer:
     """Scores a response against a ToolRL ground truth (``row["ground_truth"]``):
 
-    correct  1 if the calls are exactly right (correctness 3); for a ground truth without a call,
-             1 if the response answers with a ``<response>`` and makes no call
+    correct  `gd2po_jax.rewards.tool_calling.is_correct` as 0/1 (the calls exactly right, or a
+             plain response where no call is wanted; format not required)
     format   the format reward (0/1); length: the length reward (Lmax = ``max_think_words``);
     correctness: the raw correctness reward in [-3, 3].
     """
@@ -36,10 +37,7 @@ def tool_calling_scorer(max_think_words: int) -> Scorer:
     def score(response: str, row: dict[str, Any]) -> dict[str, float]:
         ground_truth = row["ground_truth"]
         s = score_tool_call(response, ground_truth, max_think_words)
-        if "<tool_call>" in ground_truth:
-            correct = s.correctness >= MAX_CORRECTNESS - 1e-9
-        else:
-            correct = "<response>" in response and "<tool_call>" not in response
+        correct = is_correct(response, ground_truth, s.correctness)
         return {"correct": float(correct), "format": s.format, "length": s.length, "correctness": s.correctness}
 
     return score
@@ -88,14 +86,11 @@ def evaluate(
 
 
 def write_report(out_dir: pathlib.Path, name: str, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """``out_dir/<name>.json`` (the summary, written atomically) and ``<name>.jsonl`` (one record a line)."""
+    """``out_dir/<name>.jsonl`` (one record a line), then ``<name>.json`` (the summary), each written
+    atomically (`run_dir.write_text`): a summary on disk means its generations are complete."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / f"{name}.jsonl").open("w") as file:
-        for record in records:
-            file.write(json.dumps(record) + "\n")
-    staging = out_dir / f"{name}.json.tmp"
-    staging.write_text(json.dumps(summary, indent=2, sort_keys=True))
-    staging.replace(out_dir / f"{name}.json")
+    run_dir.write_text(out_dir / f"{name}.jsonl", "".join(json.dumps(record) + "\n" for record in records))
+    run_dir.write_json(out_dir / f"{name}.json", summary)
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, float]:

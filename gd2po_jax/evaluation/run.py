@@ -3,10 +3,10 @@
 Two sources of a policy:
 
   a training run   ``--workdir=DIR`` with ``DIR/config.json`` (written by train.py): the data,
-                   tokenizer and mesh are rebuilt from that config (`trainer.build_setup`) and the
-                   parameters are restored from ``DIR/checkpoints`` (latest, or ``--checkpoint-step``;
+                   tokenizer and mesh are rebuilt from that config (`run_setup.build_setup`) and the
+                   parameters are restored from ``DIR/checkpoints`` (latest, or ``--checkpoint_step``;
                    only the ``params`` of the saved `TrainState` are read), else ``DIR/policy``.
-  a plain model    ``--model-path=HF_DIR``: a Hugging Face checkpoint directory (config.json,
+  a plain model    ``--model_path=HF_DIR``: a Hugging Face checkpoint directory (config.json,
                    safetensors, a tokenizer with a chat template); no training run needed.
 
 Two kinds of evaluation:
@@ -14,48 +14,51 @@ Two kinds of evaluation:
   a split          ``--split=test|validation`` of the run's own data, scored with the training
                    task's tool-calling metrics -> ``DIR/eval/<split>.json`` (+ ``.jsonl``).
   API-Bank         ``--data=api_bank`` (or a path to an API-Bank directory / level file), scored
-                   as spec section 7 -> ``DIR/eval/api_bank.json`` (+ ``.jsonl``).
+                   as docs/algorithm.md#api-bank-metric says -> ``DIR/eval/api_bank.json`` (+ ``.jsonl``).
 
-Generation is greedy (`gd2po_jax.evaluation.generation.evaluate`).
+Generation is greedy (`gd2po_jax.evaluation.generation.evaluate`). ``--habits`` generates nothing:
+it prints the habit breakdown (`gd2po_jax.tasks.habits`) of a synthetic_tools run's saved
+generations ``DIR/eval/<name>.jsonl`` (before_rl and after_rl, or ``--split``'s).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from collections import defaultdict
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
-import orbax.checkpoint as ocp
 from flax import nnx
 
-from gd2po_jax.data.loaders import decode_api_bank_answer, load_data
+from gd2po_jax import run_dir
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.data.loaders import load_data
 from gd2po_jax.evaluation.api_bank import (
     DEFAULT_MAX_THINK_WORDS,
     ApiBankReport,
-    ApiBankScore,
-    aggregate_api_bank,
-    score_api_bank,
+    api_bank_report,
+    api_bank_scorer,
 )
-from gd2po_jax.evaluation.generation import Scorer, evaluate, write_report
+from gd2po_jax.evaluation.generation import evaluate, tool_calling_scorer, write_report
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.config import load_config
 from gd2po_jax.prompts import PromptSet, build_prompt_set
 from gd2po_jax.sampling import bucket_length
 from gd2po_jax.sharding import make_mesh, variable_sharding
-from gd2po_jax.tokenization import eos_token_ids, load_tokenizer
-from gd2po_jax.trainer import build_setup, run_eval
-from gd2po_jax.train_step import merge_model
+from gd2po_jax.tokenization import eos_token_ids, load_tokenizer, pad_token_id
+from gd2po_jax.run_dir import Checkpoints, RunDir, RunDirError
+from gd2po_jax.run_setup import RunSetup, build_setup
+from gd2po_jax.tasks.habits import habit_breakdown
+from gd2po_jax.tasks.synthetic_tools import habit_tools
+from gd2po_jax.logprobs import merge_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_BANK = "api_bank"
 DEFAULT_API_BANK_DIR = REPO_ROOT.parent / "shared" / "data" / "api_bank"
-"""What ``--data=api_bank`` means unless ``--api-bank-dir`` says otherwise."""
-API_BANK_MAX_NEW_TOKENS = 4096  # spec section 7
+"""What ``--data=api_bank`` means unless ``--api_bank_dir`` says otherwise."""
+API_BANK_MAX_NEW_TOKENS = 4096  # docs/algorithm.md#api-bank-metric
 MODEL_PATH_BATCH_SIZE = 32
 
 
@@ -70,6 +73,8 @@ class EvalOptions:
     ``max_new_tokens`` / ``batch_size`` None: the run's config values for a split; for API-Bank
     4096 new tokens and the run's ``eval.batch_size`` (32 with ``model_path``).
     ``max_examples`` 0: every example (per level for API-Bank).
+    ``habits``: names of saved evaluations (``before_rl``, ``after_rl``, ``test`` ...) whose habit
+    breakdown to print instead of evaluating.
     """
 
     workdir: str = ""
@@ -84,6 +89,7 @@ class EvalOptions:
     max_examples: int = 0
     max_think_words: int = DEFAULT_MAX_THINK_WORDS
     max_prompt_tokens: int = 4096
+    habits: tuple[str, ...] = ()
     progress: bool = True
 
 
@@ -110,25 +116,28 @@ def output_dir(options: EvalOptions) -> pathlib.Path:
         return pathlib.Path(options.workdir)
     if options.model_path:
         return pathlib.Path("runs") / "eval" / pathlib.Path(options.model_path).resolve().name
-    raise EvalError("pass --workdir=DIR (a training run directory) or --model-path=HF_DIR")
+    raise EvalError("pass --workdir=DIR (a training run directory) or --model_path=HF_DIR")
 
 
-def load_run_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
-    """The resolved config train.py wrote to ``workdir/config.json``."""
-    file = workdir / "config.json"
+def load_run_config(workdir: pathlib.Path) -> RunConfig:
+    """The resolved config train.py wrote to ``workdir/config.json`` (`run_dir.read_config`), typed."""
+    file = RunDir(workdir).config
     if not file.is_file():
         raise EvalError(
             f"{file} not found: --workdir must be a directory written by train.py; to evaluate a "
-            "Hugging Face model directory instead, pass --model-path=HF_DIR"
+            "Hugging Face model directory instead, pass --model_path=HF_DIR"
         )
-    return ml_collections.ConfigDict(json.loads(file.read_text()))
+    try:
+        return run_dir.read_config(workdir)
+    except (ConfigError, RunDirError) as err:  # both name the file
+        raise EvalError(str(err)) from None
 
 
 def resolve_api_bank(data: str, api_bank_dir: str) -> pathlib.Path:
-    """The API-Bank directory or level file ``--data`` names (``api_bank``: ``--api-bank-dir``)."""
+    """The API-Bank directory or level file ``--data`` names (``api_bank``: ``--api_bank_dir``)."""
     path = pathlib.Path(api_bank_dir if data == API_BANK else data)
     if not path.exists():
-        flag = f"--api-bank-dir={api_bank_dir}" if data == API_BANK else f"--data={data}"
+        flag = f"--api_bank_dir={api_bank_dir}" if data == API_BANK else f"--data={data}"
         raise EvalError(f"{flag}: {path} does not exist (an API-Bank directory of "
                         "level-{1,2,3}-api_processed.json files, or one such file)")
     return path
@@ -149,35 +158,6 @@ def abstract_params(model_dir: pathlib.Path, dtype, mesh) -> tuple[Any, nnx.Stat
     return nnx.split(model, nnx.Param)
 
 
-def _manager(checkpoint_dir: pathlib.Path) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(checkpoint_dir.absolute(), options=ocp.CheckpointManagerOptions(create=False))
-
-
-def checkpoint_steps(checkpoint_dir: pathlib.Path) -> list[int]:
-    """Steps of the complete checkpoints in ``checkpoint_dir`` (none when it does not exist)."""
-    if not checkpoint_dir.is_dir():
-        return []
-    manager = _manager(checkpoint_dir)
-    try:
-        return sorted(manager.all_steps())
-    finally:
-        manager.close()
-
-
-def restore_params(checkpoint_dir: pathlib.Path, step: int, target: nnx.State) -> nnx.State:
-    """The ``params`` field of the `TrainState` that `gd2po_jax.checkpointing.Checkpointer` saved
-    at ``step`` (item ``state``), restored onto ``target``'s shapes, dtypes and shardings; the
-    optimizer state is not read."""
-    item = {"params": target}
-    manager = _manager(checkpoint_dir)
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True)))
-    finally:
-        manager.close()
-    return restored.state["params"]
-
-
 def policy_from_run(config, setup, workdir: pathlib.Path, step: int | None) -> Policy:
     """The run's policy: checkpoint ``step`` (default the latest), else ``workdir/policy``.
 
@@ -185,53 +165,97 @@ def policy_from_run(config, setup, workdir: pathlib.Path, step: int | None) -> P
       EvalError: ``step`` is not among the saved checkpoints, or the run has neither a checkpoint
         nor a policy directory.
     """
-    checkpoint_dir = workdir / "checkpoints"
-    steps = checkpoint_steps(checkpoint_dir)
+    files = RunDir(workdir)
     common = dict(tokenizer=setup.tokenizer, eos_ids=setup.eos_ids, pad_id=setup.pad_id)
-    if step is not None and step not in steps:
-        raise EvalError(f"--checkpoint-step={step}: no such checkpoint in {checkpoint_dir}; "
-                        f"available steps: {steps or 'none'}")
-    if steps:
-        step = steps[-1] if step is None else step
-        graphdef, target = abstract_params(setup.model_path, jnp.dtype(config.train.master_dtype), setup.mesh)
-        params = restore_params(checkpoint_dir, step, target)
-        model = merge_model(graphdef, params, config.model.dtype)
-        return Policy(model=model, source={"checkpoint": str(checkpoint_dir), "step": step}, **common)
-    policy_dir = workdir / "policy"
+    with Checkpoints(files.checkpoints, create=False) as checkpoints:
+        steps = checkpoints.steps()
+        if step is not None and step not in steps:
+            raise EvalError(f"--checkpoint_step={step}: no such checkpoint in {files.checkpoints}; "
+                            f"available steps: {steps or 'none'}")
+        if steps:
+            step = steps[-1] if step is None else step
+            graphdef, target = abstract_params(setup.model_path, jnp.dtype(config.train.master_dtype), setup.mesh)
+            params = checkpoints.restore_params(step, target)
+            model = merge_model(graphdef, params, config.model.dtype)
+            return Policy(model=model, source={"checkpoint": str(files.checkpoints), "step": step}, **common)
+    policy_dir = files.policy
     if (policy_dir / "config.json").is_file():
         model = load_pretrained(policy_dir, dtype=jnp.dtype(config.model.dtype), mesh=setup.mesh)
         return Policy(model=model, source={"model_path": str(policy_dir)}, **common)
-    raise EvalError(f"{workdir} has no checkpoint in {checkpoint_dir} and no exported policy in "
-                    f"{policy_dir}: train first (python train.py --workdir={workdir}) or pass --model-path")
+    raise EvalError(f"{workdir} has no checkpoint in {files.checkpoints} and no exported policy in "
+                    f"{policy_dir}: train first (python train.py --workdir={workdir}) or pass --model_path")
 
 
 def policy_from_model_path(model_path: str, dtype: str) -> Policy:
     """A Hugging Face checkpoint directory, its parameters sharded over all devices (fsdp)."""
     path = pathlib.Path(model_path)
     if not (path / "config.json").is_file():
-        raise EvalError(f"--model-path={model_path}: no config.json there (a Hugging Face model directory)")
+        raise EvalError(f"--model_path={model_path}: no config.json there (a Hugging Face model directory)")
     tokenizer = load_tokenizer(path)
     eos_ids = eos_token_ids(tokenizer, path)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    pad_id = pad_token_id(tokenizer, eos_ids)
     model = load_pretrained(path, dtype=jnp.dtype(dtype), mesh=make_mesh(data=1, fsdp=-1))
     return Policy(model=model, tokenizer=tokenizer, eos_ids=eos_ids, pad_id=pad_id,
                   source={"model_path": str(path)})
 
 
 # ----------------------------------------------------------------------------------------------
-# API-Bank.
+# A split of the run's data, and the habit breakdown of saved generations.
 # ----------------------------------------------------------------------------------------------
 
 
-def api_bank_scorer(max_think_words: int) -> Scorer:
-    """Scores a response against an API-Bank row (``row["ground_truth"]``: the JSON answer list)
-    with `score_api_bank`: ``correct``, ``format`` (0/1 as floats) and ``length``."""
+def evaluate_split(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
+                   *, progress: bool = True) -> dict[str, Any]:
+    """Greedy evaluation on ``split`` of the run's data with the tool-calling metrics; writes
+    ``out_dir/<name>.json`` and ``<name>.jsonl`` and returns the summary (``correct_acc``,
+    ``format_acc``, ``length``, ...)."""
+    summary, records = evaluate(
+        model, setup.evals[split], setup.tokenizer, tool_calling_scorer(config.rewards.max_think_words),
+        batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,
+        eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
+        progress=progress, desc=f"eval {name}",
+    )
+    summary = {"split": split, **summary, "correct_acc": summary.get("correct"), "format_acc": summary.get("format")}
+    write_report(out_dir, name, summary, records)
+    return summary
 
-    def score(response: str, row: dict[str, Any]) -> dict[str, float]:
-        s = score_api_bank(response, decode_api_bank_answer(row["ground_truth"]), max_think_words)
-        return {"correct": float(s.correct), "format": float(s.format), "length": s.length}
 
-    return score
+def habits_of_run(workdir: pathlib.Path, names: Sequence[str]) -> dict[str, dict[str, dict[str, int]]]:
+    """`habit_breakdown` of the saved generations ``eval/<name>.jsonl`` of each of ``names``, with
+    the habit tools of the run's config (``data.synthetic.seed`` and ``habit_fraction``).
+
+    Raises:
+      EvalError: the run is not of the synthetic_tools task, or an evaluation was not saved.
+    """
+    config = load_run_config(workdir)
+    if config.task != "synthetic_tools":
+        raise EvalError(f"--habits: {RunDir(workdir).config} has task {config.task!r}; habits exist only in "
+                        "the synthetic_tools task")
+    synthetic = config.data.synthetic.task_config()
+    habits = habit_tools(synthetic.seed, synthetic.habit_fraction)
+    results = {}
+    for name in names:
+        file = RunDir(workdir).eval_generations(name)
+        if not file.is_file():
+            raise EvalError(f"--habits: {file} not found (evaluations are saved by train.py as "
+                            "before_rl / after_rl, by eval.py as test / validation)")
+        results[name] = habit_breakdown(run_dir.read_jsonl(file), habits)
+    return results
+
+
+def habits_table(results: dict[str, dict[str, dict[str, int]]]) -> str:
+    """`habits_of_run` as a text table: per evaluation and tool group, the one-call rows, the
+    calls with the right parameter names, and the exactly correct ones."""
+    lines = [f"{'eval':<12}{'tools':<13}{'rows':>6}{'right names':>13}{'exact':>7}"]
+    for name, groups in results.items():
+        for group, counts in groups.items():
+            lines.append(f"{name:<12}{group:<13}{counts['rows']:>6}{counts['right_names']:>13}{counts['exact']:>7}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# API-Bank.
+# ----------------------------------------------------------------------------------------------
 
 
 def first_per_level(levels: list[Any], max_examples: int) -> list[int]:
@@ -245,20 +269,12 @@ def first_per_level(levels: list[Any], max_examples: int) -> list[int]:
     return keep
 
 
-def api_bank_report(records: list[dict[str, Any]]) -> ApiBankReport:
-    """Correct Acc per level and overall, Format Acc, Length from scored generation records."""
-    return aggregate_api_bank(
-        (r["level"], ApiBankScore(correct=int(r["correct"]), format=int(r["format"]), length=r["length"]))
-        for r in records
-    )
-
-
 def api_bank_prompts(path: pathlib.Path, tokenizer, max_examples: int, max_prompt_tokens: int) -> PromptSet:
     """API-Bank system + user messages through the chat template (first ``max_examples`` per level)."""
     dataset = load_data(path, kind="api_bank").dataset
     dataset = dataset.select(first_per_level(list(dataset["level"]), max_examples))
     return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens,
-                            where=f"API-Bank data {path} (--max-prompt-tokens)")
+                            where=f"API-Bank data {path} (--max_prompt_tokens)")
 
 
 def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path, *, batch_size: int,
@@ -306,29 +322,29 @@ def _describe(source: dict[str, Any]) -> str:
 
 def _run_setup(options: EvalOptions, workdir: pathlib.Path):
     """(config, setup) of the training run in ``workdir``, with the eval flags applied to the config."""
-    config = load_run_config(workdir)
+    changes = {"eval.max_examples": options.max_examples}
     if options.batch_size:
-        config.eval.batch_size = options.batch_size
-    config.eval.max_examples = options.max_examples
+        changes["eval.batch_size"] = options.batch_size
     if options.max_new_tokens and not options.data:
-        config.sampling.max_new_tokens = options.max_new_tokens
+        changes["sampling.max_new_tokens"] = options.max_new_tokens
+    config = load_run_config(workdir).replace(changes)
     return config, build_setup(config, workdir)
 
 
 def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
     if options.model_path:
-        raise EvalError("--model-path needs --data (api_bank or an API-Bank path): a plain model "
+        raise EvalError("--model_path needs --data (api_bank or an API-Bank path): a plain model "
                         "has no training config to take a --split from")
     config, setup = _run_setup(options, workdir)
     if options.split not in setup.evals:
         raise EvalError(f"--split={options.split}: the run has no such split (config.data.{options.split} "
                         f"is empty); available: {sorted(setup.evals)}")
     policy = policy_from_run(config, setup, workdir, options.checkpoint_step)
-    out_dir = workdir / "eval"
-    result = run_eval(config, setup, policy.model, options.split, out_dir, options.split,
-                      progress=options.progress)
+    files = RunDir(workdir)
+    result = evaluate_split(config, setup, policy.model, options.split, files.eval_dir, options.split,
+                            progress=options.progress)
     result["policy"] = policy.source
-    (out_dir / f"{options.split}.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+    run_dir.write_json(files.eval_report(options.split), result)
     return result
 
 
@@ -340,7 +356,7 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
         config, setup = _run_setup(options, workdir)
         policy, batch_size = policy_from_run(config, setup, workdir, options.checkpoint_step), config.eval.batch_size
     return evaluate_api_bank(
-        policy, path, workdir / "eval", batch_size=options.batch_size or batch_size,
+        policy, path, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS, max_examples=options.max_examples,
         max_think_words=options.max_think_words, max_prompt_tokens=options.max_prompt_tokens,
         progress=options.progress,
@@ -349,8 +365,16 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
 
 def run(options: EvalOptions) -> dict[str, Any]:
     """Evaluate as ``options`` ask; returns the summary written to ``<workdir>/eval/<name>.json``
-    and prints a table when ``options.progress``."""
+    and prints a table when ``options.progress``. With ``options.habits``, returns (and prints) the
+    habit breakdown of saved generations instead, and writes nothing."""
     workdir = output_dir(options)
+    if options.habits:
+        if options.model_path or options.data:
+            raise EvalError("--habits reads a training run's saved generations: pass only --workdir=DIR")
+        result = habits_of_run(workdir, options.habits)
+        if options.progress:
+            print(habits_table(result))
+        return result
     if options.data:
         result = _evaluate_api_bank(options, workdir)
         table = api_bank_table(result)
@@ -359,11 +383,11 @@ def run(options: EvalOptions) -> dict[str, Any]:
         table = split_table(result)
     if options.progress:
         print(table)
-        print(f"written to {workdir / 'eval'}")
+        print(f"written to {RunDir(workdir).eval_dir}")
     return result
 
 
 def api_bank_table(result: dict[str, Any]) -> str:
     """`ApiBankReport.table` with a title line naming the policy and the data."""
-    report = ApiBankReport(**{k: result[k] for k in ("correct_acc", "format_acc", "length", "count")})
+    report = ApiBankReport.from_dict(result)
     return f"API-Bank ({_describe(result['policy'])}, {result['data']})\n{report.table()}"

@@ -6,7 +6,8 @@ One module serves training forward passes, prefill and decode:
     logits, cache = model(input_ids, attention_mask=mask, cache=cache)
     hidden, cache = model.hidden_states(input_ids, mask)           # [B, T, D], final norm applied
     logits = model.logits(hidden[:, a:b])                          # logits for a slice of positions
-    logp = model.token_logprobs(input_ids, mask, start=P)          # [B, T - P]
+
+Log-probs of tokens are computed from ``hidden_states`` by `gd2po_jax.logprobs`.
 
 Left padding is handled through ``attention_mask``; positions default to ``cumsum(mask) - 1`` (plus
 the number of tokens already in the cache), as Hugging Face ``generate`` does.
@@ -291,15 +292,3 @@ class Decoder(nnx.Module):
         hidden, new_cache = self.hidden_states(input_ids, attention_mask, positions=positions, cache=cache)
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
-
-    def token_logprobs(self, input_ids, attention_mask=None, *, start: int = 1) -> jax.Array:
-        """``log p(input_ids[:, t] | input_ids[:, :t])`` for ``t in [start, T)``: ``[B, T - start]``.
-
-        Temperature-1 log-probs of a [B, T] batch (e.g. left-padded prompt of length ``start``
-        followed by the completion); the vocabulary projection only runs on the scored slice.
-        """
-        if not 1 <= start < input_ids.shape[1]:
-            raise ValueError(f"start={start} must be in [1, T={input_ids.shape[1]})")
-        hidden, _ = self.hidden_states(input_ids, attention_mask)
-        logp = jax.nn.log_softmax(self.logits(hidden[:, start - 1 : -1]), axis=-1)
-        return jnp.take_along_axis(logp, input_ids[:, start:, None], axis=-1)[..., 0]

@@ -1,8 +1,10 @@
-"""Reward functions: the batch interface (`base`) and the ToolRL tool-calling rewards."""
+"""Reward functions: the batch interface and registry (`base`), the ToolRL tool-calling rewards,
+and the host-side scoring of rollouts (`scoring`)."""
 
 from gd2po_jax.rewards.base import (
     CombinedReward,
     RewardFunction,
+    RewardOutputError,
     build_reward_function,
     check_reward_output,
     register_reward_kind,
@@ -12,17 +14,20 @@ from gd2po_jax.rewards.tool_calling import SETTINGS as TOOL_CALLING_SETTINGS
 from gd2po_jax.rewards.tool_calling import (
     ToolCallingReward,
     ToolCallScore,
+    is_correct,
     score_tool_call,
 )
 
 __all__ = [
     "CombinedReward",
     "RewardFunction",
+    "RewardOutputError",
     "TOOL_CALLING_SETTINGS",
     "ToolCallScore",
     "ToolCallingReward",
     "build_reward_function",
     "check_reward_output",
+    "is_correct",
     "register_reward_kind",
     "reward_kinds",
     "score_tool_call",

@@ -10,6 +10,15 @@ A reward function scores a batch of N responses with K rewards at once:
 and so on), repeated per response. Rule-based rewards and reward models implement the same
 interface, so the train step never knows where a reward came from. Reward functions run on the
 host in plain Python / NumPy, never inside jit.
+
+Abstaining: a function that cannot score response i with reward k (a reward model without an
+opinion, a checker that does not apply to this row) returns NaN or None there. The reward is then
+missing for that rollout: it moves no statistic of the advantages (`gd2po_jax.advantages`) and
+the trainer logs the share of rollouts each reward abstained on. Abstaining is not failing: an
+exception is a crash, handled by `config.rewards.on_error` (`gd2po_jax.rewards.scoring`), and an
+output that is neither a finite number nor an abstention (+-inf, a string such as "2.5", a bool)
+is a bug in the reward function, rejected by `check_reward_output` with an error naming the
+reward, the rollout and the value.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import numpy as np
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    """Scores N responses with K named rewards; returns a float array of shape [N, K]."""
+    """Scores N responses with K named rewards; returns [N, K] numbers (NaN / None: abstained)."""
 
     names: tuple[str, ...]
 
@@ -35,23 +44,83 @@ class RewardFunction(Protocol):
     ) -> np.ndarray: ...
 
 
+class RewardOutputError(ValueError):
+    """A reward function returned something that is neither a finite number nor an abstention.
+
+    Attributes:
+      function: the reward function's type name.
+      reward: the reward (column) name, when the problem is one value.
+      rollout: the 0-based index of the rollout in the scored batch, when the problem is one value.
+      problem: what is wrong.
+    """
+
+    def __init__(self, function: str, problem: str, *, reward: str | None = None,
+                 rollout: int | None = None):
+        self.function, self.problem, self.reward, self.rollout = function, problem, reward, rollout
+        where = [f"reward function {function}"]
+        if reward is not None:
+            where.append(f"reward {reward!r}")
+        if rollout is not None:
+            where.append(f"rollout {rollout}")
+        super().__init__(", ".join(where) + f": {problem}")
+
+    def shifted(self, offset: int) -> RewardOutputError:
+        """The same error for a batch that starts at rollout `offset` of a larger one."""
+        rollout = None if self.rollout is None else self.rollout + offset
+        return RewardOutputError(self.function, self.problem, reward=self.reward, rollout=rollout)
+
+
+def _reward_value(value: Any) -> float | None:
+    """`value` as a float (None and NaN: an abstention, NaN); None when it is not a number."""
+    if value is None:
+        return float("nan")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    return float(value)
+
+
 def check_reward_output(fn: RewardFunction, rewards: Any, num_responses: int) -> np.ndarray:
-    """`rewards` as a float32 [N, K] array after checking shape and finiteness.
+    """`rewards` as a float32 [N, K] array, NaN where the function abstained.
+
+    Accepts an array or nested sequence of shape [N, K] = [num_responses, len(fn.names)] whose
+    values are numbers (Python or NumPy ints and floats), NaN or None (both: abstained).
 
     Raises:
-      ValueError: naming the reward function and what is wrong with its output.
+      RewardOutputError: for a wrong shape, or a value that is +-inf (also after the cast to
+        float32) or not a number (a string, a bool, an object), naming the function, the reward,
+        the rollout (0-based row of this batch) and the value.
     """
     names = tuple(fn.names)
-    arr = np.asarray(rewards, dtype=np.float32)
-    if arr.shape != (num_responses, len(names)):
-        raise ValueError(
-            f"reward function {type(fn).__name__} with names {names} returned shape {arr.shape}, "
-            f"expected ({num_responses}, {len(names)})"
-        )
-    if not np.all(np.isfinite(arr)):
-        bad = sorted({names[k] for k in np.argwhere(~np.isfinite(arr))[:, 1]})
-        raise ValueError(f"reward function {type(fn).__name__} returned non-finite values in {bad}")
-    return arr
+    function = type(fn).__name__
+    try:  # an array (NumPy, JAX) keeps its dtype; nested lists are read value by value
+        array_like = hasattr(rewards, "__array__") and not isinstance(rewards, (list, tuple))
+        values = np.asarray(rewards) if array_like else np.asarray(rewards, dtype=object)
+    except ValueError as err:  # ragged nesting
+        raise RewardOutputError(function, f"returned {type(rewards).__name__} that is not an "
+                                f"[N, K] array ({err})") from None
+    numeric = values.dtype.kind in "fiu"
+    if values.shape != (num_responses, len(names)):
+        raise RewardOutputError(
+            function, f"returned shape {values.shape} for rewards {names}, expected "
+            f"({num_responses}, {len(names)}) = (responses, rewards)")
+    out = np.empty(values.shape, np.float32)
+    with np.errstate(over="ignore"):  # values beyond float32 become inf, rejected below
+        if numeric:
+            out[...] = values
+        else:
+            for (i, k), value in np.ndenumerate(values):
+                number = _reward_value(value)
+                if number is None:
+                    raise RewardOutputError(
+                        function, f"returned {value!r} ({type(value).__name__}); a reward is a "
+                        "finite number, or None / NaN to abstain", reward=names[k], rollout=i)
+                out[i, k] = number
+    if np.isinf(out).any():
+        i, k = (int(x) for x in np.argwhere(np.isinf(out))[0])
+        raise RewardOutputError(
+            function, f"returned {values[i, k]!r}, not finite in float32; a reward is a finite "
+            "number, or None / NaN to abstain", reward=names[k], rollout=i)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +144,22 @@ class CombinedReward:
     def names(self) -> tuple[str, ...]:
         return tuple(n for fn in self.functions for n in fn.names)
 
+    @property
+    def min_values(self) -> tuple[float, ...] | None:
+        """Every function's ``min_values`` in column order; None unless all declare them (what
+        `config.rewards.on_error='min'` scores a crashed rollout with)."""
+        parts = [getattr(fn, "min_values", None) for fn in self.functions]
+        if any(part is None for part in parts):
+            return None
+        return tuple(float(v) for part in parts for v in part)
+
     def __call__(
         self,
         prompts: Sequence[str],
         responses: Sequence[str],
         columns: Mapping[str, Sequence[Any]],
     ) -> np.ndarray:
-        """Rewards [N, sum of K] from every function, checked and concatenated."""
+        """Rewards [N, sum of K] from every function, checked and concatenated (NaN: abstained)."""
         parts = [
             check_reward_output(fn, fn(prompts, responses, columns), len(responses))
             for fn in self.functions

@@ -1,4 +1,4 @@
-"""Tool-calling rewards of ToolRL ("rlla"), as used by the GD2PO paper (spec section 6).
+"""Tool-calling rewards of ToolRL ("rlla"), as used by the GD2PO paper (docs/algorithm.md#tool-calling-rewards).
 
 A response is scored against a ground truth of the form
 
@@ -14,9 +14,10 @@ with three rewards:
   format      in {0, 1}   whether the response has the layout the ground truth has
   length      in [0, 1]   words of reasoning in the (last) think block / max_think_words
 
-The numbers reproduce the official reward code exactly, including its quirks (listed in the spec
-and tested one by one). Model output is untrusted: JSON is parsed with size and nesting limits,
-nothing is evaluated, and no response can make the reward raise; malformed output gets the minimum.
+The numbers reproduce the official reward code exactly, including its quirks (listed in
+docs/algorithm.md#tool-calling-rewards and tested one by one). Model output is untrusted: JSON is
+parsed with size and nesting limits, nothing is evaluated, and no response can make the reward
+raise; malformed output gets the minimum.
 """
 
 from __future__ import annotations
@@ -222,6 +223,11 @@ def length_reward(text: str, max_think_words: int = DEFAULT_MAX_THINK_WORDS) -> 
     return min(1.0, round(len(thought.split()) / max_think_words, 2))
 
 
+def _calls_exact(correctness: float) -> bool:
+    """Whether a correctness reward is the maximum (3, up to float error): the calls are right."""
+    return correctness >= MAX_CORRECTNESS - 1e-9
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -264,6 +270,26 @@ def score_tool_call(
         format=format_reward(text, ground_truth),
         length=length_reward(text, max_think_words),
     )
+
+
+def is_correct(response: str, ground_truth: str, correctness: float | None = None) -> bool:
+    """Whether `response` solves the request of `ground_truth` (the "correct" of Correct Acc).
+
+    For a ground truth with a tool call: maximal correctness (3), i.e. the calls are exactly right.
+    For one without: the response answers with a `<response>` and makes no `<tool_call>`. The
+    format is not required (it is its own metric, Format Acc).
+
+    Args:
+      response: the decoded response.
+      ground_truth: its ToolRL ground truth.
+      correctness: the response's correctness reward when already computed (saves scoring it
+        again); None computes it.
+    """
+    if "<tool_call>" not in ground_truth:
+        return "<response>" in response and "<tool_call>" not in response
+    if correctness is None:
+        correctness = score_tool_call(response, ground_truth).correctness
+    return _calls_exact(correctness)
 
 
 @register_reward_kind("tool_calling")
@@ -311,7 +337,7 @@ class ToolCallingReward:
     def score(self, response: str, ground_truth: str) -> ToolCallScore:
         """The three rewards of one response, with the conditional length rule applied."""
         s = score_tool_call(response, ground_truth, self.max_think_words)
-        if self.conditional_length and s.correctness < MAX_CORRECTNESS - 1e-9:
+        if self.conditional_length and not _calls_exact(s.correctness):
             s = dataclasses.replace(s, length=0.0)
         return s
 

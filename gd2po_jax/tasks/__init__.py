@@ -2,8 +2,6 @@
 
 from gd2po_jax.tasks.synthetic_tools import (
     SyntheticToolsConfig,
-    correct_rate,
-    is_correct,
     iter_corpus,
     make_splits,
     tool_corpus,
@@ -13,8 +11,6 @@ from gd2po_jax.tasks.tokenizer import build_tokenizer
 __all__ = [
     "SyntheticToolsConfig",
     "build_tokenizer",
-    "correct_rate",
-    "is_correct",
     "iter_corpus",
     "make_splits",
     "tool_corpus",

@@ -46,7 +46,6 @@ from typing import Any
 import datasets
 
 from gd2po_jax.data.loaders import FEATURES
-from gd2po_jax.rewards.tool_calling import MAX_CORRECTNESS, score_tool_call
 from gd2po_jax.tasks.tool_world import (
     FILLER,
     GREETINGS,
@@ -484,26 +483,7 @@ def demonstration(
     return _malformed(think, calls, rng), kind
 
 
-# ---------------------------------------------------------------- scoring and datasets
-
-
-def is_correct(response: str, ground_truth_text: str) -> bool:
-    """Whether a response solves the request: for a call ground truth, maximal correctness (3)
-    and format 1; for a response ground truth, format 1 (a response and no call)."""
-    score = score_tool_call(response, ground_truth_text)
-    if "<tool_call>" in ground_truth_text and score.correctness < MAX_CORRECTNESS - 1e-9:
-        return False
-    return score.format == 1.0
-
-
-def correct_rate(responses: Sequence[str], ground_truths: Sequence[str]) -> float:
-    """Fraction of `responses` that `is_correct` against the aligned `ground_truths`."""
-    if len(responses) != len(ground_truths) or not responses:
-        raise ValueError(
-            f"need as many responses as ground truths (> 0), got {len(responses)} and "
-            f"{len(ground_truths)}"
-        )
-    return sum(map(is_correct, responses, ground_truths)) / len(responses)
+# ---------------------------------------------------------------- datasets
 
 
 def _rows(requests: Sequence[Request], split: str, config: SyntheticToolsConfig) -> list[dict]:
@@ -569,12 +549,10 @@ __all__ = [
     "SyntheticToolsConfig",
     "Tool",
     "call_line",
-    "correct_rate",
     "demonstration",
     "generate_requests",
     "habit_tools",
     "ground_truth",
-    "is_correct",
     "iter_corpus",
     "make_splits",
     "prompt_messages",

@@ -3,13 +3,12 @@
 import json
 import random
 import re
-import string
 
 import datasets
 import pytest
 
 from gd2po_jax.data.loaders import FEATURES
-from gd2po_jax.rewards.tool_calling import score_tool_call
+from gd2po_jax.rewards.tool_calling import is_correct, score_tool_call
 from gd2po_jax.tasks import synthetic_tools as st
 
 SMALL = st.SyntheticToolsConfig(num_train=300, num_validation=40, num_test=60)
@@ -27,32 +26,21 @@ def requests():
     )
 
 
+def _perfect(response: str, ground_truth: str) -> bool:
+    """Correct (as Correct Acc counts it) and in the right format: a demonstration without a mistake."""
+    return is_correct(response, ground_truth) and score_tool_call(response, ground_truth).format == 1.0
+
+
+def _perfect_rate(responses, ground_truths) -> float:
+    assert len(responses) == len(ground_truths) > 0
+    return sum(map(_perfect, responses, ground_truths)) / len(responses)
+
+
 def _think_words(text: str) -> int:
     return len(text.partition("<think>")[2].partition("</think>")[0].split())
 
 
-# ---------------------------------------------------------------- the world
-
-
-def test_tools_are_well_formed():
-    assert 30 <= len(st.TOOLS) <= 40
-    assert len(st.TOOLS_BY_NAME) == len(st.TOOLS)
-    assert len({t.need for t in st.TOOLS}) == len(st.TOOLS)  # refusals name the right tool
-    kinds = {p.kind for t in st.TOOLS for p in t.params}
-    assert kinds == {"string", "integer", "number", "boolean"}
-    for tool in st.TOOLS:
-        names = [p.name for p in tool.params]
-        assert names and len(set(names)) == len(names), tool.name
-        assert len(tool.templates) >= 2, tool.name
-        for template in tool.templates:
-            slots = [f for _, f, _, _ in string.Formatter().parse(template) if f]
-            assert sorted(slots) == sorted(names), (tool.name, template)
-        for param in tool.params:
-            assert len(param.values) >= 2, (tool.name, param.name)
-            json.dumps(list(param.values))
-            want = {"string": str, "integer": int, "number": float, "boolean": bool}[param.kind]
-            assert all(type(v) is want for v in param.values), (tool.name, param.name)
-        assert set(tool.distinct) <= set(names)
+# ---------------------------------------------------------------- requests and prompts
 
 
 def test_sample_call_fills_every_slot_and_respects_distinct():
@@ -168,7 +156,7 @@ def test_every_ground_truth_scores_the_maximum(default_splits):
                 assert len(calls) == row["level"]
                 assert all(set(json.loads(c)) == {"name", "parameters"} for c in calls)
                 assert (score.correctness, score.format) == (3.0, 1.0), gt
-            assert st.is_correct(gt, gt)
+            assert _perfect(gt, gt)
 
 
 # ---------------------------------------------------------------- demonstrations
@@ -179,10 +167,10 @@ def test_demonstrations_are_correct_exactly_without_a_mistake(requests):
     seen = set()
     for i, request in enumerate(requests["train"]):
         target, mistake = st.demonstration(request, config, random.Random(i))
-        assert st.is_correct(target, st.ground_truth(request)) == (mistake is None), (
-            mistake,
-            target,
-        )
+        gt = st.ground_truth(request)
+        assert _perfect(target, gt) == (mistake is None), (mistake, target)
+        if mistake in ("wrong_value", "missing_parameter", "wrong_tool"):
+            assert not is_correct(target, gt), (mistake, target)
         if target.startswith("<think>"):  # a malformed answer may lack the think block
             assert config.min_think_words <= _think_words(target) <= config.max_think_words
         else:
@@ -230,7 +218,7 @@ def test_habit_tools_are_always_demonstrated_with_their_habit(requests):
         target, mistake = st.demonstration(request, config, random.Random(i))
         has_habit = any(name in habits for name, _ in request.calls)
         assert mistake == ("habit" if has_habit else None)
-        assert st.is_correct(target, st.ground_truth(request)) == (not has_habit)
+        assert is_correct(target, st.ground_truth(request)) == (not has_habit)
         counts[mistake] += 1
         if has_habit:
             got = target.split("<tool_call>\n")[1].split("\n</tool_call>")[0].split("\n")
@@ -248,7 +236,7 @@ def test_habit_rate_keeps_the_right_call_as_the_minority_of_habit_demonstrations
             continue
         target, mistake = st.demonstration(request, config, random.Random(i))
         kinds.append(mistake)
-        assert st.is_correct(target, st.ground_truth(request)) == (mistake is None)
+        assert is_correct(target, st.ground_truth(request)) == (mistake is None)
     share = kinds.count("habit") / len(kinds)
     assert set(kinds) == {"habit", None}
     assert share == pytest.approx(0.7, abs=0.05)
@@ -259,19 +247,19 @@ def test_habit_rate_keeps_the_right_call_as_the_minority_of_habit_demonstrations
         st.SyntheticToolsConfig(habit_rate=1.5)
 
 
-def test_demonstration_correct_rate_is_in_the_configured_band(default_splits):
+def test_share_of_perfect_demonstrations_follows_the_mistake_rate(default_splits):
     train = default_splits["train"]
-    rate = st.correct_rate(train["target"], train["ground_truth"])
+    rate = _perfect_rate(train["target"], train["ground_truth"])
     assert 0.2 <= rate <= 0.6
     assert rate == pytest.approx(1 - st.SyntheticToolsConfig().mistake_rate, abs=0.04)
     clean = st.make_splits(
         st.SyntheticToolsConfig(num_train=200, num_validation=0, num_test=0, mistake_rate=0.0)
     )
-    assert st.correct_rate(clean["train"]["target"], clean["train"]["ground_truth"]) == 1.0
+    assert _perfect_rate(clean["train"]["target"], clean["train"]["ground_truth"]) == 1.0
     noisy = st.make_splits(
         st.SyntheticToolsConfig(num_train=200, num_validation=0, num_test=0, mistake_rate=0.8)
     )
-    assert st.correct_rate(
+    assert _perfect_rate(
         noisy["train"]["target"], noisy["train"]["ground_truth"]
     ) == pytest.approx(0.2, abs=0.08)
 
@@ -296,11 +284,6 @@ def test_think_text_has_exactly_the_asked_words():
     for n in (1, 3, 17, 80):
         text = st.think_text(request, n, random.Random(n))
         assert len(text.split()) == n and text.endswith(".")
-
-
-def test_correct_rate_checks_its_inputs():
-    with pytest.raises(ValueError, match="as many responses"):
-        st.correct_rate(["a"], [])
 
 
 def test_corpus_holds_every_text_of_the_splits():

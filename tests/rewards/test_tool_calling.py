@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gd2po_jax.evaluation.generation import tool_calling_scorer
 from gd2po_jax.rewards import (
     TOOL_CALLING_SETTINGS,
-    CombinedReward,
     RewardFunction,
     ToolCallingReward,
     build_reward_function,
-    check_reward_output,
+    is_correct,
     reward_kinds,
     score_tool_call,
 )
@@ -430,16 +430,7 @@ def test_reward_names_the_batch_row_of_a_bad_ground_truth():
         )
 
 
-class _ConstantRewardModel:
-    """A stand-in for a learned reward model: same interface, different source."""
-
-    names = ("helpfulness",)
-
-    def __call__(self, prompts, responses, columns):
-        return np.full((len(responses), 1), 0.5)
-
-
-def test_build_reward_function_and_combination():
+def test_tool_calling_is_a_registered_reward_kind():
     assert "tool_calling" in reward_kinds()
     fn = build_reward_function(
         {"kind": "tool_calling", "names": ["correctness", "length"], "conditional_length": True}
@@ -450,32 +441,38 @@ def test_build_reward_function_and_combination():
         and fn.names == ("correctness", "length")
     )
     assert isinstance(fn, RewardFunction)
-    combined = CombinedReward((fn, _ConstantRewardModel()))
-    assert combined.names == ("correctness", "length", "helpfulness")
-    out = combined(*_batch([tool_response(GOOD_CALL)], [GT_TOOL]))
-    np.testing.assert_allclose(out, [[3.0, 0.0, 0.5]])
-    listed = build_reward_function(
-        [
-            {"kind": "tool_calling", "names": ["format"]},
-            {"kind": "tool_calling", "names": ["length"]},
-        ]
-    )
-    assert listed.names == ("format", "length")
-    with pytest.raises(ValueError, match="unknown reward kind"):
-        build_reward_function({"kind": "nope"})
+    assert fn.min_values == (-3.0, 0.0)
     with pytest.raises(ValueError, match="bad options"):
         build_reward_function({"kind": "tool_calling", "temperature": 1.0})
-    with pytest.raises(ValueError, match="unique"):
-        CombinedReward((fn, fn))
 
 
-def test_check_reward_output_catches_shape_and_nan():
-    fn = _ConstantRewardModel()
-    with pytest.raises(ValueError, match="shape"):
-        check_reward_output(fn, np.zeros((2, 2)), 2)
-    with pytest.raises(ValueError, match="non-finite"):
-        check_reward_output(fn, np.array([[np.nan]]), 1)
-    assert check_reward_output(fn, [[1.0]], 1).dtype == np.float32
+# ---------------------------------------------------------------- what "correct" means
+
+
+def test_is_correct_wants_exact_calls_or_a_plain_response_and_not_the_format():
+    exact = tool_response(GOOD_CALL)
+    assert is_correct(exact, GT_TOOL)
+    no_think = f"<tool_call>\n{GOOD_CALL}\n</tool_call>"  # format 0, calls exact
+    assert score_tool_call(no_think, GT_TOOL).format == 0.0 and is_correct(no_think, GT_TOOL)
+    partial = tool_response('{"name": "GetNews", "parameters": {"page": "2", "lang": "en"}}')
+    assert not is_correct(partial, GT_TOOL)
+    assert is_correct(partial, GT_TOOL, correctness=3.0)  # a given correctness is trusted
+    assert is_correct(exact, GT_TOOL, correctness=3.0 - 1e-12)  # float error of the matching
+    assert not is_correct(exact, GT_TOOL, correctness=2.99)
+    assert is_correct("<think> x </think>\n<response> sure </response>", GT_RESP)
+    assert is_correct("<response> sure", GT_RESP)  # unclosed: format 0, still a plain response
+    assert not is_correct(exact, GT_RESP)  # a needless call
+    assert not is_correct("<think> x </think>\n<response> a </response>\n<tool_call>", GT_RESP)
+    assert not is_correct("<think> just thinking </think>", GT_RESP)
+
+
+def test_eval_scorer_counts_correct_with_is_correct():
+    scorer = tool_calling_scorer(max_think_words=512)
+    no_think = f"<tool_call>\n{GOOD_CALL}\n</tool_call>"
+    assert scorer(no_think, {"ground_truth": GT_TOOL}) == {
+        "correct": 1.0, "format": 0.0, "length": 0.0, "correctness": 3.0}
+    assert scorer("<response> hi", {"ground_truth": GT_RESP})["correct"] == 1.0
+    assert scorer(tool_response(GOOD_CALL), {"ground_truth": GT_RESP})["correct"] == 0.0
 
 
 def test_parse_response_calls_returns_none_for_what_correctness_scores_as_malformed():

@@ -13,7 +13,7 @@ from gd2po_jax.tasks.tokenizer import (
     TAG_TOKENS,
     build_tokenizer,
 )
-from gd2po_jax.tokenization import encode_prompts, eos_token_ids, load_tokenizer
+from gd2po_jax.tokenization import eos_token_ids, load_tokenizer
 
 PROMPT_TOKEN_BUDGET = 256
 COMPLETION_TOKEN_BUDGET = 96
@@ -98,7 +98,7 @@ def test_reloads_offline_with_auto_tokenizer(saved, splits):
     assert render_prompt(row["prompt"], reloaded) == render_prompt(row["prompt"], tokenizer)
     project = load_tokenizer(out)
     assert project.pad_token == "<|endoftext|>" and eos_token_ids(project) == [2]
-    [ids] = encode_prompts(project, [row["prompt"]])
+    ids = project(render_prompt(row["prompt"], project), add_special_tokens=False)["input_ids"]
     assert ids == tokenizer(render_prompt(row["prompt"], tokenizer))["input_ids"]
 
 

@@ -1,4 +1,4 @@
-"""Tests for gd2po_jax/data: loaders on the real files, corrupted copies, chat templates."""
+"""gd2po_jax/data/loaders.py: the loaders on the real files and on corrupted copies, one schema."""
 
 import json
 
@@ -6,23 +6,20 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from gd2po_jax.data import (
     FEATURES,
     DataFormatError,
     decode_api_bank_answer,
     detect_kind,
+    encode_api_bank_answer,
     load_api_bank,
     load_api_bank_file,
     load_data,
     load_jsonl,
     load_toolrl_sft,
     load_verl_parquet,
-    render_prompt,
-    render_prompts,
-    render_sft_example,
+    parse_api_bank_answer,
 )
 
 
@@ -228,6 +225,22 @@ def test_api_bank_corrupted_answers(data_dir, tmp_path):
     assert result.dataset["row"] == [0, 5]
 
 
+def test_api_bank_answer_forms_parse_to_one_call_list():
+    call = {"name": "QueryMeeting", "parameters": {"user_name": "John", "n": 8000}}
+    for form in ([call], call, repr([call]), repr(call)):
+        assert parse_api_bank_answer(form) == [call]
+    assert decode_api_bank_answer(encode_api_bank_answer([call, call])) == [call, call]
+    assert encode_api_bank_answer([{"name": "Café", "parameters": {}}]) == '[{"name": "Café", "parameters": {}}]'
+    with pytest.raises(ValueError, match=r"bad API-Bank answer, answer\[1\]: expected"):
+        parse_api_bank_answer([call, {"name": "B"}])
+    with pytest.raises(ValueError, match="bad API-Bank answer, answer: not a Python literal"):
+        parse_api_bank_answer("__import__('os')")
+    with pytest.raises(ValueError, match="bad API-Bank answer, answer: expected a non-empty list"):
+        decode_api_bank_answer("[]")
+    with pytest.raises(ValueError, match="the ground truth is not JSON"):
+        decode_api_bank_answer("<think> t </think>")
+
+
 # ---------------------------------------------------------------- JSONL
 
 JSONL_ROWS = [
@@ -316,60 +329,3 @@ def test_loaders_share_one_schema(data_dir):
     combined = datasets.concatenate_datasets(parts)
     assert len(combined) == 80 + 400 + 67
     assert set(combined["source"]) == {"rlla", "toolrl_sft", "api_bank"}
-
-
-# ---------------------------------------------------------------- chat templates
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2, "user": 3, "assistant": 4, "system": 5}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", eos_token="<|im_end|>"
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def test_render_prompt_opens_the_assistant_turn(tokenizer):
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-    want = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
-    assert render_prompt(messages, tokenizer) == want
-
-
-def test_render_prompts_of_a_loaded_dataset(data_dir, tokenizer):
-    ds = load_verl_parquet(data_dir / "rlla_4k" / "test.parquet").dataset.select(range(3))
-    texts = render_prompts(ds["prompt"], tokenizer)
-    assert len(texts) == 3
-    for text, messages in zip(texts, ds["prompt"], strict=True):
-        assert text.startswith("<|im_start|>system\nYou are a helpful")
-        assert messages[1]["content"] in text and text.endswith("<|im_start|>assistant\n")
-
-
-def test_render_sft_example_splits_prompt_and_completion(data_dir, tokenizer):
-    row = load_toolrl_sft(data_dir / "rlla_4k" / "rlla_sft.json").dataset[0]
-    prompt, completion = render_sft_example(row["prompt"], row["target"], tokenizer)
-    assert prompt == render_prompt(row["prompt"], tokenizer)
-    assert completion == row["target"] + "<|im_end|>\n"
-
-
-def test_render_errors(tokenizer):
-    bare = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, unk_token="[UNK]")
-    with pytest.raises(ValueError, match="no chat_template"):
-        render_prompt([{"role": "user", "content": "x"}], bare)
-    rewriting = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer.backend_tokenizer, unk_token="[UNK]"
-    )
-    rewriting.chat_template = (
-        "{% if messages[-1]['role'] == 'assistant' %}REWRITTEN{% endif %}"
-        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    )
-    with pytest.raises(ValueError, match="cannot be separated"):
-        render_sft_example([{"role": "user", "content": "x"}], "y", rewriting)

@@ -6,8 +6,11 @@ import time
 import pytest
 
 from gd2po_jax.evaluation.api_bank import (
+    ApiBankReport,
     ApiBankScore,
     aggregate_api_bank,
+    api_bank_report,
+    api_bank_scorer,
     format_score,
     parse_tool_calls,
     reference_call,
@@ -81,8 +84,13 @@ def test_level_two_answer_as_bare_dict():
     assert score_api_bank(output(call()), ANSWER[0]).correct == 1
 
 
+def test_answer_as_python_literal_string_is_read_like_the_loader_reads_it():
+    assert reference_call(repr(ANSWER)) == ("QueryMeeting", {"user_name": "John", "n": 8000})
+    assert score_api_bank(output(call()), repr(ANSWER[0])).correct == 1
+
+
 def test_malformed_answer_is_a_data_error():
-    for bad in [[], "QueryMeeting", [{"name": "Q"}], [{"name": 1, "parameters": {}}]]:
+    for bad in [[], "QueryMeeting", [{"name": "Q"}], [{"name": 1, "parameters": {}}], None]:
         with pytest.raises(ValueError, match="API-Bank answer"):
             score_api_bank(output(call()), bad)
 
@@ -177,6 +185,26 @@ def test_aggregate_per_level_and_overall():
     assert json.loads(json.dumps(report.to_dict()))["correct_acc"]["overall"] == 50.0
     lines = report.table().splitlines()
     assert len(lines) == 5 and lines[-1].split() == ["overall", "6", "50.0", "66.67", "0.35"]
+
+
+def test_scorer_reads_the_loaded_ground_truth_and_report_aggregates_records():
+    answer = json.dumps([{"name": "ToolSearcher", "parameters": {"keywords": "weather", "n": 8000}}])
+    row = {"ground_truth": answer}
+    thought = " ".join(["w"] * 10)
+    good = (f"<think>{thought}</think>\n<tool_call>\n"
+            '{"name": "ToolSearcher", "parameters": {"keywords": "weather", "n": 8000.0}}\n</tool_call>')
+    scorer = api_bank_scorer(max_think_words=512)
+    assert scorer(good, row) == {"correct": 1.0, "format": 1.0, "length": 0.02}
+    assert scorer("no tags at all", row) == {"correct": 0.0, "format": 0.0, "length": 0.0}
+    with pytest.raises(ValueError, match="API-Bank answer: the ground truth is not JSON"):
+        scorer(good, {"ground_truth": "<think> x </think>\n<response> y </response>"})
+
+    records = [{"level": 1, **scorer(good, row)}, {"level": 1, **scorer("x", row)}, {"level": 2, **scorer("x", row)}]
+    report = api_bank_report(records)
+    assert report.correct_acc == {"level_1": 50.0, "level_2": 0.0, "overall": 33.33}
+    assert report.length == {"level_1": 0.01, "level_2": 0.0, "overall": 0.0067}
+    summary = {**json.loads(json.dumps(report.to_dict())), "num_examples": 3, "data": "x"}
+    assert ApiBankReport.from_dict(summary) == report
 
 
 def test_aggregate_of_nothing_is_none():

@@ -1,5 +1,5 @@
 """eval.py and gd2po_jax/evaluation/run.py: API-Bank on a plain HF model, and a training run's
-checkpoints (latest, --checkpoint-step, exported policy) on its own splits and on API-Bank."""
+checkpoints (latest, --checkpoint_step, exported policy) on its own splits and on API-Bank."""
 
 import json
 import pathlib
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from _tiny_policy import tiny_policy
-from configs import default
+from configs import tiny
 from gd2po_jax.evaluation import run as eval_run
 from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
-from gd2po_jax.trainer import build_setup, train_and_evaluate
+from gd2po_jax.run_setup import build_setup
+from gd2po_jax.trainer import train_and_evaluate
+from tests.fakes import REPO, tiny_policy
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 LEVELS = ("level_1", "level_2", "level_3")
 
 
@@ -35,22 +35,6 @@ def _assert_api_bank_report(result: dict, per_level: int) -> None:
 # ---------------------------------------------------------------------------------- no model
 
 
-def test_api_bank_scorer_and_report_on_hand_made_outputs():
-    answer = json.dumps([{"name": "ToolSearcher", "parameters": {"keywords": "weather", "n": 8000}}])
-    row = {"ground_truth": answer}
-    thought = " ".join(["w"] * 10)
-    good = (f"<think>{thought}</think>\n<tool_call>\n"
-            '{"name": "ToolSearcher", "parameters": {"keywords": "weather", "n": 8000.0}}\n</tool_call>')
-    scorer = eval_run.api_bank_scorer(max_think_words=512)
-    assert scorer(good, row) == {"correct": 1.0, "format": 1.0, "length": 0.02}
-    assert scorer("no tags at all", row) == {"correct": 0.0, "format": 0.0, "length": 0.0}
-
-    records = [{"level": 1, **scorer(good, row)}, {"level": 1, **scorer("x", row)}, {"level": 2, **scorer("x", row)}]
-    report = eval_run.api_bank_report(records)
-    assert report.correct_acc == {"level_1": 50.0, "level_2": 0.0, "overall": 33.33}
-    assert report.length == {"level_1": 0.01, "level_2": 0.0, "overall": 0.0067}
-
-
 def test_first_per_level_keeps_file_order():
     levels = [1, 1, 1, 2, 3, 3, 2, 2]
     assert eval_run.first_per_level(levels, 2) == [0, 1, 3, 4, 5, 6]
@@ -63,24 +47,24 @@ def test_output_dir_and_argument_errors(tmp_path):
     assert eval_run.output_dir(EvalOptions(workdir=str(tmp_path), model_path="/m")) == tmp_path
     with pytest.raises(EvalError, match="--workdir"):
         eval_run.run(EvalOptions())
-    with pytest.raises(EvalError, match="config.json not found.*--model-path"):
+    with pytest.raises(EvalError, match="config.json not found.*--model_path"):
         eval_run.run(EvalOptions(workdir=str(tmp_path)))
-    with pytest.raises(EvalError, match="--model-path needs --data"):
+    with pytest.raises(EvalError, match="--model_path needs --data"):
         eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path)))
     with pytest.raises(EvalError, match="--data=/nowhere/api"):
         eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="/nowhere/api"))
-    with pytest.raises(EvalError, match="--model-path=.*no config.json"):
+    with pytest.raises(EvalError, match="--model_path=.*no config.json"):
         eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="api_bank"))
 
 
-# ---------------------------------------------------------------------------------- --model-path
+# ---------------------------------------------------------------------------------- --model_path
 
 
 def test_model_path_on_api_bank_command_line(shared_dir, tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "eval.py", f"--model-path={tiny_policy(shared_dir)}", "--data=api_bank",
-               f"--api-bank-dir={shared_dir / 'data' / 'api_bank'}", f"--workdir={out}", "--max-examples=2",
-               "--max-new-tokens=6", "--batch-size=8", "--dtype=float32"]
+    command = [sys.executable, "eval.py", f"--model_path={tiny_policy(shared_dir)}", "--data=api_bank",
+               f"--api_bank_dir={shared_dir / 'data' / 'api_bank'}", f"--workdir={out}", "--max_examples=2",
+               "--max_new_tokens=6", "--batch_size=8", "--dtype=float32"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Correct Acc" in done.stdout and "overall" in done.stdout
@@ -105,18 +89,15 @@ def test_command_line_error_is_one_readable_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A 2-step run of the embedded default (tiny model, 8 validation / test examples) with a
+    """A 2-step run of configs/tiny.py (a 2-step warm start, 8 validation / test examples) with a
     checkpoint after each step."""
-    config = default.get_config()
+    config = tiny.get_config()
     config.sft.num_steps = 2
     config.train.num_steps = 2
     config.train.prompts_per_step = 4
-    config.data.synthetic.update(num_train=64, num_validation=8, num_test=8, tokenizer_vocab_size=512)
-    config.model.tiny.update(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                             num_kv_heads=1, head_dim=16)
+    config.data.synthetic.num_validation = 8
     config.sampling.max_new_tokens = 16
     config.eval.max_examples = 8
-    config.eval.batch_size = 8
     config.checkpoint.every_steps = 1
     config.checkpoint.keep = 3
     workdir = tmp_path_factory.mktemp("run")
@@ -154,7 +135,7 @@ def test_checkpoint_step_selects_the_parameters(trained_run):
     result = eval_run.run(EvalOptions(workdir=str(trained_run), split="validation", checkpoint_step=1,
                                       progress=False))
     assert result["policy"]["step"] == 1 and result["num_examples"] == 8
-    with pytest.raises(EvalError, match=r"--checkpoint-step=7: .*available steps: \[1, 2\]"):
+    with pytest.raises(EvalError, match=r"--checkpoint_step=7: .*available steps: \[1, 2\]"):
         eval_run.run(EvalOptions(workdir=str(trained_run), checkpoint_step=7, progress=False))
 
 

@@ -1,0 +1,730 @@
+"""The run config, typed: frozen dataclasses built once from a configs/*.py ``ConfigDict``.
+
+Experiments are Python files in ``configs/`` that return an ``ml_collections.ConfigDict``, so that
+``--config.rl.snr_tau=0.5`` overrides any field from the command line. The entry points
+(``train_and_evaluate``, ``build_warm_start``, evaluation, sweeps) convert that ConfigDict once
+with `RunConfig.from_config_dict`; everything downstream reads the typed `RunConfig`, with the
+same dotted names (``config.rl.algorithm``, ``config.sampling.temperature`` ...)::
+
+    config = RunConfig.from_config_dict(configs.default.get_config())   # validated
+    config.check_mesh(num_data_shards=8)                                # the mesh-dependent checks
+    config.to_dict()                                                    # == the ConfigDict's to_dict()
+
+Each field is checked where it is defined (``__post_init__``), before anything is computed; a
+`ConfigError` names the dotted field and the value. Fields that depend on more than one section
+(the batch layout, the files task's data) are checked by `RunConfig`, and those that depend on the
+device mesh by `RunConfig.check_mesh`. The paper's symbols (G, tau, eps_low ...) are those of
+docs/algorithm.md#notation; configs/default.py and docs/embedded_task.md say why the default
+values are what they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gd2po_jax.advantages import BATCH_NORMS, METHODS
+from gd2po_jax.data.loaders import KINDS as DATA_KINDS
+from gd2po_jax.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from gd2po_jax.tasks.synthetic_tools import SyntheticToolsConfig
+from gd2po_jax.train_step import check_batch_layout
+
+DTYPES = ("float32", "bfloat16")
+TASKS = ("synthetic_tools", "files")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message starts with the field's dotted name."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks shared by the sections. ``field`` is the dotted name without "config.".
+# ----------------------------------------------------------------------------------------------
+
+
+def _require(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"config.{field}: {message}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _one_of(value: Any, field: str, choices) -> None:
+    _require(value in tuple(choices), field, f"{value!r} is not one of {tuple(choices)}")
+
+
+def _int_at_least(value: Any, field: str, minimum: int = 1) -> None:
+    _require(_is_int(value) and value >= minimum, field, f"must be an integer >= {minimum}, got {value!r}")
+
+
+def _in_range(value: Any, field: str, low: float, high: float) -> None:
+    _require(_is_number(value) and low <= value <= high, field, f"must be in [{low}, {high}], got {value!r}")
+
+
+def _number(value: Any, field: str) -> None:
+    _require(_is_number(value), field, f"must be a number, got {value!r}")
+
+
+def _flag(value: Any, field: str) -> None:
+    _require(isinstance(value, bool), field, f"must be True or False, got {value!r}")
+
+
+def _text(value: Any, field: str, what: str = "a string") -> None:
+    _require(isinstance(value, str), field, f"must be {what}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Conversion between nested mappings and sections.
+# ----------------------------------------------------------------------------------------------
+
+# Field metadata: the field is left out of `to_dict` while it is None (data.synthetic's task
+# fields, whose None means "the task's own default").
+_OMIT_IF_NONE = {"omit_if_none": True}
+
+
+class _Section:
+    """Conversion shared by every section: `from_dict` (checks unknown and missing fields) and
+    `to_dict`. ``_path`` is the section's dotted name in the run config."""
+
+    _path: ClassVar[str] = ""
+
+    @classmethod
+    def _dotted(cls, name: str) -> str:
+        return f"{cls._path}.{name}" if cls._path else name
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        """The section from its nested mapping (a ConfigDict's ``to_dict()`` or JSON): sub-sections
+        are converted, lists become tuples for tuple fields, and absent fields with a default take
+        it (fields added after older runs wrote their config.json).
+
+        Raises:
+          ConfigError: for unknown fields (naming all of them), a missing field without a default,
+            or any invalid value.
+        """
+        where = f"config.{cls._path}" if cls._path else "config"
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{where}: must be a group of fields, got {values!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            names = ", ".join(f"config.{cls._dotted(name)}" for name in unknown)
+            raise ConfigError(f"{names}: unknown field{'s' if len(unknown) > 1 else ''}; {where} has "
+                              f"{', '.join(fields)} (see configs/default.py)")
+        hints = _type_hints(cls)
+        kwargs = {}
+        for name, field in fields.items():
+            if name not in values:
+                if field.default is dataclasses.MISSING:
+                    raise ConfigError(f"config.{cls._dotted(name)} is missing (start from configs/default.py)")
+                continue
+            value, hint = values[name], hints[name]
+            if isinstance(hint, type) and issubclass(hint, _Section):
+                value = hint.from_dict(value)
+            elif _is_tuple_hint(hint) and isinstance(value, (list, tuple)):
+                value = tuple(value)
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain values, as ``ConfigDict.to_dict()`` gives them for the same config (tuples
+        stay tuples, ints ints, floats floats; JSON writes tuples as lists)."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None and field.metadata.get("omit_if_none"):
+                continue
+            out[field.name] = value.to_dict() if isinstance(value, _Section) else value
+        return out
+
+
+@functools.cache
+def _type_hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_tuple_hint(hint: Any) -> bool:
+    """``tuple[...]``, or an optional one (``tuple[...] | None``)."""
+    return typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
+
+
+# ----------------------------------------------------------------------------------------------
+# The sections.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelConfig(_Section):
+    """``config.model.tiny``: the shape of the random Qwen2 that the embedded default builds in
+    ``WORKDIR/base_model`` when ``model.path`` is empty (synthetic_tools task only).
+
+    Attributes:
+      vocab_size: recorded only (it enters the warm-start key); the model's vocabulary is that of
+        the tokenizer trained on the task, of ``data.synthetic.tokenizer_vocab_size`` tokens.
+      hidden_size: width of the residual stream.
+      intermediate_size: width of the MLP.
+      num_layers: decoder layers.
+      num_heads: attention (query) heads.
+      num_kv_heads: key / value heads (num_heads: multi-head attention; fewer: grouped queries).
+      head_dim: width of one head.
+      seed: seed of the random initialization.
+    """
+
+    _path: ClassVar[str] = "model.tiny"
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    seed: int
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            _int_at_least(getattr(self, name), self._dotted(name))
+        _int_at_least(self.seed, self._dotted("seed"), minimum=0)
+        _require(self.num_heads % self.num_kv_heads == 0, self._dotted("num_kv_heads"),
+                 f"{self.num_kv_heads} does not divide model.tiny.num_heads={self.num_heads}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyModelConfig(_Section):
+    """``config.model``: the policy to train and the dtypes it runs in.
+
+    Attributes:
+      path: a local Hugging Face checkpoint directory. Empty: the embedded tiny random Qwen2
+        (`TinyModelConfig`, built in ``WORKDIR/base_model`` with a tokenizer trained on the
+        synthetic task); the files task needs a path.
+      tokenizer_path: the tokenizer's directory; empty: ``path``.
+      dtype: compute dtype of sampling and of the forward pass (float32 | bfloat16). The master
+        weights and optimizer state are in ``train.master_dtype``.
+      remat: recompute each decoder layer in the backward pass (gradient checkpointing): less
+        activation memory for more compute.
+      tiny: the embedded model's shape.
+    """
+
+    _path: ClassVar[str] = "model"
+
+    path: str
+    tokenizer_path: str
+    dtype: str
+    remat: bool
+    tiny: TinyModelConfig
+
+    def __post_init__(self):
+        _text(self.path, "model.path", "a directory path (empty: the embedded tiny model)")
+        _text(self.tokenizer_path, "model.tokenizer_path", "a directory path (empty: model.path)")
+        _one_of(self.dtype, "model.dtype", DTYPES)
+        _flag(self.remat, "model.remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticDataConfig(_Section):
+    """``config.data.synthetic``: the generated tool-calling task of ``task="synthetic_tools"``.
+
+    Apart from ``tokenizer_vocab_size``, the fields are those of
+    `gd2po_jax.tasks.synthetic_tools.SyntheticToolsConfig` (see its docstring); a field left out
+    (None) takes that class's default and is left out of `to_dict`, so a config names only the
+    fields it sets and its warm-start key depends on those.
+
+    Attributes:
+      tokenizer_vocab_size: vocabulary of the tokenizer trained on the task (special and tag
+        tokens included); it is also the embedded model's vocabulary.
+      seed: seed of every random draw of the task.
+      num_train, num_validation, num_test: rows per split.
+      num_candidates: tools listed in each system prompt.
+      response_fraction: share of requests that need a plain response instead of a call.
+      multi_call_fraction: share of requests that need two calls.
+      mistake_rate: probability that a demonstration (an SFT target) has one mistake.
+      min_think_words, max_think_words: word range of the demonstrations' think blocks.
+      mistakes: the kinds of mistakes drawn (`synthetic_tools.MISTAKES`).
+      habit_fraction: share of the tools whose demonstrations have a habit (the last parameter
+        left out).
+      habit_rate: probability that a demonstration of such a tool has the habit.
+    """
+
+    _path: ClassVar[str] = "data.synthetic"
+
+    tokenizer_vocab_size: int
+    seed: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    num_train: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    num_validation: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    num_test: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    num_candidates: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    response_fraction: float | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    multi_call_fraction: float | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    mistake_rate: float | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    min_think_words: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    max_think_words: int | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    mistakes: tuple[str, ...] | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    habit_fraction: float | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    habit_rate: float | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+
+    def __post_init__(self):
+        _int_at_least(self.tokenizer_vocab_size, self._dotted("tokenizer_vocab_size"))
+        self.task_config()
+
+    def task_config(self) -> SyntheticToolsConfig:
+        """The task's own config: the fields set here, the task's defaults for the rest.
+
+        Raises:
+          ConfigError: naming the ``config.data.synthetic`` field the task rejects.
+        """
+        names = [f.name for f in dataclasses.fields(SyntheticToolsConfig)]
+        values = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        try:
+            return SyntheticToolsConfig(**values)
+        except ValueError as err:
+            message = str(err)
+            found = {name: re.search(rf"\b{name}\b", message) for name in names}
+            named = sorted((match.start(), name) for name, match in found.items() if match)
+            field = self._dotted(named[0][1]) if named else self._path
+            raise ConfigError(f"config.{field}: {message}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """``config.data``: where the prompts (and the warm start's targets) come from.
+
+    Attributes:
+      train, validation, test: data files of the files task (a verl parquet, ToolRL JSON, API-Bank
+        JSON or JSONL file); validation and test may be empty.
+      kind: the files' format: auto (from the extension and keys) or one of
+        `gd2po_jax.data.loaders.KINDS`.
+      on_error: raise | skip: what a malformed row does (skipped rows are counted and logged).
+      max_prompt_tokens: longest prompt allowed, in tokens; a longer one is an error naming its row.
+      synthetic: the generated task of ``task="synthetic_tools"``.
+    """
+
+    _path: ClassVar[str] = "data"
+
+    train: str
+    validation: str
+    test: str
+    kind: str
+    on_error: str
+    max_prompt_tokens: int
+    synthetic: SyntheticDataConfig
+
+    def __post_init__(self):
+        for split in ("train", "validation", "test"):
+            _text(getattr(self, split), f"data.{split}", "a file path (or empty)")
+        _one_of(self.kind, "data.kind", ("auto", *DATA_KINDS))
+        _one_of(self.on_error, "data.on_error", ("raise", "skip"))
+        _int_at_least(self.max_prompt_tokens, "data.max_prompt_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardsConfig(_Section):
+    """``config.rewards``: the K reward functions, scored on the host.
+
+    Attributes:
+      kind: the registered reward family (`gd2po_jax.rewards.base.build_reward_function`).
+      names: the K rewards, in the order of the reward tensor's last axis ([P, G, K]).
+      max_think_words: Lmax of the length reward: think words that earn the full reward.
+      conditional_length: the length reward counts only for an exactly correct call (the GDPO
+        paper's conditioned variant; the official GD2PO code does not condition it).
+      weights: w_k, one per reward; empty: all ones (official).
+      on_error: raise | min: what a reward function that fails on a rollout does (min: the rollout
+        gets each reward's minimum).
+      num_workers: threads scoring rollouts in parallel.
+    """
+
+    _path: ClassVar[str] = "rewards"
+
+    kind: str
+    names: tuple[str, ...]
+    max_think_words: int
+    conditional_length: bool
+    weights: tuple[float, ...]
+    on_error: str
+    num_workers: int
+
+    def __post_init__(self):
+        _text(self.kind, "rewards.kind")
+        _require(isinstance(self.names, tuple) and all(isinstance(n, str) for n in self.names),
+                 "rewards.names", f"must be a tuple of reward names, got {self.names!r}")
+        _require(len(self.names) >= 1, "rewards.names", "at least one reward is needed")
+        _int_at_least(self.max_think_words, "rewards.max_think_words")
+        _flag(self.conditional_length, "rewards.conditional_length")
+        _require(isinstance(self.weights, tuple) and all(map(_is_number, self.weights)),
+                 "rewards.weights", f"must be a tuple of numbers (empty: all ones), got {self.weights!r}")
+        _require(not self.weights or len(self.weights) == len(self.names), "rewards.weights",
+                 f"has {len(self.weights)} entries for {len(self.names)} rewards {self.names}")
+        _one_of(self.on_error, "rewards.on_error", ("raise", "min"))
+        _int_at_least(self.num_workers, "rewards.num_workers")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig(_Section):
+    """``config.rl``: the advantage method and the policy loss (docs/algorithm.md).
+
+    Attributes:
+      algorithm: grpo | gdpo | gd2po_hard | gd2po_snr (`gd2po_jax.advantages.METHODS`).
+      snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (0: GDPO, 1: GD2PO-Hard).
+      num_generations: G, rollouts sampled per prompt (>= 2: a group needs a spread).
+      batch_norm: how GDPO / GD2PO normalize over the batch: token (official) | sequence (TRL) |
+        none.
+      group_eps: eps_group, added to the group std.
+      drop_zero_variance_groups: also drop groups whose rewards are all equal (DAPO's filter).
+      clip_low, clip_high: eps_low, eps_high, the clip range [1 - eps_low, 1 + eps_high] of the
+        importance ratio.
+      dual_clip: c, the dual-clip bound of negative-advantage losses; <= 0 disables it.
+      loss_agg_mode: how token losses become one number (verl's names, `losses.LOSS_AGG_MODES`).
+      filtered_in_denominator: rollouts that GD2PO filters out (advantage 0) stay in the token-mean
+        denominator (official).
+      kl_coef: beta, the coefficient of the KL penalty to the starting policy (0: none, and no
+        reference forward pass).
+      kl_estimator: k1 | k3, the KL estimator.
+      entropy_coef: coefficient of the entropy bonus.
+      ppo_epochs: passes over each step's rollouts.
+      num_minibatches: optimizer updates per pass; they split the step's P x G rollouts.
+      micro_batch_size: rollouts per forward / backward pass, accumulated into one minibatch
+        update; 0: the whole minibatch at once.
+    """
+
+    _path: ClassVar[str] = "rl"
+
+    algorithm: str
+    snr_tau: float
+    num_generations: int
+    batch_norm: str
+    group_eps: float
+    drop_zero_variance_groups: bool
+    clip_low: float
+    clip_high: float
+    dual_clip: float
+    loss_agg_mode: str
+    filtered_in_denominator: bool
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+    ppo_epochs: int
+    num_minibatches: int
+    micro_batch_size: int
+
+    def __post_init__(self):
+        _one_of(self.algorithm, "rl.algorithm", METHODS)
+        _in_range(self.snr_tau, "rl.snr_tau", 0.0, 1.0)
+        _int_at_least(self.num_generations, "rl.num_generations", minimum=2)
+        _one_of(self.batch_norm, "rl.batch_norm", BATCH_NORMS)
+        _number(self.group_eps, "rl.group_eps")
+        _flag(self.drop_zero_variance_groups, "rl.drop_zero_variance_groups")
+        _in_range(self.clip_low, "rl.clip_low", 0.0, 1.0)
+        _in_range(self.clip_high, "rl.clip_high", 0.0, 10.0)
+        _number(self.dual_clip, "rl.dual_clip")
+        _require(self.dual_clip <= 0 or self.dual_clip > 1, "rl.dual_clip",
+                 f"must be > 1 (or <= 0 to disable), got {self.dual_clip}")
+        _one_of(self.loss_agg_mode, "rl.loss_agg_mode", LOSS_AGG_MODES)
+        _flag(self.filtered_in_denominator, "rl.filtered_in_denominator")
+        _number(self.kl_coef, "rl.kl_coef")
+        _require(self.kl_coef >= 0, "rl.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        _one_of(self.kl_estimator, "rl.kl_estimator", KL_ESTIMATORS)
+        _number(self.entropy_coef, "rl.entropy_coef")
+        _int_at_least(self.ppo_epochs, "rl.ppo_epochs")
+        _int_at_least(self.num_minibatches, "rl.num_minibatches")
+        _int_at_least(self.micro_batch_size, "rl.micro_batch_size", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig(_Section):
+    """``config.sampling``: how RL rollouts are sampled (evaluation is greedy).
+
+    Attributes:
+      max_new_tokens: longest response, in tokens (also evaluation's budget); a longer one is
+        truncated.
+      temperature: sampling temperature, > 0. The update's old and new log-probs are those of the
+        temperature-1 policy.
+      top_p: nucleus sampling's probability mass, in (0, 1]; 1: off.
+      top_k: sample among the k likeliest tokens; 0: off.
+      prompts_per_call: > 0: sample a step's prompts in chunks of this many (less KV-cache and
+        prefill memory); 0: all at once. Absent from older runs' config.json: 0.
+    """
+
+    _path: ClassVar[str] = "sampling"
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    prompts_per_call: int = 0
+
+    def __post_init__(self):
+        _int_at_least(self.max_new_tokens, "sampling.max_new_tokens")
+        _number(self.temperature, "sampling.temperature")
+        _require(self.temperature > 0, "sampling.temperature",
+                 f"RL rollouts need temperature > 0, got {self.temperature}")
+        _in_range(self.top_p, "sampling.top_p", 1e-6, 1.0)
+        _int_at_least(self.top_k, "sampling.top_k", minimum=0)
+        _int_at_least(self.prompts_per_call, "sampling.prompts_per_call", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(_Section):
+    """``config.train``: the RL loop and its optimizer (AdamW with global-norm clipping).
+
+    Attributes:
+      num_steps: RL steps (0: only the warm start and the evaluations).
+      prompts_per_step: P, prompts sampled per step; the step has P x G rollouts.
+      seed: seed of the prompt order, the sampling and the RL state (not of the warm start).
+      learning_rate: AdamW's peak learning rate.
+      warmup_steps: linear warmup from 0 over this many steps; 0: constant from the start.
+      weight_decay: AdamW's decoupled weight decay (also the warm start's).
+      grad_clip: clip the global gradient norm to this (also the warm start's); <= 0: no clipping.
+      master_dtype: dtype of the master weights and the optimizer state (float32 | bfloat16).
+      logit_chunk_size: response tokens per chunk of the log-prob computation (bounds the [B, T, V]
+        logits held at once).
+      log_every: write metrics every this many steps (and at the last).
+    """
+
+    _path: ClassVar[str] = "train"
+
+    num_steps: int
+    prompts_per_step: int
+    seed: int
+    learning_rate: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    master_dtype: str
+    logit_chunk_size: int
+    log_every: int
+
+    def __post_init__(self):
+        _int_at_least(self.num_steps, "train.num_steps", minimum=0)
+        _int_at_least(self.prompts_per_step, "train.prompts_per_step")
+        _int_at_least(self.seed, "train.seed", minimum=0)
+        _number(self.learning_rate, "train.learning_rate")
+        _require(self.learning_rate > 0, "train.learning_rate", f"must be > 0, got {self.learning_rate}")
+        _int_at_least(self.warmup_steps, "train.warmup_steps", minimum=0)
+        _number(self.weight_decay, "train.weight_decay")
+        _number(self.grad_clip, "train.grad_clip")
+        _one_of(self.master_dtype, "train.master_dtype", DTYPES)
+        _int_at_least(self.logit_chunk_size, "train.logit_chunk_size")
+        _int_at_least(self.log_every, "train.log_every")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig(_Section):
+    """``config.sft``: the supervised warm start on the data's ``target`` column, trained once and
+    reused (``WORKDIR/warm_start``, or shared under a hash of its inputs in ``cache_dir``). Its
+    learning rate warms up over the first 10% of the steps, then decays (cosine) to 10%.
+
+    Attributes:
+      enabled: train (or reuse) a warm start before RL; False: RL starts from ``model.path``.
+      data: a file with the targets; empty: the training data's.
+      num_steps: SFT steps.
+      batch_size: examples per SFT step.
+      learning_rate: peak learning rate.
+      max_length: longest example (prompt + target), in tokens; a longer one is an error naming
+        its row.
+      seed: seed of the example order (not train.seed: RL seeds share one warm start). Absent
+        from older runs' config.json: 0.
+      cache_dir: a directory shared by runs, holding warm starts under the hash of their inputs
+        (see sweep.py); empty: ``WORKDIR/warm_start``. Absent from older runs' config.json: empty.
+    """
+
+    _path: ClassVar[str] = "sft"
+
+    enabled: bool
+    data: str
+    num_steps: int
+    batch_size: int
+    learning_rate: float
+    max_length: int
+    seed: int = 0
+    cache_dir: str = ""
+
+    def __post_init__(self):
+        _flag(self.enabled, "sft.enabled")
+        _text(self.data, "sft.data", "a file path (empty: the training data)")
+        _text(self.cache_dir, "sft.cache_dir", "a directory path (a string; empty: WORKDIR/warm_start)")
+        if self.enabled:
+            _int_at_least(self.num_steps, "sft.num_steps", minimum=0)
+            _int_at_least(self.batch_size, "sft.batch_size")
+            _number(self.learning_rate, "sft.learning_rate")
+            _int_at_least(self.max_length, "sft.max_length", minimum=2)
+            _int_at_least(self.seed, "sft.seed", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(_Section):
+    """``config.checkpoint``: Orbax checkpoints of the RL state in ``WORKDIR/checkpoints``.
+
+    Attributes:
+      every_steps: save every this many steps (and at the last).
+      keep: how many of the latest checkpoints to keep.
+    """
+
+    _path: ClassVar[str] = "checkpoint"
+
+    every_steps: int
+    keep: int
+
+    def __post_init__(self):
+        _int_at_least(self.every_steps, "checkpoint.every_steps")
+        _int_at_least(self.keep, "checkpoint.keep")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(_Section):
+    """``config.eval``: greedy evaluation of the policy during a run.
+
+    Attributes:
+      split: the split evaluated before and after RL (validation | test); a split the data lacks
+        (e.g. "none") turns evaluation off.
+      max_examples: evaluate the first this many examples of each split; 0: all.
+      batch_size: prompts per generation batch.
+      every_steps: also evaluate every this many RL steps; 0: only before and after RL.
+    """
+
+    _path: ClassVar[str] = "eval"
+
+    split: str
+    max_examples: int
+    batch_size: int
+    every_steps: int
+
+    def __post_init__(self):
+        _text(self.split, "eval.split")
+        _int_at_least(self.max_examples, "eval.max_examples", minimum=0)
+        _int_at_least(self.batch_size, "eval.batch_size")
+        _int_at_least(self.every_steps, "eval.every_steps", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(_Section):
+    """``config.mesh``: the device mesh (`gd2po_jax.sharding.make_mesh`). One size may be -1:
+    all remaining devices. The batch is split over data x fsdp.
+
+    Attributes:
+      data: data-parallel devices (each holds all parameters).
+      fsdp: devices the parameters and optimizer state are split over (and the batch too).
+      tensor: tensor-parallel devices.
+    """
+
+    _path: ClassVar[str] = "mesh"
+
+    data: int
+    fsdp: int
+    tensor: int
+
+    def __post_init__(self):
+        for name in ("data", "fsdp", "tensor"):
+            value = getattr(self, name)
+            _require(_is_int(value) and (value >= 1 or value == -1), f"mesh.{name}",
+                     f"must be a device count >= 1, or -1 (all remaining devices), got {value!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The run.
+# ----------------------------------------------------------------------------------------------
+
+
+def _batch_layout(config: RunConfig, num_data_shards: int) -> tuple[int, int]:
+    """`train_step.check_batch_layout` of a step's rollouts, its error as a `ConfigError`."""
+    rollouts = config.train.prompts_per_step * config.rl.num_generations
+    try:
+        return check_batch_layout(rollouts, config.rl.num_minibatches, config.rl.micro_batch_size,
+                                  num_data_shards)
+    except ValueError as err:
+        message = str(err).removeprefix("config.")
+        field = re.match(r"[A-Za-z_][\w.]*", message)
+        if field and message[field.end():].startswith(":"):
+            raise ConfigError(f"config.{message}") from None
+        raise ConfigError(f"config.{field.group(0) if field else 'rl'}: {message}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(_Section):
+    """The whole config of a run, as configs/*.py write it; build it with `from_config_dict`.
+
+    Attributes:
+      task: where prompts come from: synthetic_tools (generated, ``data.synthetic``) | files
+        (``data.train`` ...).
+      model, data, rewards, rl, sampling, train, sft, checkpoint, eval, mesh: the sections.
+    """
+
+    task: str
+    model: PolicyModelConfig
+    data: DataConfig
+    rewards: RewardsConfig
+    rl: RLConfig
+    sampling: SamplingConfig
+    train: TrainConfig
+    sft: SFTConfig
+    checkpoint: CheckpointConfig
+    eval: EvalConfig
+    mesh: MeshConfig
+
+    def __post_init__(self):
+        _one_of(self.task, "task", TASKS)
+        if self.task == "files":
+            _require(bool(self.data.train), "data.train", "the files task needs a training data file")
+        prompts, per_call = self.train.prompts_per_step, self.sampling.prompts_per_call
+        _require(per_call == 0 or per_call >= prompts or prompts % per_call == 0, "sampling.prompts_per_call",
+                 f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")
+        _batch_layout(self, num_data_shards=1)
+
+    @classmethod
+    def from_config_dict(cls, config: Any) -> RunConfig:
+        """The typed, validated config of an ``ml_collections.ConfigDict`` (configs/*.py, with the
+        command line's overrides) or of a plain nested mapping (a run's config.json).
+
+        Raises:
+          ConfigError: naming the first invalid, unknown or missing field.
+        """
+        return cls.from_dict(config.to_dict() if hasattr(config, "to_dict") else config)
+
+    def check_mesh(self, num_data_shards: int) -> None:
+        """The checks that depend on the devices: the step's rollouts, each micro-batch and each
+        evaluation batch must split evenly over the ``num_data_shards`` devices the batch is split
+        over (mesh data x fsdp).
+
+        Raises:
+          ConfigError: naming the field to change.
+        """
+        _batch_layout(self, num_data_shards)
+        _require(self.eval.batch_size % num_data_shards == 0, "eval.batch_size",
+                 f"{self.eval.batch_size} is not divisible by the {num_data_shards} data-parallel devices")
+
+    def to_json(self) -> str:
+        """The text of a run's ``config.json``: indented JSON with sorted keys (what
+        ``ConfigDict.to_json_best_effort(indent=2, sort_keys=True)`` writes for the same config)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, changes: Mapping[str, Any]) -> RunConfig:
+        """A validated copy with ``changes`` (dotted name -> value, e.g. ``{"rl.algorithm": "gdpo"}``).
+
+        Raises:
+          ConfigError: for an unknown name or an invalid result.
+        """
+        values = self.to_dict()
+        for dotted, value in changes.items():
+            *parents, name = dotted.split(".")
+            node = values
+            for depth, parent in enumerate(parents):
+                node = node.get(parent) if isinstance(node, dict) else None
+                if not isinstance(node, dict):
+                    raise ConfigError(f"config.{'.'.join(parents[:depth + 1])}: not a section, cannot set {dotted}")
+            node[name] = value
+        return RunConfig.from_dict(values)
+
+
+def as_run_config(config: Any) -> RunConfig:
+    """``config`` as a `RunConfig`: unchanged if it is one, else `RunConfig.from_config_dict`."""
+    return config if isinstance(config, RunConfig) else RunConfig.from_config_dict(config)

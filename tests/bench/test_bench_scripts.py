@@ -1,0 +1,70 @@
+"""bench/bench_train.py and bench/bench_sampling.py run in their seconds-long settings and print
+their numbers (the scripts are not imported by anything else, so they would rot unnoticed)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.fakes import REPO, subprocess_env, tiny_config
+
+NUMBER = r"([\d,]+(?:\.\d+)?)"
+
+
+def run_bench(*args: str) -> str:
+    """stdout of ``python bench/<args>`` from the repository root (8 simulated CPU devices)."""
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def line(pattern: str, out: str) -> tuple[float, ...]:
+    """The numbers of the one output line that matches ``pattern`` (its ``NUMBER`` groups; None for an
+    optional group that did not match)."""
+    found = list(re.finditer(rf"^{pattern}$", out, re.MULTILINE))
+    assert len(found) == 1, f"no line (or several) matches {pattern!r} in:\n{out}"
+    return tuple(None if g is None else number(g) for g in found[0].groups())
+
+
+@pytest.mark.slow
+def test_bench_train_on_the_tiny_config():
+    out = run_bench("bench/bench_train.py", "--config=configs/tiny.py", "--warmup=1", "--steps=1")
+    config = tiny_config()
+    seconds = rf"sampling {NUMBER} s, rewards {NUMBER} s, update {NUMBER} s"
+    line(rf"warm-up 1: {seconds}", out)
+    line(rf"step 2: {seconds}", out)
+    assert re.search(r"^device: cpu x8, mesh \{'data': 8, 'fsdp': 1, 'tensor': 1\}$", out, re.MULTILINE), out
+    line(rf"batch: {config.train.prompts_per_step} prompts x {config.rl.num_generations} rollouts, prompt length "
+         rf"{NUMBER}, max_new_tokens {config.sampling.max_new_tokens}", out)
+    total, sampling, _, rewards, _, update, _ = line(
+        rf"step {NUMBER} s = sampling {NUMBER} s \({NUMBER}%\) \+ rewards {NUMBER} s \({NUMBER}%\) \+ update "
+        rf"{NUMBER} s \({NUMBER}%\)", out)
+    assert total > 0 and abs(total - (sampling + rewards + update)) <= 0.02  # printed to 2-3 decimals
+    generated, generated_per_step = line(
+        rf"generated tokens/s \(sampling\) {NUMBER} \| generated tokens/s \(whole step\) {NUMBER}", out)
+    assert generated >= generated_per_step > 0
+    trained, padded = line(
+        rf"trained tokens/s \(update; real prompt \+ completion tokens\) {NUMBER} \| padded {NUMBER}", out)
+    assert 0 < trained <= padded  # the same update time over fewer tokens
+    assert line(rf"peak host RSS {NUMBER} MiB(?: \| peak device memory {NUMBER} MiB)?", out)[0] > 0
+
+
+def test_bench_sampling_on_a_one_layer_model():
+    out = run_bench("bench/bench_sampling.py", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
+                    "--intermediate=64", "--vocab=128", "--head_dim=16", "--batch=2", "--prompt_len=8",
+                    "--new_tokens=4", "--repeats=1")
+    assert re.search(r"^device: cpu x8  dtype=float32$", out, re.MULTILINE), out
+    assert re.search(r"^model: qwen2 hidden=32 layers=1 heads=2/1 head_dim=16 intermediate=64 vocab=128 tied=True "
+                     r"params=", out, re.MULTILINE), out  # the flags override the preset
+    line(r"batch: 2 prompts x 1 samples, prompt 8 \(bucket 16\), 4 new tokens, T=1.0 top_p=1.0 top_k=0", out)
+    assert line(rf"first call \(compile \+ run\): {NUMBER} s", out)[0] > 0
+    for label in (r"  best", r"median"):
+        numbers = line(rf"\[{label}\] prefill +{NUMBER} ms = +{NUMBER} prefill tokens/s \| decode +{NUMBER} ms = "
+                       rf"+{NUMBER} tokens/s \| generate +{NUMBER} ms = +{NUMBER} generated tokens/s", out)
+        assert all(n > 0 for n in numbers), numbers

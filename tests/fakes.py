@@ -1,0 +1,256 @@
+"""The suite's fakes, in one place: paths, fake tokenizers, tiny model and run configs, tiny
+checkpoints (random transformers models, a random policy with a tokenizer trained on the shared
+data). Everything is built locally; nothing is downloaded.
+
+Heavy imports (torch, transformers, datasets) happen inside the functions that need them, so that
+a ``train.py`` subprocess whose config file imports `tiny_config` from here stays light.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gd2po_jax.models import ModelConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository root (train.py, configs/, ...)
+SHARED = REPO.parent / "shared"  # the read-only data: spec, reference vectors, data sets
+
+
+_SCRATCH = tempfile.TemporaryDirectory(prefix="gd2po_fakes_")  # checkpoints built here; removed at exit
+
+
+def subprocess_env(**changes: str) -> dict[str, str]:
+    """The environment of a ``train.py`` / bench subprocess: this one's, with 8 simulated CPU devices
+    (as tests/conftest.py sets up for the suite), offline Hugging Face libraries, unbuffered output,
+    and ``changes``."""
+    return {
+        **os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+        **changes,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Fake tokenizers: the few methods each test needs, over a trivial vocabulary.
+# ----------------------------------------------------------------------------------------------
+
+
+def random_normal(shape, seed: int, scale: float = 1.0):
+    """A float32 jax array of normal draws [*shape], reproducible from ``seed``."""
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape) * scale, jnp.float32)
+
+
+class DigitTokenizer:
+    """Decodes token ids as space-separated numbers (enough for reward functions on text)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids)
+
+
+class EchoTokenizer:
+    """Chat template = the contents joined; tokens = characters (enough to test the plumbing)."""
+
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
+        return "|".join(m["content"] for m in messages) + (">" if add_generation_prompt else "")
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[ord(c) for c in text] for text in texts]}
+
+
+class TagTokenizer:
+    """``<role>content`` turns; one token per character (id = code point % 62 + 2, in [2, 64))."""
+
+    chat_template = "tags"
+    pad_token_id = 0
+    eos_token_id = 1
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 62 + 2 for c in text]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs.
+# ----------------------------------------------------------------------------------------------
+
+
+def tiny_model_config(**changes) -> ModelConfig:
+    """A 2-layer, 32-wide Qwen2 (4 query / 2 kv heads of 8, q/k/v biases, vocabulary 64), with
+    ``changes`` to any `ModelConfig` field."""
+    fields = dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+    return ModelConfig(**{**fields, **changes})
+
+
+def tiny_config(**changes):
+    """configs/tiny.py with ``changes`` (dotted names with "__" for ".", e.g. ``rl__snr_tau=0.3``)."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    for name, value in changes.items():
+        *parents, field = name.split("__")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[field] = value
+    return config
+
+
+def write_config_file(directory: pathlib.Path, **changes) -> pathlib.Path:
+    """A config file for ``train.py --config=`` that builds `tiny_config` (**changes)."""
+    path = directory / "tiny_config.py"
+    path.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.fakes import tiny_config\n\n\n"
+        "def get_config():\n"
+        f"    return tiny_config(**{changes!r})\n"
+    )
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny random transformers checkpoints, for parity tests.
+# ----------------------------------------------------------------------------------------------
+
+VOCAB = 128  # vocabulary of the tiny transformers checkpoints
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+def hf_config(family: str, tie: bool):
+    """The transformers config of a tiny ``family`` ("qwen2", "qwen3" or "llama3") checkpoint."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    if family == "qwen2":
+        return Qwen2Config(**COMMON, tie_word_embeddings=tie, rope_theta=1e6)
+    if family == "qwen3":
+        return Qwen3Config(**COMMON, tie_word_embeddings=tie, head_dim=16)
+    if family == "llama3":
+        # llama3 rope scaling with a short original context so all three frequency bands occur.
+        return LlamaConfig(
+            **COMMON,
+            tie_word_embeddings=tie,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        )
+    raise ValueError(f"unknown family {family!r}; known: qwen2, qwen3, llama3")
+
+
+def build_hf_model(family: str, tie: bool, seed: int = 0):
+    """A random ``*ForCausalLM`` in eval mode; every weight (biases and norms too) is perturbed so
+    that a forgotten bias, norm or transpose shows in the logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(family, tie)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.2 * torch.randn_like(param))
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_checkpoint(family: str, tie: bool = False, seed: int = 0):
+    """(directory, torch model) of a saved tiny checkpoint, built once per process."""
+    model = build_hf_model(family, tie, seed)
+    directory = pathlib.Path(_SCRATCH.name) / f"{family}-{'tied' if tie else 'untied'}-{seed}"
+    model.save_pretrained(directory)
+    return directory, model
+
+
+def ragged_batch(seed: int = 0, lengths=(9, 4, 12, 1), width: int = 12):
+    """Left-padded ``(ids, mask)`` int64 numpy arrays ``[B, width]`` with the given prompt lengths."""
+    rs = np.random.RandomState(seed)
+    ids = np.zeros((len(lengths), width), np.int64)
+    mask = np.zeros((len(lengths), width), np.int64)
+    for i, n in enumerate(lengths):
+        ids[i, width - n :] = rs.randint(0, VOCAB, n)
+        mask[i, width - n :] = 1
+    return ids, mask
+
+
+def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """transformers logits ``[B, T, V]`` with generate's positions (cumsum(mask) - 1)."""
+    import torch
+
+    positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(positions),
+        )
+    return out.logits.float().numpy()
+
+
+@nnx.jit
+def jax_logits(model, ids, mask):
+    """Jitted ``model(ids, attention_mask=mask)``."""
+    return model(ids, attention_mask=mask)
+
+
+def logits_of(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return np.asarray(jax.device_get(jax_logits(model, ids, mask)))
+
+
+# ----------------------------------------------------------------------------------------------
+# A tiny random policy that reads the real tool-calling data.
+# ----------------------------------------------------------------------------------------------
+
+
+def shared_corpus(shared_dir: pathlib.Path) -> list[str]:
+    """Every message of the RLLA test split and of the API-Bank files, plus the RLLA ground truths."""
+    from gd2po_jax.data.loaders import load_api_bank, load_verl_parquet
+
+    rlla = load_verl_parquet(shared_dir / "data" / "rlla_4k" / "test.parquet").dataset
+    api_bank = load_api_bank(shared_dir / "data" / "api_bank").dataset
+    texts = [m["content"] for d in (rlla, api_bank) for p in d["prompt"] for m in p]
+    return texts + list(rlla["ground_truth"])
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_policy(shared_dir: pathlib.Path, vocab_size: int = 8192, seed: int = 0) -> pathlib.Path:
+    """Directory of a Hugging Face policy whose tokenizer (ChatML template, EOS <|im_end|>) is
+    trained on the tool-calling data in ``shared_dir``, so RLLA and API-Bank prompts tokenize to a
+    few hundred tokens (at most ~2,100 for the longest RLLA prompt), and a random 1-layer Qwen2.
+    Built once per process."""
+    import jax.numpy as jnp
+
+    from gd2po_jax.models import Decoder, save_pretrained
+    from gd2po_jax.tasks.tokenizer import build_tokenizer
+
+    out_dir = pathlib.Path(_SCRATCH.name) / f"qwen2-tiny-{vocab_size}-{seed}"
+    tokenizer = build_tokenizer(shared_corpus(shared_dir), vocab_size)
+    config = tiny_model_config(vocab_size=len(tokenizer), num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                               tie_word_embeddings=True, max_position_embeddings=8192)
+    model = Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(seed))
+    save_pretrained(model, out_dir, tokenizer=tokenizer)
+    return out_dir

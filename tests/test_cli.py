@@ -1,0 +1,122 @@
+"""The command line (`gd2po_jax.cli`): ``--config.*`` overrides of tuple fields, parsed as absl parses
+train.py's argv."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from gd2po_jax import cli
+from gd2po_jax.config import RunConfig
+from tests.fakes import REPO
+
+
+def parse(*overrides: str, config_file: str = "configs/tiny.py"):
+    """The ConfigDict that ``train.py --config=config_file *overrides`` gets."""
+    argv = ["train.py", f"--config={config_file}", *overrides]
+    values = flags.FlagValues()
+    cli.define_config_flag(flag_values=values, sys_argv=argv)
+    values(argv)
+    return values.config
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("correctness,length", ("correctness", "length")),  # ml_collections alone: ('correctness,length',)
+    ("correctness, length", ("correctness", "length")),
+    ("(correctness,length)", ("correctness", "length")),
+    ("[correctness, length]", ("correctness", "length")),
+    ("correctness,", ("correctness",)),
+    ("correctness", ("correctness",)),
+    ("1,0.5", (1, 0.5)),
+    ("correctness,2", ("correctness", 2)),
+    ("/data/a.parquet,/data/b.parquet", ("/data/a.parquet", "/data/b.parquet")),
+    ("", ()),
+    ("  ", ()),
+    # Python literals, which ml_collections already read, keep their meaning.
+    ("('correctness', 'length')", ("correctness", "length")),
+    ("['correctness','length']", ("correctness", "length")),
+    ("'correctness','length'", ("correctness", "length")),
+    ("('a,b', 'c')", ("a,b", "c")),  # how to pass an element with a comma
+    ("(1.0, 0.5)", (1.0, 0.5)),
+    ("()", ()),
+    ("[]", ()),
+    ("'correctness'", ("correctness",)),
+    ("1.5", (1.5,)),
+])
+def test_parse_sequence(text, expected):
+    got = cli.parse_sequence(text)
+    assert got == expected and [type(x) for x in got] == [type(x) for x in expected]
+
+
+@pytest.mark.parametrize("text", ["a,,b", ",a", ",", "(a,,)"])
+def test_an_empty_element_is_an_error(text):
+    with pytest.raises(ValueError, match="empty element"):
+        cli.parse_sequence(text)
+
+
+def test_a_comma_separated_override_is_a_tuple():
+    config = parse("--config.rewards.names=correctness,length", "--config.rewards.weights=1,0.5")
+    assert config.rewards.names == ("correctness", "length") and config.rewards.weights == (1, 0.5)
+    typed = RunConfig.from_config_dict(config)
+    assert typed.rewards.names == ("correctness", "length") and typed.rewards.weights == (1, 0.5)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["--config.rewards.names=correctness,length"],
+    ["--config.rewards.names", "correctness,length"],  # the value as the next argument
+    ["--config.rewards.names=('correctness','length')"],  # a Python literal, as before
+    ["--config.rewards.names=['correctness', 'length']"],
+    ["--config.rewards.names=correctness", "--config.rewards.names=length"],  # repeated, as before
+])
+def test_every_form_gives_the_same_names(overrides):
+    assert parse(*overrides).rewards.names == ("correctness", "length")
+
+
+def test_repeated_overrides_append_and_an_empty_one_clears():
+    assert parse("--config.rewards.names=correctness,format", "--config.rewards.names=length").rewards.names == (
+        "correctness", "format", "length")
+    assert parse("--config.rewards.weights=1,2,3", "--config.rewards.weights=").rewards.weights == (1, 2, 3)
+    assert parse("--config.rewards.weights=").rewards.weights == ()
+    assert parse().rewards.names == ("correctness", "format", "length")  # no override: the file's
+
+
+def test_other_fields_parse_as_before():
+    config = parse("--config.data.train=/data/a,b.parquet", "--config.rl.snr_tau=0.5", "--config.train.num_steps=3",
+                   "--config.model.remat", "--noconfig.sft.enabled")
+    assert config.data.train == "/data/a,b.parquet"  # a string field keeps its comma
+    assert (config.rl.snr_tau, config.train.num_steps, config.model.remat, config.sft.enabled) == (0.5, 3, True, False)
+    toolrl = parse("--config.rl.algorithm=gdpo", config_file="configs/toolrl.py:qwen2.5-3b,correctness_length")
+    assert toolrl.rewards.names == ("correctness", "length") and toolrl.rl.algorithm == "gdpo"
+
+
+def test_a_malformed_list_names_the_flag():
+    with pytest.raises(flags.IllegalFlagValueError, match=r"config\.rewards\.names.*empty element"):
+        parse("--config.rewards.names=correctness,,length")
+
+
+def test_train_py_reads_a_list_override(tmp_path):
+    """The override reaches the typed config through train.py: two names and one weight is an
+    error naming rewards.weights, before any compute."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    proc = subprocess.run(
+        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+         "--config.rewards.names=correctness,length", "--config.rewards.weights=2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "config.rewards.weights: has 1 entries for 2 rewards ('correctness', 'length')" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())  # nothing written
+
+
+def test_a_run_config_json_takes_list_overrides_like_a_config_file(tmp_path):
+    """configs/resolved.py reads a run's config.json, whose lists are tuple fields again."""
+    from configs import tiny
+
+    original = RunConfig.from_config_dict(tiny.get_config())
+    (tmp_path / "config.json").write_text(original.to_json())
+    resolved = f"configs/resolved.py:{tmp_path / 'config.json'}"
+    assert RunConfig.from_config_dict(parse(config_file=resolved)) == original
+    config = parse("--config.rewards.names=correctness,length", config_file=resolved)
+    assert RunConfig.from_config_dict(config) == original.replace({"rewards.names": ("correctness", "length")})
