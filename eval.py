@@ -19,6 +19,7 @@ from absl import app, flags
 
 from gd2po_jax import cli
 from gd2po_jax.evaluation.run import DEFAULT_API_BANK_DIR, EvalError, EvalOptions, run
+from gd2po_jax.run_dir import RunDirError
 
 _DEFAULTS = EvalOptions()
 flags.DEFINE_string("workdir", "", "Training run directory (holds config.json); where eval/ reports go.")
@@ -59,7 +60,7 @@ def main(argv):
     cli.start(argv)
     try:
         run(options_from_flags())
-    except EvalError as err:
+    except (EvalError, RunDirError) as err:  # a bad flag or file, a busy workdir, a damaged checkpoint
         raise SystemExit(f"eval.py: {err}") from None
 
 

@@ -4,7 +4,9 @@
     python train.py --config=configs/default.py --workdir=DIR --config.rl.algorithm=gd2po_hard
     python train.py --config=configs/resolved.py:DIR/config.json --workdir=NEW_DIR  # rerun a run's config
 
-Rerunning the same command resumes from the latest checkpoint in the workdir. With
+Rerunning the same command resumes from the latest intact checkpoint in the workdir (a rerun with
+another config is refused, naming the fields: see gd2po_jax/run_dir.py's RESUMABLE_FIELDS); a
+second process on a busy workdir stops at once, naming the holder of WORKDIR/.lock. With
 --warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
 config.sft.cache_dir) and stops; sweep.py does this once before its runs.
 """
@@ -13,6 +15,7 @@ from absl import app, flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import ConfigError
+from gd2po_jax.run_dir import NonFiniteError, RunDirError
 from gd2po_jax.trainer import train_and_evaluate
 from gd2po_jax.warm_start import build_warm_start
 
@@ -29,7 +32,9 @@ def main(argv):
             print(f"warm start: {build_warm_start(FLAGS.config, FLAGS.workdir)}")
         else:
             train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except ConfigError as err:
+    except (ConfigError, RunDirError, NonFiniteError) as err:
+        # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
+        # checkpoint, parameters that became NaN: one line naming the field, file or arrays.
         raise SystemExit(f"train.py: {err}") from None
 
 

@@ -49,6 +49,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.rewards.weights = ()  # w_k, one per reward; empty: all ones (official)
     config.rewards.on_error = "raise"  # raise | min (score a failing rollout as the minimum)
     config.rewards.num_workers = 1  # threads scoring rollouts in parallel
+    config.rewards.timeout_s = 600.0  # a step's scoring may take this long; later calls fail; 0: no limit
+    config.rewards.max_failed_fraction = 0.1  # on_error=min: stop when a reward fails on more of a step
 
     config.rl = ml_collections.ConfigDict()
     config.rl.algorithm = "gd2po_snr"  # grpo | gdpo | gd2po_hard | gd2po_snr
@@ -68,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.ppo_epochs = 1  # passes over each step's rollouts
     config.rl.num_minibatches = 1  # optimizer updates per pass
     config.rl.micro_batch_size = 0  # rollouts per forward / backward pass; 0: the whole minibatch
+    config.rl.tempered_logprobs = False  # True: log-probs at sampling.temperature (verl); False: at 1
 
     config.sampling = ml_collections.ConfigDict()
     config.sampling.max_new_tokens = 96  # longest response (also evaluation's budget)
@@ -87,6 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.master_dtype = "float32"  # optimizer state and master weights
     config.train.logit_chunk_size = 128  # response tokens per chunk of the log-prob computation
     config.train.log_every = 1  # metrics every this many steps
+    config.train.max_consecutive_skipped_steps = 5  # stop after this many steps skipping a non-finite update
 
     # Supervised warm start on the data's `target` column, trained once and reused: in
     # WORKDIR/warm_start, or with sft.cache_dir in CACHE_DIR/<hash of its inputs> (see sweep.py).
@@ -105,7 +109,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint.keep = 2  # the latest checkpoints kept
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.split = "validation"  # evaluated before and after RL; a split the data lacks: none
+    config.eval.split = "validation"  # evaluated before and after RL: validation | test | none
     config.eval.max_examples = 128  # the first N examples; 0: all
     config.eval.batch_size = 64  # prompts per generation batch
     config.eval.every_steps = 0  # 0: only before and after RL

@@ -88,6 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rl.ppo_epochs = 1  # one pass over each step's rollouts
     config.rl.num_minibatches = NUM_MINIBATCHES  # mini-batches of 128 prompts x G
     config.rl.micro_batch_size = micro_batch_size  # rollouts per forward / backward pass (MODELS)
+    config.rl.tempered_logprobs = True  # verl: log-probs at the rollout temperature (1 here: the same)
 
     config.sampling.max_new_tokens = 1024  # longest response
     config.sampling.temperature = 1.0  # of RL rollouts (validation is greedy)
@@ -103,7 +104,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.warmup_steps = 0
     config.train.weight_decay = 0.01
     config.train.grad_clip = 1.0  # global gradient norm
-    config.train.master_dtype = "float32"  # master weights and AdamW state
+    config.train.master_dtype = "float32"  # master weights and AdamW state (bf16 would lose lr-1e-6 updates)
+    config.train.max_consecutive_skipped_steps = 5  # verl skips a non-finite update; stop if it persists
 
     config.sft.enabled = False  # RL starts from the instruct model, as in the paper
 

@@ -144,6 +144,11 @@ def group_normalize(
     ``norm_adv_by_std_in_grpo=False``). A group whose present values are all equal gives exactly 0.
     A group of size G = 1 uses mean 0 and std 1, as verl does.
 
+    With ``[P, G, K]`` values (GDPO and GD2PO's reward-wise step), ``scale="batch"`` pools one std
+    over every value of all K rewards, not one per reward, so the reward with the widest range sets
+    the scale of all. TRL has no such variant: its GDPO always divides each reward by its group std,
+    whatever ``scale_rewards`` says; it matches TRL for GRPO's summed reward only.
+
     Args:
       values: [P, G] or [P, G, K] float32.
       present: same shape, bool: values that exist (not missing, prompt not padded).

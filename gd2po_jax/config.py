@@ -11,7 +11,8 @@ same dotted names (``config.rl.algorithm``, ``config.sampling.temperature`` ...)
     config.to_dict()                                                    # == the ConfigDict's to_dict()
 
 Each field is checked where it is defined (``__post_init__``), before anything is computed; a
-`ConfigError` names the dotted field and the value. Fields that depend on more than one section
+`ConfigError` names the dotted field and the value. Every number must be finite (``inf`` or
+``nan`` from the command line is refused). Fields that depend on more than one section
 (the batch layout, the files task's data) are checked by `RunConfig`, and those that depend on the
 device mesh by `RunConfig.check_mesh`. The paper's symbols (G, tau, eps_low ...) are those of
 docs/algorithm.md#notation; configs/default.py and docs/embedded_task.md say why the default
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 import typing
 from collections.abc import Mapping
@@ -36,6 +38,17 @@ from gd2po_jax.train_step import check_batch_layout
 
 DTYPES = ("float32", "bfloat16")
 TASKS = ("synthetic_tools", "files")
+
+
+EVAL_SPLITS = ("validation", "test", "none")
+"""The values of ``config.eval.split``."""
+
+MIN_BF16_MASTER_LEARNING_RATE = 1e-4
+"""The smallest ``train.learning_rate`` that ``train.master_dtype="bfloat16"`` accepts. An AdamW
+update (about lr per step) rounds away on a bf16 weight w when it is below half a unit in the last
+place, |w| x 2^-9 .. 2^-8: at 1e-4 that spares weights up to |w| ~ 0.03 (1.5 std of a normal(0.02)
+init). Measured on a tiny Qwen2 over 10 steps: 2% of the weights changed at lr 1e-6, 16% at 1e-5,
+87% at 1e-4, 99% at 3e-4 (100% in float32 at every lr; norm scales of 1 need lr > 4e-3)."""
 
 
 class ConfigError(ValueError):
@@ -57,7 +70,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or a finite float (NaN and infinities are not numbers a config can use)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _one_of(value: Any, field: str, choices) -> None:
@@ -73,7 +87,12 @@ def _in_range(value: Any, field: str, low: float, high: float) -> None:
 
 
 def _number(value: Any, field: str) -> None:
-    _require(_is_number(value), field, f"must be a number, got {value!r}")
+    _require(_is_number(value), field, f"must be a finite number, got {value!r}")
+
+
+def _learning_rate(value: Any, field: str) -> None:
+    _require(_is_number(value) and 0 < value < 1, field,
+             f"must be a finite number in (0, 1) (an AdamW step size), got {value!r}")
 
 
 def _flag(value: Any, field: str) -> None:
@@ -339,9 +358,16 @@ class RewardsConfig(_Section):
       conditional_length: the length reward counts only for an exactly correct call (the GDPO
         paper's conditioned variant; the official GD2PO code does not condition it).
       weights: w_k, one per reward; empty: all ones (official).
-      on_error: raise | min: what a reward function that fails on a rollout does (min: the rollout
-        gets each reward's minimum).
+      on_error: raise | min: what a reward function that fails (raises, or times out) on a rollout
+        does: raise stops the run naming the rollout; min gives the rollout that function's minimum
+        of each of its rewards, counted per step as ``reward_failed/<name>`` in metrics.jsonl.
       num_workers: threads scoring rollouts in parallel.
+      timeout_s: seconds the scoring of one step's rollouts may take; calls still running then fail
+        (on_error), and their threads are abandoned (Python cannot stop them). 0: no limit. Absent
+        from older runs' config.json: 0.
+      max_failed_fraction: with on_error=min, stop the run (naming the step, the reward and the
+        first error) when a reward failed on more than this share of a step's rollouts; 1: never
+        stop. Absent from older runs' config.json: 1.
     """
 
     _path: ClassVar[str] = "rewards"
@@ -353,6 +379,8 @@ class RewardsConfig(_Section):
     weights: tuple[float, ...]
     on_error: str
     num_workers: int
+    timeout_s: float = 0.0
+    max_failed_fraction: float = 1.0
 
     def __post_init__(self):
         _text(self.kind, "rewards.kind")
@@ -362,11 +390,14 @@ class RewardsConfig(_Section):
         _int_at_least(self.max_think_words, "rewards.max_think_words")
         _flag(self.conditional_length, "rewards.conditional_length")
         _require(isinstance(self.weights, tuple) and all(map(_is_number, self.weights)),
-                 "rewards.weights", f"must be a tuple of numbers (empty: all ones), got {self.weights!r}")
+                 "rewards.weights", f"must be a tuple of finite numbers (empty: all ones), got {self.weights!r}")
         _require(not self.weights or len(self.weights) == len(self.names), "rewards.weights",
                  f"has {len(self.weights)} entries for {len(self.names)} rewards {self.names}")
         _one_of(self.on_error, "rewards.on_error", ("raise", "min"))
         _int_at_least(self.num_workers, "rewards.num_workers")
+        _number(self.timeout_s, "rewards.timeout_s")
+        _require(self.timeout_s >= 0, "rewards.timeout_s", f"must be >= 0 (0: no limit), got {self.timeout_s}")
+        _in_range(self.max_failed_fraction, "rewards.max_failed_fraction", 0.0, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,6 +426,10 @@ class RLConfig(_Section):
       num_minibatches: optimizer updates per pass; they split the step's P x G rollouts.
       micro_batch_size: rollouts per forward / backward pass, accumulated into one minibatch
         update; 0: the whole minibatch at once.
+      tempered_logprobs: the old, new and reference log-probs are those of the policy at the
+        sampling temperature, ``softmax(logits / sampling.temperature)``, as verl computes them;
+        False: of the temperature-1 policy (the raw logits). The same at temperature 1. Absent from
+        older runs' config.json: False.
     """
 
     _path: ClassVar[str] = "rl"
@@ -416,6 +451,7 @@ class RLConfig(_Section):
     ppo_epochs: int
     num_minibatches: int
     micro_batch_size: int
+    tempered_logprobs: bool = False
 
     def __post_init__(self):
         _one_of(self.algorithm, "rl.algorithm", METHODS)
@@ -423,6 +459,7 @@ class RLConfig(_Section):
         _int_at_least(self.num_generations, "rl.num_generations", minimum=2)
         _one_of(self.batch_norm, "rl.batch_norm", BATCH_NORMS)
         _number(self.group_eps, "rl.group_eps")
+        _require(self.group_eps >= 0, "rl.group_eps", f"must be >= 0, got {self.group_eps}")
         _flag(self.drop_zero_variance_groups, "rl.drop_zero_variance_groups")
         _in_range(self.clip_low, "rl.clip_low", 0.0, 1.0)
         _in_range(self.clip_high, "rl.clip_high", 0.0, 10.0)
@@ -438,6 +475,7 @@ class RLConfig(_Section):
         _int_at_least(self.ppo_epochs, "rl.ppo_epochs")
         _int_at_least(self.num_minibatches, "rl.num_minibatches")
         _int_at_least(self.micro_batch_size, "rl.micro_batch_size", minimum=0)
+        _flag(self.tempered_logprobs, "rl.tempered_logprobs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,8 +485,8 @@ class SamplingConfig(_Section):
     Attributes:
       max_new_tokens: longest response, in tokens (also evaluation's budget); a longer one is
         truncated.
-      temperature: sampling temperature, > 0. The update's old and new log-probs are those of the
-        temperature-1 policy.
+      temperature: sampling temperature, > 0. The update's log-probs are those of the
+        temperature-1 policy, or of this one with ``rl.tempered_logprobs``.
       top_p: nucleus sampling's probability mass, in (0, 1]; 1: off.
       top_k: sample among the k likeliest tokens; 0: off.
       prompts_per_call: > 0: sample a step's prompts in chunks of this many (less KV-cache and
@@ -481,14 +519,19 @@ class TrainConfig(_Section):
       num_steps: RL steps (0: only the warm start and the evaluations).
       prompts_per_step: P, prompts sampled per step; the step has P x G rollouts.
       seed: seed of the prompt order, the sampling and the RL state (not of the warm start).
-      learning_rate: AdamW's peak learning rate.
+      learning_rate: AdamW's peak learning rate, in (0, 1).
       warmup_steps: linear warmup from 0 over this many steps; 0: constant from the start.
       weight_decay: AdamW's decoupled weight decay (also the warm start's).
       grad_clip: clip the global gradient norm to this (also the warm start's); <= 0: no clipping.
       master_dtype: dtype of the master weights and the optimizer state (float32 | bfloat16).
+        bfloat16 needs a learning_rate of at least `MIN_BF16_MASTER_LEARNING_RATE`: it keeps 8
+        significant bits, so smaller AdamW updates round away (docs/algorithm.md#the-update).
       logit_chunk_size: response tokens per chunk of the log-prob computation (bounds the [B, T, V]
         logits held at once).
       log_every: write metrics every this many steps (and at the last).
+      max_consecutive_skipped_steps: stop the run when this many RL steps in a row skipped an
+        optimizer update for a non-finite gradient (`gd2po_jax.train_step.count_skipped_steps`).
+        Absent from older runs' config.json: 5.
     """
 
     _path: ClassVar[str] = "train"
@@ -503,19 +546,28 @@ class TrainConfig(_Section):
     master_dtype: str
     logit_chunk_size: int
     log_every: int
+    max_consecutive_skipped_steps: int = 5
 
     def __post_init__(self):
         _int_at_least(self.num_steps, "train.num_steps", minimum=0)
         _int_at_least(self.prompts_per_step, "train.prompts_per_step")
         _int_at_least(self.seed, "train.seed", minimum=0)
-        _number(self.learning_rate, "train.learning_rate")
-        _require(self.learning_rate > 0, "train.learning_rate", f"must be > 0, got {self.learning_rate}")
+        _learning_rate(self.learning_rate, "train.learning_rate")
         _int_at_least(self.warmup_steps, "train.warmup_steps", minimum=0)
         _number(self.weight_decay, "train.weight_decay")
+        _require(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _number(self.grad_clip, "train.grad_clip")
         _one_of(self.master_dtype, "train.master_dtype", DTYPES)
+        _require(self.master_dtype != "bfloat16" or self.learning_rate >= MIN_BF16_MASTER_LEARNING_RATE,
+                 "train.master_dtype",
+                 f"bfloat16 master weights lose AdamW updates of train.learning_rate={self.learning_rate}: "
+                 "bfloat16 keeps 8 significant bits, so an update below about |w| x 2^-9 rounds away (at lr "
+                 "1e-6 only 2% of a model's weights changed in 10 steps, against 100% in float32). Use "
+                 "train.master_dtype='float32' (model.dtype='bfloat16' still computes in bfloat16), or a "
+                 f"learning_rate >= {MIN_BF16_MASTER_LEARNING_RATE:g}")
         _int_at_least(self.logit_chunk_size, "train.logit_chunk_size")
         _int_at_least(self.log_every, "train.log_every")
+        _int_at_least(self.max_consecutive_skipped_steps, "train.max_consecutive_skipped_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -529,7 +581,7 @@ class SFTConfig(_Section):
       data: a file with the targets; empty: the training data's.
       num_steps: SFT steps.
       batch_size: examples per SFT step.
-      learning_rate: peak learning rate.
+      learning_rate: peak learning rate, in (0, 1).
       max_length: longest example (prompt + target), in tokens; a longer one is an error naming
         its row.
       seed: seed of the example order (not train.seed: RL seeds share one warm start). Absent
@@ -556,7 +608,7 @@ class SFTConfig(_Section):
         if self.enabled:
             _int_at_least(self.num_steps, "sft.num_steps", minimum=0)
             _int_at_least(self.batch_size, "sft.batch_size")
-            _number(self.learning_rate, "sft.learning_rate")
+            _learning_rate(self.learning_rate, "sft.learning_rate")
             _int_at_least(self.max_length, "sft.max_length", minimum=2)
             _int_at_least(self.seed, "sft.seed", minimum=0)
 
@@ -585,8 +637,8 @@ class EvalConfig(_Section):
     """``config.eval``: greedy evaluation of the policy during a run.
 
     Attributes:
-      split: the split evaluated before and after RL (validation | test); a split the data lacks
-        (e.g. "none") turns evaluation off.
+      split: the split evaluated before and after RL: validation | test | none (no evaluation). A
+        split the data lacks is an error when the run starts (`gd2po_jax.run_setup.eval_split`).
       max_examples: evaluate the first this many examples of each split; 0: all.
       batch_size: prompts per generation batch.
       every_steps: also evaluate every this many RL steps; 0: only before and after RL.
@@ -600,7 +652,7 @@ class EvalConfig(_Section):
     every_steps: int
 
     def __post_init__(self):
-        _text(self.split, "eval.split")
+        _one_of(self.split, "eval.split", EVAL_SPLITS)
         _int_at_least(self.max_examples, "eval.max_examples", minimum=0)
         _int_at_least(self.batch_size, "eval.batch_size")
         _int_at_least(self.every_steps, "eval.every_steps", minimum=0)

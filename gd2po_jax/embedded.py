@@ -5,6 +5,7 @@ one (config.json + safetensors + tokenizer files + chat template)."""
 from __future__ import annotations
 
 import pathlib
+import shutil
 
 import datasets
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from flax import nnx
 
 from gd2po_jax.config import SyntheticDataConfig, TinyModelConfig
 from gd2po_jax.models import Decoder, ModelConfig, save_pretrained
+from gd2po_jax.run_dir import publish_dir, staging_name
 from gd2po_jax.tasks import synthetic_tools
 from gd2po_jax.tasks.tokenizer import build_tokenizer
 
@@ -37,7 +39,7 @@ def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny: 
     out_dir = pathlib.Path(out_dir)
     if (out_dir / "config.json").is_file():
         return out_dir
-    staging = out_dir.with_name(out_dir.name + ".tmp")
+    staging = staging_name(out_dir)  # unique to this process: concurrent builders never share it
     corpus = [*synthetic_tools.iter_corpus(splits["train"]), *synthetic_tools.tool_corpus()]
     tokenizer = build_tokenizer(corpus, vocab_size)
     model_config = ModelConfig(
@@ -54,6 +56,10 @@ def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny: 
         max_position_embeddings=4096,
     )
     model = Decoder(model_config, dtype=jnp.float32, rngs=nnx.Rngs(tiny.seed))
-    save_pretrained(model, staging, tokenizer=tokenizer)
-    staging.rename(out_dir)
+    try:
+        save_pretrained(model, staging, tokenizer=tokenizer)
+        if not publish_dir(staging, out_dir):  # another process built the same model meanwhile
+            return out_dir
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out_dir

@@ -4,8 +4,11 @@ The one path a log-prob takes through the code base::
 
     Decoder.hidden_states -> completion_logprobs (chunked_token_logprobs) -> train_step / sft
 
-and, for the frozen reference policy of the KL term, `reference_logprobs_fn`. Every log-prob is
-under the temperature-1 policy: ``log softmax(logits)[target]``.
+and, for the frozen reference policy of the KL term, `reference_logprobs_fn`. A log-prob is that
+of the policy at a temperature T: ``log softmax(logits / T)[target]``. T = 1 (the raw logits) by
+default; verl uses the rollout temperature for the old, new and reference log-probs, which
+``rl.tempered_logprobs`` selects (`gd2po_jax.train_step.logprob_temperature`). The sampler's
+old log-probs must use the same T as the update (`gd2po_jax.sampling.generate`).
 
 Shapes: ``B`` sequences, ``S`` tokens of a sequence (prompt + completion), ``T`` scored positions,
 ``M`` completion tokens, ``H`` hidden size, ``V`` vocabulary.
@@ -75,6 +78,7 @@ def chunked_token_logprobs(
     *,
     chunk_size: int = 128,
     with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Per-token log-probs (and entropy) from final hidden states, a chunk of positions at a time.
 
@@ -88,6 +92,8 @@ def chunked_token_logprobs(
       targets: [B, T] int token ids.
       chunk_size: positions per chunk; T is padded up to a multiple of it.
       with_entropy: also return the entropy.
+      temperature: the logits are divided by it (static; 1: left as they are), as verl does:
+        log-probs and entropy are those of ``softmax(logits / temperature)``.
 
     Returns:
       logp [B, T] float32 and entropy [B, T] float32 (None unless ``with_entropy``).
@@ -107,6 +113,8 @@ def chunked_token_logprobs(
         logits = jnp.einsum(
             "bth,hv->btv", hidden_chunk, unembedding, preferred_element_type=jnp.float32
         )
+        if temperature != 1.0:
+            logits = logits / temperature
         logp = token_logprobs(logits, target_chunk)
         entropy = token_entropy(logits) if with_entropy else jnp.zeros_like(logp)
         return logp, entropy
@@ -129,7 +137,7 @@ def unembedding(model) -> jax.Array:
 
 def completion_logprobs(
     model, input_ids: jax.Array, attention_mask: jax.Array, num_completion: int, *,
-    chunk_size: int = 128, with_entropy: bool = False,
+    chunk_size: int = 128, with_entropy: bool = False, temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-probs (and entropy) of the last ``M`` tokens of each row given everything before.
 
@@ -139,6 +147,7 @@ def completion_logprobs(
       num_completion: M (< S: the first token has no prediction).
       chunk_size: positions per chunk of the vocabulary projection (`chunked_token_logprobs`).
       with_entropy: also return the per-token entropy.
+      temperature: T of the policy ``softmax(logits / T)`` (static; see the module docstring).
 
     Returns:
       logp [B, M] float32 and entropy [B, M] float32 (None unless ``with_entropy``).
@@ -147,7 +156,7 @@ def completion_logprobs(
     start = input_ids.shape[1] - num_completion
     return chunked_token_logprobs(
         hidden[:, start - 1 : -1], unembedding(model), input_ids[:, start:],
-        chunk_size=chunk_size, with_entropy=with_entropy,
+        chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature,
     )
 
 
@@ -162,8 +171,9 @@ def merge_model(graphdef, params, dtype):
     return nnx.merge(graphdef, cast)
 
 
-def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128) -> Callable:
-    """The jitted log-probs of a frozen reference policy (the KL term's ``ref_logp``).
+def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128, temperature: float = 1.0) -> Callable:
+    """The jitted log-probs of a frozen reference policy (the KL term's ``ref_logp``), at the
+    ``temperature`` of the update's log-probs.
 
     Returns:
       ``fn(params, input_ids [B, S], attention_mask [B, S], num_completion M) -> logp [B, M]``
@@ -173,6 +183,7 @@ def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128) -> 
 
     def reference_logprobs(params, input_ids, attention_mask, num_completion: int) -> jax.Array:
         model = merge_model(graphdef, params, compute_dtype)
-        return completion_logprobs(model, input_ids, attention_mask, num_completion, chunk_size=chunk_size)[0]
+        return completion_logprobs(model, input_ids, attention_mask, num_completion, chunk_size=chunk_size,
+                                   temperature=temperature)[0]
 
     return jax.jit(reference_logprobs, static_argnums=(3,))

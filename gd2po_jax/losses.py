@@ -114,6 +114,22 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
     raise ValueError(f"KL estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
+def approx_kl_old_new(log_ratio: jax.Array) -> jax.Array:
+    """Schulman's k3 estimate of KL(old || new) per token, from ``log_ratio = logp - old_logp``.
+
+    The tokens were sampled from the old policy, so with ``r = new / old = exp(log_ratio)`` the
+    unbiased, non-negative estimator is ``r - 1 - log r``. (verl logs k1 of the same direction,
+    ``mean(old_logp - logp)``, as ``actor/ppo_kl``.)
+
+    Args:
+      log_ratio: [B, T], already clamped to [-20, 20] (`clipped_surrogate`'s ``log_ratio``).
+
+    Returns:
+      [B, T], >= 0.
+    """
+    return jnp.exp(log_ratio) - 1.0 - log_ratio
+
+
 # ----------------------------------------------------------------------------------------------
 # Aggregation into (numerator, denominator).
 # ----------------------------------------------------------------------------------------------
@@ -132,7 +148,11 @@ def aggregate_loss(
     - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
     - ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
     - ``seq-mean-token-sum-norm``: mean over sequences of the token sum divided by a constant
-      length (Dr. GRPO); ``norm_length`` defaults to T, the padded response length.
+      length (Dr. GRPO); ``norm_length`` defaults to T, the padded response length. verl divides
+      the token sums of a micro-batch by T only, not by its number of sequences, then averages
+      the micro-batches: its loss is that of this mode times the sequences per micro-batch (a
+      constant factor of the gradient, which clipping and Adam's epsilon see). Here the value does
+      not depend on how the minibatch is split.
 
     Sequences without any valid token are not counted. Summing numerators and denominators over
     micro-batches and dividing once gives the full-batch value exactly (for ``token-mean`` and
@@ -183,8 +203,8 @@ class PolicyLoss:
       numerator, denominator: of the total loss (policy gradient + KL - entropy bonus).
       token_count: valid tokens.
       sums: per-token sums over valid tokens: ``pg_loss``, ``clipped``, ``dual_clipped``,
-        ``ratio``, ``approx_kl`` (k3 of old vs new policy), ``kl`` (to the reference; 0 when
-        unused), ``entropy`` (0 when not computed).
+        ``ratio``, ``approx_kl`` (k3 estimate of KL(old || new), `approx_kl_old_new`), ``kl`` (to the
+        reference; 0 when unused), ``entropy`` (0 when not computed).
       ratio_min, ratio_max: extreme importance ratios over valid tokens.
     """
 
@@ -273,7 +293,7 @@ def policy_loss(
       entropy_coef: entropy bonus.
 
     Returns:
-      A `PolicyLoss`.
+      A `PolicyLoss`. Its ``approx_kl`` metric is `approx_kl_old_new`.
     """
     pg, stats = clipped_surrogate(
         logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
@@ -298,8 +318,7 @@ def policy_loss(
         entropy_numerator, _ = aggregate_loss(entropy, mask, agg_mode, norm_length=norm_length)
         numerator = numerator - entropy_coef * entropy_numerator
 
-    log_ratio = stats["log_ratio"]
-    approx_kl = jnp.exp(-log_ratio) + log_ratio - 1.0  # k3 of KL(old || new)
+    approx_kl = approx_kl_old_new(stats["log_ratio"])
     per_token = {
         "pg_loss": pg,
         "clipped": stats["clipped"].astype(pg.dtype),

@@ -67,7 +67,10 @@ class EpochSampler:
     """Indices of ``num_prompts`` items in a fresh seeded permutation each epoch.
 
     The position (``epoch``, ``offset``) is all the state there is: save it, restore it, and the
-    same batches follow. A batch that crosses an epoch boundary continues in the next epoch.
+    same batches follow. As verl's training DataLoader (``drop_last=True``), an epoch serves only
+    full batches: the last ``size % num_prompts`` items of its permutation are skipped, and the
+    next batch starts the next epoch. Only a data set smaller than one batch lets a batch span
+    epochs (verl would have no batch at all).
     """
 
     size: int
@@ -79,8 +82,22 @@ class EpochSampler:
         return np.random.default_rng([self.seed, epoch]).permutation(self.size)
 
     def next_batch(self, num_prompts: int) -> list[int]:
+        """The next ``num_prompts`` indices (distinct unless the data has fewer items)."""
         if self.size == 0:
             raise ValueError("the training data is empty")
+        if num_prompts > self.size:
+            return self._spanning_batch(num_prompts)
+        if self.offset + num_prompts > self.size:  # the rest of the epoch is a partial batch: skipped
+            self.epoch, self.offset = self.epoch + 1, 0
+        take = self._order(self.epoch)[self.offset : self.offset + num_prompts]
+        self.offset += num_prompts
+        if self.offset == self.size:
+            self.epoch, self.offset = self.epoch + 1, 0
+        return [int(i) for i in take]
+
+    def _spanning_batch(self, num_prompts: int) -> list[int]:
+        """A batch larger than the data: the rest of this epoch, then whole epochs, then the start
+        of the next one."""
         indices: list[int] = []
         while len(indices) < num_prompts:
             order = self._order(self.epoch)

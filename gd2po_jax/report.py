@@ -35,7 +35,7 @@ from scipy import stats
 from gd2po_jax import run_dir
 from gd2po_jax.config import ConfigError
 from gd2po_jax.run_dir import RunDir, RunDirError
-from gd2po_jax.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, method_name, run_status
+from gd2po_jax.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, TRAINED, method_name, run_status
 
 BASELINE = "gdpo"
 CONFIDENCE = 0.95
@@ -94,12 +94,17 @@ def load_run(workdir: pathlib.Path) -> Run:
 
 
 def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
-    """(the finished runs, the workdirs of the unfinished ones) under ``sweep_dir/runs``."""
+    """(the finished runs, the workdirs of the unfinished ones) under ``sweep_dir/runs``.
+
+    A trained run whose eval/test.json exists but does not read (the sweep evaluates it again) is
+    loaded anyway, so that `load_run` raises `ReportError` naming the file rather than the report
+    leaving the run out."""
     finished, unfinished = [], []
     for workdir in sorted(pathlib.Path(sweep_dir).glob("runs/*/seed*")):
         if not workdir.is_dir():
             continue
-        if run_status(workdir) == FINISHED:
+        status = run_status(workdir)
+        if status == FINISHED or (status == TRAINED and RunDir(workdir).eval_report(TEST_SPLIT).is_file()):
             finished.append(load_run(workdir))
         else:
             unfinished.append(workdir)

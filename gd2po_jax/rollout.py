@@ -16,7 +16,7 @@ from flax import struct
 
 from gd2po_jax.prompts import PromptSet
 from gd2po_jax.rewards.base import RewardFunction
-from gd2po_jax.rewards.scoring import abstained_fraction, repeat_columns, score_rollouts
+from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, repeat_columns, score_batch
 from gd2po_jax.sampling import GenerateOutput, completion_mask, generate
 from gd2po_jax.tokenization import decode_completions
 
@@ -31,7 +31,8 @@ class RolloutBatch:
     input_ids: [B, S] int32, left-padded prompt then completion (padded after EOS).
     attention_mask: [B, S] bool, False on left padding.
     response_mask: [B, M] bool, completion tokens that count (EOS included).
-    old_logp: [B, M] float32, log-probs of the sampling policy.
+    old_logp: [B, M] float32, log-probs of the sampling policy (at the update's log-prob
+      temperature, `gd2po_jax.train_step.logprob_temperature`).
     ref_logp: [B, M] float32, reference-policy log-probs (zeros when no KL is used).
     rewards: [P, G, K] float32 raw rewards (NaN = missing).
     valid: [P] bool, False for padded prompts.
@@ -54,6 +55,8 @@ class Rollouts:
     responses: list[str]
     rewards: np.ndarray  # [P, G, K], NaN where a reward abstained
     abstained: np.ndarray  # [K] share of the valid rollouts each reward abstained on
+    failed: np.ndarray  # [K] share of the valid rollouts each reward failed on (on_error='min')
+    first_failure: str | None  # what went wrong on the first failed rollout; None when none failed
     truncated: np.ndarray  # [P * G] bool, no EOS within max_new_tokens
     generated_tokens: int
     sampling_seconds: float  # generation, until the tokens are on the host
@@ -74,8 +77,10 @@ def collect_rollouts(
     rng: jax.Array,
     on_error: str = "raise",
     num_workers: int = 1,
+    timeout_s: float = 0.0,
     valid: np.ndarray | None = None,
     prompts_per_call: int = 0,
+    logprob_temperature: float = 1.0,
 ) -> Rollouts:
     """Sample ``num_generations`` completions of every prompt, decode and score them.
 
@@ -84,9 +89,12 @@ def collect_rollouts(
       prompt_set: P prompts.
       sampling: ``config.sampling`` (max_new_tokens, temperature, top_p, top_k).
       prompt_length: padded prompt length Lp (fixed for a run: one compiled program).
+      on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
       valid: [P] bool, False for filler prompts of a partly filled batch.
       prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
         cache of large steps; 0 (or at least P) samples the whole step at once.
+      logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
+        (`gd2po_jax.train_step.logprob_temperature`).
     """
     num_prompts = len(prompt_set)
     start = time.perf_counter()
@@ -101,7 +109,7 @@ def collect_rollouts(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
             rng=rng if chunk == num_prompts else jax.random.fold_in(rng, i // chunk),
-            num_samples=num_generations, prompt_length=prompt_length,
+            num_samples=num_generations, prompt_length=prompt_length, logprob_temperature=logprob_temperature,
         )
         for i in range(0, num_prompts, chunk)
     ]
@@ -110,14 +118,17 @@ def collect_rollouts(
     sampled = time.perf_counter()
     responses = decode_completions(tokenizer, tokens, lengths)
     prompts = [t for t in prompt_set.texts for _ in range(num_generations)]
-    rewards = score_rollouts(
+    scores = score_batch(
         reward_fn, prompts, responses, repeat_columns(prompt_set.columns, num_generations),
-        on_error=on_error, num_workers=num_workers,
-    ).reshape(num_prompts, num_generations, -1)
+        on_error=on_error, num_workers=num_workers, timeout_s=timeout_s,
+    )
+    rewards = scores.rewards.reshape(num_prompts, num_generations, -1)
     scored = time.perf_counter()
     valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
     batch = rollout_batch(out, jnp.asarray(rewards), jnp.asarray(valid))
     return Rollouts(batch=batch, responses=responses, rewards=rewards, abstained=abstained_fraction(rewards, valid),
+                    failed=failed_fraction(scores.failed.reshape(rewards.shape), valid),
+                    first_failure=scores.first_error,
                     truncated=~np.asarray(finished),
                     generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
                     reward_seconds=scored - sampled)

@@ -9,6 +9,7 @@ sweeps, report, metrics). A workdir holds everything a run needs to resume or be
                         (with config.sft.cache_dir it lives in CACHE_DIR/<key> instead, shared)
     warm_start_logs/    the SFT loss of the warm start, if this run trained it
     checkpoints/        Orbax checkpoints of the RL state and data position (`Checkpoints`)
+    corrupt_checkpoints/  checkpoints found damaged on resume, moved aside (`Checkpoints.restore_intact`)
     metrics.jsonl       one JSON object per RL step;  tensorboard/  the same as event files
     eval/               <name>.json reports (before_rl, after_rl, test ...) + <name>.jsonl generations
     policy/             the final policy in HF safetensors format
@@ -16,25 +17,46 @@ sweeps, report, metrics). A workdir holds everything a run needs to resume or be
 
 Files are written through a temporary file in the same directory and a rename (`write_text`,
 `write_json`), so a run killed at any moment leaves either the old file or the new one.
+
+One process at a time works in a workdir: train.py and eval.py hold an exclusive lock on
+``WORKDIR/.lock`` (`lock_workdir`), which names its holder; a second one stops at once. A rerun
+that would continue a run with another config is refused (`check_resume_config`): only
+`RESUMABLE_FIELDS` may change. Checkpoints record a checksum of every array (`state_integrity`), so
+a damaged one is found on restore, and the trainer falls back to the previous intact one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import logging
 import os
 import pathlib
+import shutil
+import socket
 import tempfile
-from typing import Any
+import time
+from typing import Any, Iterable
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from gd2po_jax.config import ConfigError, RunConfig, as_run_config
 
+logger = logging.getLogger(__name__)
+
 
 class RunDirError(ValueError):
     """A workdir file that is missing or unreadable; the message names the file."""
+
+
+class WorkdirBusyError(RunDirError):
+    """Another process holds the workdir's lock; the message names it (`lock_workdir`)."""
+
+
+LOCK_FILE = ".lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +85,18 @@ class RunDir:
         return self.path / "warm_start_logs"
 
     @property
+    def lock(self) -> pathlib.Path:
+        """``.lock``: held by the one process working in the workdir (`lock_workdir`)."""
+        return self.path / LOCK_FILE
+
+    @property
     def checkpoints(self) -> pathlib.Path:
         return self.path / "checkpoints"
+
+    @property
+    def corrupt_checkpoints(self) -> pathlib.Path:
+        """Where damaged checkpoints are moved on resume (kept for inspection, never read)."""
+        return self.path / "corrupt_checkpoints"
 
     @property
     def metrics(self) -> pathlib.Path:
@@ -134,22 +166,33 @@ def read_json(path: str | pathlib.Path) -> Any:
         raise RunDirError(f"{path}: cannot read it as JSON ({err})") from None
 
 
-def read_jsonl(path: str | pathlib.Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | pathlib.Path, *, drop_torn_last_line: bool = False) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (``metrics.jsonl``, ``eval/<name>.jsonl``) in order.
+    Non-finite numbers read back as floats (``NaN``, ``Infinity``, ``-Infinity``: what
+    `json.dumps` writes for them).
+
+    Args:
+      drop_torn_last_line: a last line that is not JSON and has no newline after it (a write cut
+        short: the process was killed or the disk was full) is dropped with a warning naming the
+        file, instead of raising. An appending writer uses this to resume.
 
     Raises:
       RunDirError: naming the file (and the line), when it is missing or a line is not JSON.
     """
     try:
-        lines = pathlib.Path(path).read_text().splitlines()
+        text = pathlib.Path(path).read_text(errors="replace")
     except OSError as err:
         raise RunDirError(f"{path}: cannot read it ({err})") from None
+    lines = text.splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
+                if drop_torn_last_line and number == len(lines) and not text.endswith("\n"):
+                    logger.warning("%s, line %d: dropped a half-written last line (%r)", path, number, line[:80])
+                    break
                 raise RunDirError(f"{path}, line {number}: not JSON ({err})") from None
     return records
 
@@ -205,20 +248,305 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int = 5) -> str:
+def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int | None = 5,
+                   ignore: Iterable[str] = ()) -> str:
     """The fields whose values differ between two JSON configs (nested dicts), as
-    ``"rl.snr_tau (was 0.8, now 0.5), ..."``: the first ``limit`` by name, then how many more.
-    Empty when they agree."""
-    old, new = flatten(before), flatten(after)
-    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
-    details = ", ".join(f"{name} (was {old.get(name)!r}, now {new.get(name)!r})" for name in changed[:limit])
-    more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
+    ``"rl.snr_tau (was 0.8, now 0.5), ..."``: the first ``limit`` by name (None: all), then how
+    many more; the dotted names in ``ignore`` are not compared. Empty when they agree."""
+    old, new, ignored = flatten(before), flatten(after), set(ignore)
+    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name) and name not in ignored)
+    shown = changed if limit is None else changed[:limit]
+    details = ", ".join(f"{name} (was {old.get(name)!r}, now {new.get(name)!r})" for name in shown)
+    more = f" and {len(changed) - len(shown)} more" if len(changed) > len(shown) else ""
     return details + more
+
+
+# The fields a rerun may change when it resumes a run: how the run is executed, recorded and
+# guarded, not what it computes (memory and device layout change float rounding at most; the
+# stopping rules and the reward timeout only decide whether to stop, or to count a hung reward
+# call as failed; runs made before the timeout existed load it as 0, no limit). train.num_steps
+# extends a run (it may not go below the step already reached: the trainer checks that).
+# Everything else must equal config.json's.
+RESUMABLE_FIELDS = (
+    "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
+    "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
+    "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
+    "rewards.max_failed_fraction", "rewards.timeout_s",
+)
+
+
+def has_progress(workdir: str | pathlib.Path) -> bool:
+    """Whether a run in ``workdir`` got past its warm start: an evaluation before RL, a checkpoint
+    (complete or not), metrics, an exported policy or results. (A warm start alone is checked
+    against the config by `gd2po_jax.warm_start`.)"""
+    files = RunDir(workdir)
+    return (any(p.exists() for p in (files.eval_report("before_rl"), files.metrics, files.policy, files.results))
+            or (files.checkpoints.is_dir() and any(files.checkpoints.iterdir())))
+
+
+def check_resume_config(workdir: str | pathlib.Path, config) -> None:
+    """Refuse to continue the run in ``workdir`` with ``config`` (a `RunConfig` or a ConfigDict)
+    when it differs from the run's ``config.json`` in anything but `RESUMABLE_FIELDS`: the rerun
+    would carry on from the run's checkpoint and evaluations, and relabel them with the new values.
+    A workdir without ``config.json`` or without progress (`has_progress`) is not checked.
+
+    Raises:
+      ConfigError: naming every field that differs, with both values.
+      RunDirError: ``config.json`` is unreadable (naming it).
+    """
+    files = RunDir(workdir)
+    if not files.config.is_file() or not has_progress(workdir):
+        return
+    before = {"config": json.loads(read_config(workdir).to_json())}
+    changes = config_changes(before, {"config": json.loads(config_json(config))}, limit=None,
+                             ignore=[f"config.{name}" for name in RESUMABLE_FIELDS])
+    if changes:
+        raise ConfigError(
+            f"{changes}: the run in {files.path} was made with the values in {files.config}, and rerunning "
+            f"there resumes it. Use a new --workdir for another run (a resumed run may change only "
+            f"{', '.join(RESUMABLE_FIELDS)})."
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# The workdir lock.
+# ----------------------------------------------------------------------------------------------
+
+
+class WorkdirLock:
+    """An exclusive `fcntl.flock` on ``WORKDIR/.lock`` (`lock_workdir`); the file holds the
+    holder's pid, host, program and start time. The kernel drops the lock when the process ends,
+    however it ends (also ``kill -9``), so a stale file never blocks anyone."""
+
+    def __init__(self, path: pathlib.Path, fd: int):
+        self.path, self._fd = path, fd
+
+    def __enter__(self) -> WorkdirLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Remove the lock file (while still holding it) and drop the lock."""
+        if self._fd is None:
+            return
+        try:
+            if _same_file(self.path, self._fd):
+                self.path.unlink()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _same_file(path: pathlib.Path, fd: int) -> bool:
+    try:
+        st, mine = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock file, from what it wrote into it."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict):
+        return "another process (it has not written its name yet)"
+    return (f"{info.get('program', 'a process')} (pid {info.get('pid')} on {info.get('host')}, "
+            f"since {info.get('started')})")
+
+
+def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
+    """Take the workdir's exclusive lock (creating ``workdir``), or stop at once if another
+    process holds it: two processes writing one workdir corrupt its metrics and checkpoints.
+    Release it with `WorkdirLock.release` (or use it as a context manager); it is also released
+    when the process dies.
+
+    Args:
+      program: what the holder is ("train.py", "eval.py"), written into the lock file for the
+        message another process gets.
+
+    Raises:
+      WorkdirBusyError: naming the lock file and its holder.
+    """
+    path = RunDir(workdir).lock
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise WorkdirBusyError(f"{path.parent} is in use by {holder}; its lock is {path}. Wait for it to "
+                                   "finish, or use another --workdir") from None
+        except OSError as err:
+            os.close(fd)
+            raise RunDirError(f"{path}: cannot lock it ({err})") from None
+        if _same_file(path, fd):  # not removed by a holder that released it meanwhile
+            break
+        os.close(fd)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "program": program,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    return WorkdirLock(path, fd)
+
+
+def staging_name(target: str | pathlib.Path) -> pathlib.Path:
+    """A staging path next to ``target`` that is unique to this process:
+    ``<target>.tmp-<host>-<pid>-<random>``; `remove_stale_staging` recognizes it."""
+    target = pathlib.Path(target)
+    return target.with_name(f"{target.name}.tmp-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}")
+
+
+def publish_dir(staging: pathlib.Path, target: pathlib.Path) -> bool:
+    """Rename the finished ``staging`` directory (a Hugging Face model directory) to ``target``; if
+    another process got there first (``target`` holds a config.json), discard ``staging`` and keep
+    theirs. Returns whether ours was published."""
+    try:
+        os.rename(staging, target)  # atomic; fails if target is a non-empty directory
+        return True
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+
+
+def replace_dir(staging: pathlib.Path, target: pathlib.Path) -> None:
+    """Put the finished directory ``staging`` in the place of ``target`` (replacing what is there),
+    so that ``target`` is never half written: a kill in between leaves no ``target`` and staging
+    names that `remove_stale_staging` removes."""
+    previous = None
+    if target.exists():
+        previous = staging_name(target)
+        os.rename(target, previous)
+    os.rename(staging, target)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staging(directory: str | pathlib.Path, *, all_stale: bool = False) -> list[pathlib.Path]:
+    """Remove the staging files and directories that killed processes left in ``directory``:
+    `staging_name`s whose process (on this host) is gone, and, with ``all_stale`` (the caller holds
+    the directory's lock, so no one else is writing there), every `staging_name` and every
+    temporary file of `write_text` (``.<name>.*.tmp``). Returns what was removed."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        return []
+    host, removed = socket.gethostname(), []
+    for path in directory.iterdir():
+        name, stale = path.name, False
+        if ".tmp-" in name:
+            _, _, tail = name.rpartition(".tmp-")
+            owner, _, rest = tail.rpartition("-")
+            owner_host, _, pid = owner.rpartition("-")
+            stale = all_stale or (owner_host == host and pid.isdigit() and not _pid_alive(int(pid)))
+        elif all_stale and name.startswith(".") and name.endswith(".tmp") and path.is_file():
+            stale = True
+        if stale:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed what interrupted writes left in %s: %s", directory, [p.name for p in removed])
+    return removed
 
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints.
 # ----------------------------------------------------------------------------------------------
+
+
+class CorruptCheckpointError(RunDirError):
+    """A checkpoint that cannot be restored, or whose arrays differ from what was saved; the
+    message names its directory."""
+
+
+class NonFiniteError(ValueError):
+    """Arrays with NaN or infinite values where finite ones are needed (a checkpoint or the
+    exported policy); the message names them."""
+
+
+CHECKSUMS_KEY = "checksums"  # in a checkpoint's metadata: array name -> `state_integrity` checksum
+
+
+def leaf_name(path) -> str:
+    """``params/layers/0/attn/q_kernel``: a pytree path (`jax.tree_util.tree_flatten_with_path`)
+    as a plain name, the same for a dataclass field and a dict key of that name."""
+    parts = []
+    for key in path:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    """The bit patterns of ``x``'s elements as uint32 (narrower types zero-extended)."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+@jax.jit
+def _integrity(leaves: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
+    checksums = [jnp.sum(_bits(x), dtype=jnp.uint32) for x in leaves]
+    finite = [jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+              for x in leaves]
+    return checksums, finite
+
+
+def state_integrity(tree: Any) -> tuple[dict[str, int], list[str]]:
+    """(checksum of each array by `leaf_name`, the names of the arrays with a NaN or infinity).
+
+    The checksum is the sum of the array's bit patterns modulo 2**32: exact integer arithmetic,
+    so it does not depend on how the array is sharded, and any single flipped bit changes it.
+    Computed on the devices; only one number per array comes back.
+    """
+    named = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not named:
+        return {}, []
+    checksums, finite = jax.device_get(_integrity([jnp.asarray(x) for _, x in named]))
+    names = [leaf_name(path) for path, _ in named]
+    return ({name: int(c) for name, c in zip(names, checksums)},
+            [name for name, ok in zip(names, finite) if not ok])
+
+
+def check_finite(tree: Any, what: str) -> None:
+    """Raise `NonFiniteError` naming ``what`` and its arrays with a NaN or infinity."""
+    bad = state_integrity(tree)[1]
+    if bad:
+        raise NonFiniteError(f"{what} has non-finite values (NaN or infinity) in {len(bad)} arrays: "
+                             f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+
+
+def _root_cause(err: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of the innermost exception ``err`` was raised from (Orbax wraps the
+    TensorStore error that names the damaged file in layers of context), on one line."""
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    message = " ".join(f"{type(err).__name__}: {err}".split())
+    return message if len(message) <= limit else message[:limit] + " ..."
 
 
 class Checkpoints:
@@ -227,6 +555,12 @@ class Checkpoints:
     A checkpoint is written to a temporary directory and renamed when complete, so a run killed at
     any moment (also during a save) resumes from the last complete one. The trainer saves and
     restores the whole state; evaluation reads only its ``params`` (`restore_params`).
+
+    Integrity: `save` refuses a state with non-finite values and records a checksum of every array
+    in the metadata (`state_integrity`); `restore` and `restore_params` check them (checkpoints
+    written before checksums existed are checked for non-finite values only) and raise
+    `CorruptCheckpointError` naming the checkpoint for anything that cannot be read. The trainer
+    resumes from the newest intact one (`restore_intact`).
 
     Args:
       directory: e.g. ``RunDir(workdir).checkpoints``.
@@ -238,10 +572,14 @@ class Checkpoints:
     def __init__(self, directory: str | pathlib.Path, keep: int | None = 2, *, create: bool = True):
         self.directory = pathlib.Path(directory).absolute()
         self._manager = None
+        self._options = dict(max_to_keep=keep, create=create, enable_async_checkpointing=False,
+                             cleanup_tmp_directories=create)  # a writer holds the workdir's lock
         if create or self.directory.is_dir():
-            options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
-                                                   enable_async_checkpointing=False)
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            self._open()
+
+    def _open(self) -> None:
+        self._manager = ocp.CheckpointManager(self.directory,
+                                              options=ocp.CheckpointManagerOptions(**self._options))
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -257,9 +595,23 @@ class Checkpoints:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def step_dir(self, step: int) -> pathlib.Path:
+        return self.directory / str(step)
+
     def save(self, step: int, state: Any, metadata: dict[str, Any]) -> None:
-        """Write checkpoint ``step`` (blocking until it is complete on disk); older ones beyond
-        ``keep`` are deleted."""
+        """Write checkpoint ``step`` (blocking until it is complete on disk), with the checksums of
+        ``state``'s arrays in its metadata; older ones beyond ``keep`` are deleted.
+
+        Raises:
+          NonFiniteError: ``state`` has a NaN or infinity (nothing is written: resuming would only
+            carry it on).
+        """
+        checksums, bad = state_integrity(state)
+        if bad:
+            raise NonFiniteError(f"the state of step {step} has non-finite values (NaN or infinity) in "
+                                 f"{len(bad)} arrays: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
+                                 f"not saving checkpoint {self.step_dir(step)}")
+        metadata = {**metadata, CHECKSUMS_KEY: checksums}
         self._manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata)),
@@ -275,23 +627,103 @@ class Checkpoints:
             raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; available: {steps}")
         return steps[-1] if step is None else step
 
+    def _restore(self, step: int, args) -> Any:
+        """``manager.restore``, any failure as a `CorruptCheckpointError` naming the checkpoint
+        (Orbax reports a damaged file as an OCDBT range error, a JSON error, a missing item ...).
+        The manager is reopened after a failure: a failed restore can leave it unusable."""
+        try:
+            return self._manager.restore(step, args=args)
+        except Exception as err:  # noqa: BLE001 -- whatever Orbax raises, the checkpoint is unusable
+            try:
+                self._manager.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._open()
+            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)} cannot be read ({_root_cause(err)})") from err
+
+    def _verify(self, step: int, tree: Any, expected: dict[str, int] | None) -> None:
+        """Compare ``tree``'s arrays with the checksums saved with them (those ``tree`` has)."""
+        checksums, bad = state_integrity(tree)
+        differ = sorted(name for name, value in (expected or {}).items() if checksums.get(name, value) != value)
+        if differ:
+            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)} is damaged: {len(differ)} arrays differ "
+                                         f"from what was saved ({', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''})")
+        if bad:
+            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)} has non-finite values in "
+                                         f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+
     def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """(state, metadata) of checkpoint ``step`` (default: the latest), placed on the shardings of
-        ``abstract_state`` (a pytree of arrays or `jax.ShapeDtypeStruct`s)."""
+        ``abstract_state`` (a pytree of arrays or `jax.ShapeDtypeStruct`s), its arrays checked
+        against their checksums.
+
+        Raises:
+          FileNotFoundError: there is no checkpoint ``step``.
+          CorruptCheckpointError: it cannot be read, or an array differs from what was saved.
+        """
         step = self._check_step(step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-        return restored.state, dict(restored.meta)
+        restored = self._restore(
+            step, ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        meta = dict(restored.meta) if isinstance(restored.meta, dict) else None
+        if meta is None:
+            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)}: its metadata is not a JSON object")
+        self._verify(step, restored.state, meta.pop(CHECKSUMS_KEY, None))
+        return restored.state, meta
+
+    def restore_intact(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, metadata) of the newest checkpoint that restores intact (`restore`);
+        None when there is no checkpoint. Each damaged newer one is named in a warning and, once an
+        older one restored, moved to ``corrupt_checkpoints/`` next to this directory, so that the
+        run can save that step again.
+
+        Raises:
+          CorruptCheckpointError: every checkpoint is damaged (naming each; nothing is moved).
+        """
+        damaged = []
+        for step in reversed(self.steps()):
+            try:
+                state, meta = self.restore(step, abstract_state)
+            except CorruptCheckpointError as err:
+                logger.warning("%s; falling back to the previous checkpoint", err)
+                damaged.append((step, err))
+                continue
+            for bad, _ in damaged:
+                self._set_aside(bad)
+            return step, state, meta
+        if damaged:
+            raise CorruptCheckpointError(
+                f"no intact checkpoint in {self.directory}: " + "; ".join(str(err) for _, err in damaged)
+                + f". Delete {self.directory} to start the run over.")
+        return None
+
+    def _set_aside(self, step: int) -> None:
+        """Move checkpoint ``step`` to ``corrupt_checkpoints/<step>-<time>`` and forget it."""
+        aside = self.directory.parent / "corrupt_checkpoints"
+        aside.mkdir(parents=True, exist_ok=True)
+        target = aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        os.rename(self.step_dir(step), target)
+        logger.warning("moved the damaged checkpoint %s to %s", self.step_dir(step), target)
+        self._manager.reload()
 
     def restore_params(self, step: int | None, target: Any) -> Any:
         """Only the ``params`` field of the state saved at ``step`` (default: the latest), restored
         onto ``target``'s shapes, dtypes and shardings (`jax.ShapeDtypeStruct` leaves allocate
-        nothing else); the optimizer state is not read."""
+        nothing else), checked against their checksums; the optimizer state is not read.
+
+        Raises:
+          CorruptCheckpointError: naming the checkpoint, when it cannot be read or is damaged.
+        """
         step = self._check_step(step)
         item = {"params": target}
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True)))
+        restored = self._restore(step, ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                                         partial_restore=True),
+            meta=ocp.args.JsonRestore()))
+        meta = restored.meta if isinstance(restored.meta, dict) else {}
+        checksums = meta.get(CHECKSUMS_KEY) or {}
+        self._verify(step, {"params": restored.state["params"]},
+                     {name: value for name, value in checksums.items() if name.startswith("params/")})
         return restored.state["params"]
 
     def close(self) -> None:

@@ -17,9 +17,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from gd2po_jax import embedded
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.data.loaders import load_data
+from gd2po_jax.data.loaders import DataFormatError, load_data
+from gd2po_jax.models.pretrained import check_model_dir
 from gd2po_jax.prompts import PromptSet, build_prompt_set
-from gd2po_jax.rewards.base import build_reward_function
+from gd2po_jax.rewards.base import build_reward_function, column_problems
 from gd2po_jax.run_dir import RunDir
 from gd2po_jax.sampling import bucket_length
 from gd2po_jax.sharding import make_mesh
@@ -56,29 +57,87 @@ class RunSetup:
         return jax.tree.map(place, tree)
 
 
-def _load_split(path: str, config) -> Any:
+def _load_split(path: str, config, reward_fn=None) -> Any:
+    """The dataset of one data file; with ``reward_fn``, only rows it can score (`_scorable_rows`)."""
     result = load_data(path, kind=config.data.kind, on_error=config.data.on_error)
     if result.num_skipped:
         logger.warning("%s: skipped %d malformed rows (config.data.on_error='skip')", path, result.num_skipped)
-    return result.dataset
+    return result.dataset if reward_fn is None else _scorable_rows(result.dataset, path, reward_fn, config)
 
 
-def load_splits(config, workdir: pathlib.Path) -> tuple[dict[str, Any], pathlib.Path]:
-    """The datasets by split name, and the model directory (built for the embedded default)."""
+def _scorable_rows(dataset, path: str, reward_fn, config) -> Any:
+    """``dataset`` checked against the reward function when it is loaded (`column_problems`: a ground
+    truth it cannot parse, a missing one), not when a bad row is first sampled: such rows raise
+    `DataFormatError` naming the file, the row and the column, or with ``data.on_error='skip'`` are
+    left out (all of them left out: an error too)."""
+    columns = {name: dataset[name] for name in dataset.column_names if name != "prompt"}
+    problems = column_problems(reward_fn, columns)
+    if not problems:
+        return dataset
+    rows = dataset["row"]
+    errors = [DataFormatError(path, rows[i], column, problem) for i, column, problem in problems]
+    bad = sorted({i for i, _, _ in problems})
+    if len(bad) == len(dataset) and config.data.on_error == "skip":
+        raise DataFormatError(path, None, None, f"no usable rows: the reward {config.rewards.kind!r} cannot "
+                              f"score any of the {len(bad)} rows; first: {errors[0]}")
+    if config.data.on_error == "raise":
+        first = errors[0]
+        others = f" ({len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
+        raise DataFormatError(path, first.row, first.field, f"{first.problem}{others}; the reward "
+                              f"{config.rewards.kind!r} cannot score it (fix the data, or set "
+                              "config.data.on_error='skip' to leave such rows out)")
+    logger.warning("%s: skipped %d rows the reward cannot score (config.data.on_error='skip'); first: %s",
+                   path, len(bad), errors[0])
+    keep = sorted(set(range(len(dataset))) - set(bad))
+    return dataset.select(keep)
+
+
+def _model_dir(path: str, field: str) -> pathlib.Path:
+    """``path`` once it is an existing local directory; else a `ConfigError` naming ``config.<field>``."""
+    try:
+        return check_model_dir(path, f"config.{field}")
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+
+
+def load_splits(config, workdir: pathlib.Path, reward_fn=None) -> tuple[dict[str, Any], pathlib.Path]:
+    """The datasets by split name, and the model directory (built for the embedded default). With
+    ``reward_fn``, the files task's rows are checked against it when they are loaded."""
+    if config.model.path:
+        _model_dir(config.model.path, "model.path")
+    if config.model.tokenizer_path:
+        _model_dir(config.model.tokenizer_path, "model.tokenizer_path")
     if config.task == "synthetic_tools":
         splits = dict(embedded.synthetic_splits(config.data.synthetic))
         model_path = config.model.path or embedded.build_base_model(
             RunDir(workdir).base_model, splits, config.model.tiny, config.data.synthetic.tokenizer_vocab_size
         )
     else:
-        splits = {"train": _load_split(config.data.train, config)}
-        for split in ("validation", "test"):
-            if getattr(config.data, split):
-                splits[split] = _load_split(getattr(config.data, split), config)
         if not config.model.path:
             raise ValueError("config.model.path: the files task needs a Hugging Face model directory")
+        splits = {"train": _load_split(config.data.train, config, reward_fn)}
+        for split in ("validation", "test"):
+            if getattr(config.data, split):
+                splits[split] = _load_split(getattr(config.data, split), config, reward_fn)
         model_path = config.model.path
     return splits, pathlib.Path(model_path)
+
+
+def eval_split(config, setup: RunSetup) -> str | None:
+    """The split evaluated before and after RL: ``config.eval.split``, None for "none".
+
+    Raises:
+      ConfigError: when the data has no such split, naming ``config.eval.split`` and the splits it has.
+    """
+    split = config.eval.split
+    if split == "none":
+        return None
+    if split not in setup.evals:
+        available = sorted(setup.evals) + ["none"]
+        where = f"config.data.{split} is empty" if config.task == "files" else f"data.synthetic.num_{split}=0"
+        raise ConfigError(f"config.eval.split: the data has no {split!r} split ({where}); choose one of "
+                          f"{available} ('none': no evaluation during the run)")
+    return split
 
 
 def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
@@ -88,15 +147,15 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     except ValueError as err:
         raise ConfigError(f"config.mesh: {err}") from err
     config.check_mesh(num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
-    splits, model_path = load_splits(config, workdir)
-    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
-    eos_ids = eos_token_ids(tokenizer, model_path)
-    pad_id = pad_token_id(tokenizer, eos_ids)
     reward_fn = build_reward_function({
         "kind": config.rewards.kind, "names": tuple(config.rewards.names),
         "max_think_words": config.rewards.max_think_words,
         "conditional_length": config.rewards.conditional_length,
     })
+    splits, model_path = load_splits(config, workdir, reward_fn)
+    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
+    eos_ids = eos_token_ids(tokenizer, model_path)
+    pad_id = pad_token_id(tokenizer, eos_ids)
     limit = config.data.max_prompt_tokens
     train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data")
     evals = {}

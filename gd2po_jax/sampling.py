@@ -9,8 +9,11 @@ P prompts once and then repeats the cache G times; decoding is a single `jax.lax
 the donated `DecodeState`, which stops as soon as every row has emitted an EOS token. Rows are
 prompt-major: row ``p * G + g`` is sample g of prompt p.
 
-``out.logprobs`` are always under the temperature-1 policy (``log_softmax`` of the raw logits),
-whatever temperature / top-p / top-k the tokens were drawn with: the trainer uses them as old_logp.
+``out.logprobs`` are those of the policy at ``logprob_temperature`` (``log_softmax(logits / T)``;
+T = 1, the raw logits, by default), whatever temperature / top-p / top-k the tokens were drawn with:
+the trainer uses them as old_logp, so T must be the update's (`gd2po_jax.train_step.StepConfig`'s
+``logprob_temperature``; verl uses the sampling temperature). The KV cache is in the dtype the
+activations are computed in, that of the parameters (bf16 when the policy was merged at bf16).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class SamplingParams:
     """Static sampling settings (one compiled program per distinct value).
 
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. Tokens after a row's
-    EOS are ``pad_token_id``.
+    EOS are ``pad_token_id``. The returned log-probs are those of ``softmax(logits /
+    logprob_temperature)``, without the top-k / top-p filters.
     """
 
     max_new_tokens: int
@@ -42,6 +46,7 @@ class SamplingParams:
     top_k: int = 0
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
+    logprob_temperature: float = 1.0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -52,15 +57,18 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not self.logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {self.logprob_temperature}")
 
 
 @struct.dataclass
 class GenerateOutput:
     """Result of `generate` (N = number of prompts x num_samples, M = max_new_tokens).
 
-    tokens: [N, M] int32, ``pad_token_id`` after EOS; logprobs: [N, M] float32 temperature-1
-    log-probs of ``tokens`` (0 after EOS); lengths: [N] int32 completion lengths, EOS included;
-    finished: [N] bool, an EOS was emitted; prompt_tokens / prompt_mask: [N, Lp] left-padded prompts.
+    tokens: [N, M] int32, ``pad_token_id`` after EOS; logprobs: [N, M] float32 log-probs of
+    ``tokens`` at ``logprob_temperature`` (0 after EOS); lengths: [N] int32 completion lengths, EOS
+    included; finished: [N] bool, an EOS was emitted; prompt_tokens / prompt_mask: [N, Lp]
+    left-padded prompts.
     """
 
     tokens: jax.Array
@@ -156,8 +164,8 @@ def categorical(rng: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
 def sample_logits(logits: jax.Array, rng: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row from ``logits [N, V]`` (float32).
 
-    Returns (tokens [N] int32, logprobs [N] float32) where logprobs are ``log_softmax(logits)`` at
-    the drawn tokens, i.e. under temperature 1 and no filtering.
+    Returns (tokens [N] int32, logprobs [N] float32) where logprobs are
+    ``log_softmax(logits / params.logprob_temperature)`` at the drawn tokens, without filtering.
     """
     vocab = logits.shape[-1]
     if params.temperature == 0:
@@ -177,6 +185,8 @@ def sample_logits(logits: jax.Array, rng: jax.Array, params: SamplingParams) -> 
         else:
             tokens = categorical(rng, scaled)
     tokens = tokens.astype(jnp.int32)
+    if params.logprob_temperature != 1.0:
+        logits = logits / params.logprob_temperature
     logp = jax.nn.log_softmax(logits, axis=-1)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
@@ -223,13 +233,20 @@ def _advance(state: DecodeState, logits: jax.Array, cache: KVCache, params: Samp
     )
 
 
+def activation_dtype(model: Decoder) -> jnp.dtype:
+    """The dtype the model computes its activations (hence keys and values) in: that of its
+    parameters. After `gd2po_jax.logprobs.merge_model` it is the compute dtype, while ``model.dtype``
+    still names the dtype the module was built with (the master weights')."""
+    return model.embed[...].dtype
+
+
 def _prefill(graphdef, params_state, input_ids, mask, rng, params: SamplingParams, num_samples: int, mesh):
     """Runs the P prompts ``[P, Lp]``, repeats the cache G times, samples token 0 of N = P*G rows."""
     model: Decoder = nnx.merge(graphdef, params_state)
     p, lp = input_ids.shape
     n, m = p * num_samples, params.max_new_tokens
     input_ids = _constrain(input_ids, mesh, (BATCH_AXES,))
-    cache = init_cache(model.config, p, lp + m, model.dtype)
+    cache = init_cache(model.config, p, lp + m, activation_dtype(model))
     hidden, cache = model.hidden_states(input_ids, mask, cache=cache)
     logits = model.logits(hidden[:, -1:])[:, 0]
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
@@ -282,6 +299,7 @@ def generate(
     num_samples: int = 1,
     pad_token_id: int | None = None,
     prompt_length: int | None = None,
+    logprob_temperature: float = 1.0,
 ) -> GenerateOutput:
     """Samples ``num_samples`` completions for each prompt; see the module docstring.
 
@@ -295,6 +313,8 @@ def generate(
       num_samples: G completions per prompt.
       pad_token_id: filler after EOS and for prompt padding (default the first EOS id, else 0).
       prompt_length: padded prompt length; default `bucket_length` of the longest prompt.
+      logprob_temperature: T of the returned log-probs, ``log_softmax(logits / T)``: 1 (default) or,
+        as verl, the sampling temperature; it must be the update's.
     """
     if pad_token_id is None:
         pad_token_id = int(eos_token_ids[0]) if len(eos_token_ids) else 0
@@ -305,6 +325,7 @@ def generate(
         top_k=int(top_k),
         eos_token_ids=tuple(int(t) for t in eos_token_ids),
         pad_token_id=int(pad_token_id),
+        logprob_temperature=float(logprob_temperature),
     )
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")

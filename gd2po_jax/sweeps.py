@@ -161,12 +161,23 @@ def run_workdir(sweep_dir: pathlib.Path, spec: RunSpec) -> pathlib.Path:
     return pathlib.Path(sweep_dir) / "runs" / spec.method / f"seed{spec.seed}"
 
 
+def evaluated(workdir: pathlib.Path) -> bool:
+    """Whether eval.py finished the run's test evaluation: eval/test.json is a JSON object. eval.py
+    writes it once, atomically, when it is done; a file that does not read as one (cut short by
+    something else) counts as not evaluated, and the run is evaluated again."""
+    try:
+        report = run_dir.read_json(RunDir(workdir).eval_report(TEST_SPLIT))
+    except RunDirError:
+        return False
+    return isinstance(report, dict)
+
+
 def run_status(workdir: pathlib.Path) -> str:
     """`FINISHED`, `TRAINED`, `STARTED` or `PENDING`, from the files of the workdir (config.json is
     written when the sweep launches train.py)."""
     files = RunDir(workdir)
     if files.results.is_file():
-        return FINISHED if files.eval_report(TEST_SPLIT).is_file() else TRAINED
+        return FINISHED if evaluated(workdir) else TRAINED
     return STARTED if files.config.is_file() else PENDING
 
 

@@ -13,10 +13,15 @@ One call of the step function does, inside a single XLA program::
         for minibatch in split(rows, num_minibatches):                  (lax.scan)
             den    = aggregation denominator of the minibatch (independent of the parameters)
             grads  = sum over micro-batches of grad(numerator_micro / den)   (lax.scan)
-            params = optax update(grads)
+            params = optax update(grads)      only if |grads| is finite, else skipped
 
 Dividing every micro-batch numerator by the whole minibatch's denominator makes gradient
 accumulation exact for every aggregation mode (`gd2po_jax.losses.aggregate_loss`).
+
+An update whose gradient norm is not finite (an inf or NaN anywhere, e.g. a bf16 overflow) is
+skipped, as verl skips it: parameters and optimizer state stay as they were, and the metric
+``update/skipped_updates`` counts it. The trainer stops a run whose steps keep skipping
+(`count_skipped_steps`, ``train.max_consecutive_skipped_steps``).
 
 The batch is a `gd2po_jax.rollout.RolloutBatch`; advantages come from `gd2po_jax.advantages`,
 log-probs from `gd2po_jax.logprobs`, the loss from `gd2po_jax.losses` and the optimizer from
@@ -104,6 +109,12 @@ class StepConfig:
         (``train.logit_chunk_size``; see `gd2po_jax.logprobs.chunked_token_logprobs`).
       compute_dtype: dtype of the forward pass, "float32" | "bfloat16" (``model.dtype``); the
         master weights keep theirs.
+      logprob_temperature: the log-probs of the loss are those of ``softmax(logits / T)`` (1: the
+        raw logits; verl: the rollout temperature). Read with `logprob_temperature` from
+        ``rl.tempered_logprobs`` and ``sampling.temperature``; the batch's old_logp must have been
+        sampled at the same T (`gd2po_jax.sampling.generate`'s ``logprob_temperature``).
+      skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (not in
+        the run config; False applies every update, as before the guard existed).
     """
 
     method: str = "gd2po_snr"
@@ -128,6 +139,8 @@ class StepConfig:
     micro_batch_size: int = 0
     logit_chunk_size: int = 128
     compute_dtype: str = "float32"
+    logprob_temperature: float = 1.0
+    skip_nonfinite_updates: bool = True
 
     def __post_init__(self):
         # Each value as its field's type (config files give ints for floats, lists for tuples), then
@@ -139,16 +152,30 @@ class StepConfig:
             object.__setattr__(self, "dual_clip", None)
         if not self.reward_weights:
             object.__setattr__(self, "reward_weights", None)
+        if not self.logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {self.logprob_temperature}")
 
     @classmethod
     def from_config(cls, config) -> StepConfig:
         """The step's hyperparameters from a run config (an ``ml_collections.ConfigDict`` or the typed
-        config of `gd2po_jax.config`), read through `STEP_CONFIG_SOURCES`."""
-        return cls(**{field: _config_value(config, path) for field, path in STEP_CONFIG_SOURCES.items()})
+        config of `gd2po_jax.config`), read through `STEP_CONFIG_SOURCES` and `logprob_temperature`."""
+        values = {field: _config_value(config, path) for field, path in STEP_CONFIG_SOURCES.items()}
+        return cls(**values, logprob_temperature=logprob_temperature(config))
+
+
+def logprob_temperature(config) -> float:
+    """T of the policy whose log-probs enter the loss (old, new and reference), from a run config:
+    ``sampling.temperature`` with ``rl.tempered_logprobs`` (verl), else 1 (the raw logits).
+
+    A config without ``rl.tempered_logprobs`` (older than the field) gives 1.
+    """
+    tempered = getattr(_config_value(config, "rl"), "tempered_logprobs", False)
+    return float(_config_value(config, "sampling.temperature")) if tempered else 1.0
 
 
 #: StepConfig field -> dotted path of its value in the run config (the fields not named here,
-#: ``norm_length`` and ``log_entropy``, keep their defaults).
+#: ``norm_length``, ``log_entropy``, ``skip_nonfinite_updates`` and ``logprob_temperature``, which
+#: `StepConfig.from_config` derives, keep their defaults).
 STEP_CONFIG_SOURCES: dict[str, str] = {
     "method": "rl.algorithm",
     "snr_tau": "rl.snr_tau",
@@ -257,7 +284,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         need_entropy = config.log_entropy or bool(config.entropy_coef)
         logp, entropy = completion_logprobs(
             model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
-            chunk_size=config.logit_chunk_size, with_entropy=need_entropy,
+            chunk_size=config.logit_chunk_size, with_entropy=need_entropy, temperature=config.logprob_temperature,
         )
         out = losses.policy_loss(
             logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
@@ -309,11 +336,13 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
             zero_grads = jax.tree.map(jnp.zeros_like, params)
             (grads, sums), _ = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()), micro)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
             grad_norm = optax.global_norm(grads)
+            apply = jnp.isfinite(grad_norm) if config.skip_nonfinite_updates else jnp.bool_(True)
+            params, opt_state = updated_if(apply, (new_params, new_opt_state), (params, opt_state))
             loss_sums = losses.accumulate(loss_sums, sums)
-            return (params, opt_state, loss_sums), grad_norm
+            return (params, opt_state, loss_sums), (grad_norm, ~apply)
 
         def update_epoch(carry, epoch_key):
             params, opt_state, loss_sums = carry
@@ -324,20 +353,53 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         rng, shuffle_key = jax.random.split(state.rng)
         epoch_keys = jax.random.split(shuffle_key, config.ppo_epochs)
         init_sums = losses.empty_policy_loss()
-        (params, opt_state, loss_sums), grad_norms = jax.lax.scan(
+        (params, opt_state, loss_sums), (grad_norms, skipped) = jax.lax.scan(
             update_epoch, (state.params, state.opt_state, init_sums), epoch_keys
         )
         metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
+        metrics["update/skipped_updates"] = jnp.sum(skipped.astype(jnp.int32))
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         return new_state, metrics
 
     return step
 
 
+def updated_if(condition: jax.Array, updated, current):
+    """``updated`` if the scalar bool ``condition`` holds, else ``current``, leaf by leaf (two trees
+    of the same structure: the parameters and optimizer state after and before an update). A
+    select, so an applied update is bitwise the update itself."""
+    return jax.tree.map(lambda new, old: jnp.where(condition, new, old), updated, current)
+
+
+def count_skipped_steps(consecutive: int, skipped_updates: float, step: int, limit: int) -> int:
+    """The number of consecutive RL steps, up to ``step``, in which an optimizer update was skipped
+    for a non-finite gradient (``skipped_updates``: the step's ``update/skipped_updates``).
+
+    Args:
+      consecutive: the count after the previous step.
+      limit: ``train.max_consecutive_skipped_steps``.
+
+    Raises:
+      RuntimeError: when the count reaches ``limit``: the gradients keep overflowing (or a reward,
+        advantage or log-prob is inf / NaN), and the run would go on without learning.
+    """
+    consecutive = consecutive + 1 if skipped_updates else 0
+    if consecutive >= limit:
+        raise RuntimeError(
+            f"train.max_consecutive_skipped_steps={limit}: the gradient was not finite (inf or NaN) in "
+            f"{consecutive} consecutive RL steps, up to step {step}, and their updates were skipped "
+            "(metric update/skipped_updates), so the policy stopped learning. Look for an overflow "
+            "(model.dtype='bfloat16', a large train.learning_rate) or a non-finite reward or log-prob; the "
+            "skipped updates left the parameters finite, and a rerun resumes from the last checkpoint."
+        )
+    return consecutive
+
+
 def _step_metrics(config: StepConfig, batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_norms,
                   lengths) -> dict[str, jax.Array]:
     """Scalar metrics of one update, under their final names (means over every minibatch of every
-    epoch): ``advantages/*``, ``loss/*``, ``reward/<name>`` and ``response_length``."""
+    epoch): ``advantages/*``, ``loss/*``, ``reward/<name>`` and ``response_length``. ``loss/grad_norm``
+    is the mean norm before clipping, inf or NaN when an update was skipped."""
     names = _reward_names(config, batch.rewards.shape[-1])
     diagnostics = advantage_diagnostics(adv, batch.valid, reward_names=names)
     metrics = {f"advantages/{k}": v for k, v in diagnostics.items()}

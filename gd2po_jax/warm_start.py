@@ -4,8 +4,10 @@ Its directory (`warm_start_dir`) is ``WORKDIR/warm_start``, or, with ``config.sf
 ``CACHE_DIR/<warm_start_key>``: a hash of the config values the warm start is made of
 (`warm_start_inputs`), so that every run with the same data, model and SFT settings (all RL runs of a
 sweep) shares one. A warm start records those inputs (``warm_start_inputs.json``) and is refused
-when a run's differ (`check_warm_start_inputs`). It is written to a staging directory and renamed
-into place (`publish_dir`), so readers only ever see a complete one.
+when a run's differ (`check_warm_start_inputs`). It is written to a staging directory unique to the
+process (`run_dir.staging_name`) and renamed into place (`publish_dir`), so readers only ever see a
+complete one; staging directories of killed processes are removed by the next warm start
+(`run_dir.remove_stale_staging`). Parameters that are not finite are never saved.
 """
 
 from __future__ import annotations
@@ -13,10 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import pathlib
 import shutil
-import uuid
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from gd2po_jax.config import ConfigError, RunConfig, as_run_config
 from gd2po_jax.metrics_logging import MetricsWriter
 from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.optimizer import make_optimizer
-from gd2po_jax.run_dir import RunDir
+from gd2po_jax.run_dir import RunDir, publish_dir
 from gd2po_jax.run_setup import RunSetup, build_setup
 from gd2po_jax.sft import build_sft_data, make_sft_step, sft_batches
 from gd2po_jax.train_step import TrainState
@@ -100,19 +100,6 @@ def check_warm_start_inputs(warm_start_path: pathlib.Path, config) -> None:
         )
 
 
-def publish_dir(staging: pathlib.Path, target: pathlib.Path) -> bool:
-    """Rename the finished ``staging`` directory to ``target``; if another process got there first
-    (``target`` exists), discard ``staging`` and keep theirs. Returns whether ours was published."""
-    try:
-        os.rename(staging, target)  # atomic; fails if target is a non-empty directory
-        return True
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        return False
-
-
 def train_warm_start(config, setup: RunSetup, logs_dir: pathlib.Path, *, progress: bool = True) -> tuple[Any, Any]:
     """SFT of ``setup.model_path`` on ``setup.sft_dataset``'s targets for ``config.sft.num_steps``;
     logs the loss to ``logs_dir``. Returns (graphdef, trained params)."""
@@ -150,18 +137,23 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
     ``workdir/warm_start_logs`` of the run that trains it.
     """
     out_dir = warm_start_dir(config, workdir)
+    run_dir.remove_stale_staging(out_dir.parent)  # of killed processes (a shared cache: only those)
     if (out_dir / "config.json").is_file():
         check_warm_start_inputs(out_dir, config)
         logger.info("warm start: reusing %s", out_dir)
         return out_dir
     graphdef, params = train_warm_start(config, setup, RunDir(workdir).warm_start_logs, progress=progress)
+    run_dir.check_finite(params, f"the warm start trained for {out_dir}")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    save_pretrained(nnx.merge(graphdef, params), staging, tokenizer=setup.tokenizer,
-                    copy_files_from=setup.model_path)
-    (staging / INPUTS_FILE).write_text(json.dumps(warm_start_inputs(config), indent=2, sort_keys=True))
-    if not publish_dir(staging, out_dir):
-        logger.info("warm start: %s was written by another run meanwhile; using it", out_dir)
+    staging = run_dir.staging_name(out_dir)
+    try:
+        save_pretrained(nnx.merge(graphdef, params), staging, tokenizer=setup.tokenizer,
+                        copy_files_from=setup.model_path)
+        (staging / INPUTS_FILE).write_text(json.dumps(warm_start_inputs(config), indent=2, sort_keys=True))
+        if not publish_dir(staging, out_dir):
+            logger.info("warm start: %s was written by another run meanwhile; using it", out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone after a rename; an exception's leftovers
     return out_dir
 
 
@@ -178,6 +170,9 @@ def build_warm_start(config, workdir: str | pathlib.Path, *, progress: bool = Tr
         raise ConfigError("config.sft.enabled: is False, so there is no warm start to build")
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    setup = build_setup(config, workdir)
-    run_dir.write_config(workdir, config)
-    return warm_start(config, setup, workdir, progress=progress)
+    with run_dir.lock_workdir(workdir, "train.py --warm_start_only"):
+        run_dir.remove_stale_staging(workdir, all_stale=True)
+        run_dir.check_resume_config(workdir, config)
+        setup = build_setup(config, workdir)
+        run_dir.write_config(workdir, config)
+        return warm_start(config, setup, workdir, progress=progress)

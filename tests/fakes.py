@@ -122,6 +122,32 @@ def write_config_file(directory: pathlib.Path, **changes) -> pathlib.Path:
     return path
 
 
+def tensorboard_scalars(directory: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value), ...] of the scalars in the TensorBoard event files in ``directory``,
+    in file order, read as TensorBoard reads them: record by record (TFRecord framing), stopping at
+    a record cut short, and a session start at step S (tensorboardX's ``purge_step``) dropping
+    what was read for steps >= S."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for file in sorted(pathlib.Path(directory).glob("events.out.tfevents.*")):
+        data, offset = file.read_bytes(), 0
+        while offset + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            end = offset + 12 + length + 4
+            if end > len(data):
+                break
+            event = Event.FromString(data[offset + 12:offset + 12 + length])
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                scalars = {tag: [(s, v) for s, v in points if s < event.step] for tag, points in scalars.items()}
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+            offset = end
+    return scalars
+
+
 # ----------------------------------------------------------------------------------------------
 # Tiny random transformers checkpoints, for parity tests.
 # ----------------------------------------------------------------------------------------------

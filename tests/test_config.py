@@ -109,6 +109,7 @@ def test_official_hyperparameters(model):
     assert c.sampling.max_new_tokens == 1024 and c.data.max_prompt_tokens == 2048
     assert c.rewards.max_think_words == 512 and not c.rewards.conditional_length
     assert (c.model.dtype, c.train.master_dtype, c.model.remat) == ("bfloat16", "float32", True)
+    assert c.rl.tempered_logprobs  # verl's log-probs at the rollout temperature (1: the same numbers)
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (1, -1, 1)
     assert c.task == "files" and c.model.path == "" and not c.sft.enabled
     assert c.data.validation.endswith("rlla_4k/test.parquet") and c.data.test == c.data.validation
@@ -181,6 +182,9 @@ INVALID = [
     ({"rewards.weights": ["a", "b", "c"]}, "rewards.weights"),
     ({"rewards.on_error": "skip"}, "rewards.on_error"),
     ({"rewards.num_workers": 0}, "rewards.num_workers"),
+    ({"rewards.timeout_s": -1.0}, "rewards.timeout_s"),
+    ({"rewards.timeout_s": "1m"}, "rewards.timeout_s"),
+    ({"rewards.max_failed_fraction": 1.5}, "rewards.max_failed_fraction"),
     ({"rl.algorithm": "ppo"}, "rl.algorithm"),
     ({"rl.snr_tau": 1.5}, "rl.snr_tau"),
     ({"rl.snr_tau": -0.1}, "rl.snr_tau"),
@@ -201,6 +205,7 @@ INVALID = [
     ({"rl.num_minibatches": 3}, "rl.num_minibatches"),  # does not divide the 32 rollouts of a step
     ({"rl.micro_batch_size": -1}, "rl.micro_batch_size"),
     ({"rl.micro_batch_size": 3}, "rl.micro_batch_size"),  # does not divide the minibatch of 32
+    ({"rl.tempered_logprobs": "yes"}, "rl.tempered_logprobs"),
     ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens"),
     ({"sampling.temperature": 0.0}, "sampling.temperature"),
     ({"sampling.top_p": 0.0}, "sampling.top_p"),
@@ -217,6 +222,7 @@ INVALID = [
     ({"train.master_dtype": "float16"}, "train.master_dtype"),
     ({"train.logit_chunk_size": 0}, "train.logit_chunk_size"),
     ({"train.log_every": 0}, "train.log_every"),
+    ({"train.max_consecutive_skipped_steps": 0}, "train.max_consecutive_skipped_steps"),
     ({"sft.enabled": "yes"}, "sft.enabled"),
     ({"sft.data": None}, "sft.data"),
     ({"sft.num_steps": -1}, "sft.num_steps"),
@@ -228,6 +234,7 @@ INVALID = [
     ({"checkpoint.every_steps": 0}, "checkpoint.every_steps"),
     ({"checkpoint.keep": 0}, "checkpoint.keep"),
     ({"eval.split": None}, "eval.split"),
+    ({"eval.split": "valdation"}, "eval.split"),  # a typo no longer turns evaluation off
     ({"eval.max_examples": -1}, "eval.max_examples"),
     ({"eval.batch_size": 0}, "eval.batch_size"),
     ({"eval.every_steps": -1}, "eval.every_steps"),
@@ -244,6 +251,46 @@ def test_each_invalid_value_is_refused_naming_its_field(changes, field):
     (value,) = changes.values()
     if field.startswith(("rl.", "sampling.top", "train.", "model.", "mesh.")) and value is not None:
         assert repr(value) in message or str(value) in message, message  # and says what it got
+
+
+NOT_FINITE_OR_OUT_OF_RANGE = [
+    ({"train.learning_rate": float("inf")}, "train.learning_rate"),
+    ({"train.learning_rate": float("nan")}, "train.learning_rate"),
+    ({"train.learning_rate": 1.5}, "train.learning_rate"),
+    ({"sft.learning_rate": -5e-3}, "sft.learning_rate"),
+    ({"sft.learning_rate": float("inf")}, "sft.learning_rate"),
+    ({"train.weight_decay": float("nan")}, "train.weight_decay"),
+    ({"train.weight_decay": -0.01}, "train.weight_decay"),
+    ({"train.grad_clip": float("inf")}, "train.grad_clip"),
+    ({"rl.kl_coef": float("inf")}, "rl.kl_coef"),
+    ({"rl.entropy_coef": float("nan")}, "rl.entropy_coef"),
+    ({"rl.group_eps": -1e-6}, "rl.group_eps"),
+    ({"rl.dual_clip": float("inf")}, "rl.dual_clip"),
+    ({"rl.snr_tau": float("nan")}, "rl.snr_tau"),
+    ({"sampling.temperature": float("inf")}, "sampling.temperature"),
+    ({"rewards.weights": (1.0, float("nan"), 1.0)}, "rewards.weights"),
+]
+
+
+@pytest.mark.parametrize("changes, field", NOT_FINITE_OR_OUT_OF_RANGE,
+                         ids=[f"{f}={v}" for c, f in NOT_FINITE_OR_OUT_OF_RANGE for v in c.values()])
+def test_non_finite_and_senseless_numbers_are_refused_naming_their_field(changes, field):
+    message = error_of(with_values(tiny.get_config(), changes))
+    assert re.match(re.escape(f"config.{field}") + r"\b", message), message
+
+
+def test_bfloat16_master_weights_are_refused_below_their_smallest_learning_rate():
+    # At the paper's lr 1e-6, bf16 rounds AdamW's updates away (config.MIN_BF16_MASTER_LEARNING_RATE).
+    message = error_of(with_values(tiny.get_config(), {"train.master_dtype": "bfloat16", "train.learning_rate": 1e-6}))
+    assert message.startswith("config.train.master_dtype: bfloat16 master weights lose AdamW updates of "
+                              "train.learning_rate=1e-06")
+    assert "train.master_dtype='float32'" in message and "learning_rate >= 0.0001" in message
+    for lr in (1e-4, 1e-3):
+        config = RunConfig.from_config_dict(with_values(tiny.get_config(), {"train.master_dtype": "bfloat16",
+                                                                            "train.learning_rate": lr}))
+        assert config.train.master_dtype == "bfloat16"
+    # float32 master weights take any learning rate, the paper's among them (configs/toolrl.py).
+    assert RunConfig.from_config_dict(with_values(tiny.get_config(), {"train.learning_rate": 1e-6}))
 
 
 def test_sft_values_are_only_checked_when_the_warm_start_is_on():
@@ -293,8 +340,12 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     old = json.loads(default.get_config().to_json_best_effort())
     del old["sft"]["seed"], old["sft"]["cache_dir"], old["sampling"]["prompts_per_call"]
     del old["data"]["synthetic"]["num_candidates"], old["data"]["synthetic"]["habit_rate"]
+    del old["rewards"]["timeout_s"], old["rewards"]["max_failed_fraction"]
+    del old["rl"]["tempered_logprobs"], old["train"]["max_consecutive_skipped_steps"]
     config = RunConfig.from_config_dict(old)
+    assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
     assert (config.sft.seed, config.sft.cache_dir, config.sampling.prompts_per_call) == (0, "", 0)
+    assert (config.rewards.timeout_s, config.rewards.max_failed_fraction) == (0.0, 1.0)  # no limits then
     # Synthetic-task fields it lacks take the task's defaults and stay out of its dict (and its
     # warm-start key), as before.
     assert config.data.synthetic.num_candidates is None

@@ -79,6 +79,29 @@ def test_completion_logprobs_equal_log_softmax_of_the_models_logits(tie):
     np.testing.assert_array_equal(np.asarray(unembedding(model)), np.asarray(head))
 
 
+@pytest.mark.parametrize("temperature", [0.5, 0.7])
+def test_logprobs_at_a_temperature_are_verls_log_softmax_of_scaled_logits(temperature):
+    # verl divides the logits by the rollout temperature for the old, new and reference log-probs
+    # (and the entropy): log_softmax(logits / T).
+    path, _ = tiny_checkpoint("qwen2", True)
+    model = load_pretrained(path)
+    ids, mask = ragged_batch()
+    logits = logits_of(model, ids, mask)[:, 4:-1] / temperature
+    log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    expected = np.take_along_axis(log_probs, ids[:, 5:, None], axis=-1)[..., 0]
+    logp, entropy = nnx.jit(lambda m, i, a: completion_logprobs(
+        m, i, a, ids.shape[1] - 5, chunk_size=3, with_entropy=True, temperature=temperature))(model, ids, mask)
+    np.testing.assert_allclose(np.asarray(logp), expected, atol=ulps(expected, 64))
+    np.testing.assert_allclose(np.asarray(entropy), -np.sum(np.exp(log_probs) * log_probs, -1), atol=1e-4)
+    untempered, _ = completion_logprobs(model, ids, mask, ids.shape[1] - 5)
+    assert np.abs(np.asarray(logp) - np.asarray(untempered)).max() > 0.1  # not the temperature-1 ones
+    # The reference policy's log-probs take the same temperature.
+    graphdef, params = nnx.split(model, nnx.Param)
+    ref = reference_logprobs_fn(graphdef, "float32", temperature=temperature)(params, jnp.asarray(ids),
+                                                                               jnp.asarray(mask), ids.shape[1] - 5)
+    np.testing.assert_allclose(np.asarray(ref), expected, atol=ulps(expected, 64))
+
+
 def test_merge_model_casts_to_the_compute_dtype_and_grads_reach_the_master_weights():
     path, _ = tiny_checkpoint("qwen2", True)
     graphdef, params = nnx.split(load_pretrained(path), nnx.Param)

@@ -10,6 +10,7 @@ from gd2po_jax.losses import (
     LOSS_AGG_MODES,
     accumulate,
     aggregate_loss,
+    approx_kl_old_new,
     clipped_surrogate,
     kl_penalty,
     policy_loss,
@@ -86,6 +87,19 @@ def test_kl_estimators():
         kl_penalty(logp, ref, "k2")
 
 
+def test_approx_kl_estimates_kl_from_the_old_policy_to_the_new():
+    # Tokens come from the old policy: the expectation of the per-token estimate under it is
+    # exactly KL(old || new), not KL(new || old) (two different numbers for these distributions).
+    old = np.asarray([0.7, 0.2, 0.1])
+    new = np.asarray([0.3, 0.3, 0.4])
+    kl_old_new = np.sum(old * np.log(old / new))
+    kl_new_old = np.sum(new * np.log(new / old))
+    estimate = np.asarray(approx_kl_old_new(jnp.asarray(np.log(new) - np.log(old), jnp.float32)))
+    assert np.all(estimate >= 0)
+    assert np.sum(old * estimate) == pytest.approx(kl_old_new, rel=1e-5)
+    assert abs(kl_old_new - kl_new_old) > 0.04
+
+
 def _batch(seed, batch=6, length=5):
     rng = np.random.default_rng(seed)
     logp = jnp.asarray(rng.normal(size=(batch, length)) * 0.3 - 1.0, jnp.float32)
@@ -143,7 +157,7 @@ def test_policy_loss_terms_and_metrics():
     np.testing.assert_allclose(metrics["ratio_max"], ratio.max(), rtol=1e-5)
     np.testing.assert_allclose(metrics["ratio_mean"], ratio.mean(), rtol=1e-5)
     log_ratio = np.asarray(logp - old)[maskn]
-    np.testing.assert_allclose(metrics["approx_kl"], np.mean(np.exp(-log_ratio) + log_ratio - 1), rtol=1e-4)
+    np.testing.assert_allclose(metrics["approx_kl"], np.mean(np.exp(log_ratio) - 1 - log_ratio), rtol=1e-4)
     assert float(metrics["tokens"]) == maskn.sum()
     with pytest.raises(ValueError, match="no ref_logp"):
         policy_loss(logp, old, adv, mask, kl_coef=0.1)

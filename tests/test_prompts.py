@@ -27,12 +27,20 @@ def test_build_prompt_set_renders_tokenizes_and_keeps_columns():
         build_prompt_set(_dataset(["ab", "cde"]), EchoTokenizer(), max_prompt_tokens=3, where="f.jsonl")
 
 
-def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():
+def test_epoch_sampler_serves_full_batches_of_each_epoch_and_resumes_exactly():
     sampler = EpochSampler(size=10, seed=3)
-    batches = [sampler.next_batch(4) for _ in range(5)]  # 20 items = two epochs
-    first_epoch = sorted(batches[0] + batches[1] + batches[2][:2])
-    assert first_epoch == list(range(10))
+    batches = [sampler.next_batch(4) for _ in range(5)]
+    # As verl's DataLoader(drop_last=True): 2 batches per epoch, distinct items, the 2 left over
+    # skipped; the third batch starts epoch 1.
+    for epoch, pair in ((0, batches[0:2]), (1, batches[2:4])):
+        items = pair[0] + pair[1]
+        assert len(set(items)) == 8 and items == EpochSampler(size=10, seed=3)._order(epoch)[:8].tolist()
+    assert sampler.state() == {"epoch": 2, "offset": 4}
     assert batches[0] != EpochSampler(size=10, seed=4).next_batch(4)  # the seed matters
+    # A batch size that divides the data skips nothing: each epoch is a permutation.
+    exact = EpochSampler(size=8, seed=3)
+    assert sorted(exact.next_batch(4) + exact.next_batch(4)) == list(range(8))
+    assert exact.state() == {"epoch": 1, "offset": 0}
     # Restoring the position of any step continues with the same batches.
     replay = EpochSampler(size=10, seed=3)
     replay.next_batch(4)
@@ -43,6 +51,13 @@ def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():
     assert [resumed.next_batch(4) for _ in range(3)] == batches[2:]
     with pytest.raises(ValueError, match="training data is empty"):
         EpochSampler(size=0, seed=0).next_batch(1)
+
+
+def test_a_batch_larger_than_the_data_spans_epochs():
+    sampler = EpochSampler(size=3, seed=0)
+    batch = sampler.next_batch(4)
+    assert batch[:3] == sampler._order(0).tolist() and batch[3] == sampler._order(1)[0]
+    assert sampler.state() == {"epoch": 1, "offset": 1}
 
 
 def test_padded_batches_keep_one_shape():

@@ -12,6 +12,7 @@ from gd2po_jax.models import Decoder
 from gd2po_jax.prompts import PromptSet
 from gd2po_jax.rewards.scoring import RewardError, score_rollouts
 from gd2po_jax.rollout import collect_rollouts
+from gd2po_jax.sampling import generate
 from tests.fakes import DigitTokenizer, tiny_model_config
 
 CONFIG = tiny_model_config(vocab_size=48)
@@ -68,6 +69,20 @@ def test_collect_rollouts_shapes_and_chunking(per_call):
         collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3,
                          sampling=Sampling(), eos_token_ids=[1], pad_token_id=0, prompt_length=16,
                          rng=jax.random.PRNGKey(1), prompts_per_call=3)
+
+
+def test_old_logprobs_are_at_the_logprob_temperature():
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    kwargs = dict(num_generations=2, sampling=Sampling(), eos_token_ids=[1], pad_token_id=0, prompt_length=16,
+                  rng=jax.random.PRNGKey(1))
+    plain = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), **kwargs).batch
+    tempered = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), logprob_temperature=0.5,
+                                **kwargs).batch
+    np.testing.assert_array_equal(tempered.input_ids, plain.input_ids)  # the same tokens
+    expected = generate(model, _prompts(2).token_ids, max_new_tokens=6, eos_token_ids=[1], pad_token_id=0,
+                        rng=jax.random.PRNGKey(1), num_samples=2, prompt_length=16, logprob_temperature=0.5)
+    np.testing.assert_array_equal(tempered.old_logp, expected.logprobs)
+    assert np.abs(np.asarray(tempered.old_logp - plain.old_logp)).max() > 0.1
 
 
 def test_score_rollouts_errors_and_workers():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -170,3 +171,155 @@ def test_a_read_only_manager_of_a_missing_directory_has_no_steps_and_creates_not
         checkpoints.restore_params(None, {})
     checkpoints.close()
     assert not (tmp_path / "checkpoints").exists()
+
+
+def files_in(directory) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+def damage(checkpoint_dir, how: str) -> None:
+    """Damage a checkpoint of `small_state`: truncate its largest array data file, or replace its
+    arrays by others of the same shapes (what a flipped bit does to a value: the data reads, but
+    is not what was saved; Orbax compresses small arrays, so flipping a bit on disk is not reliable)."""
+    if how == "truncate":  # every data file of the arrays (OCDBT keeps small arrays in its b-tree nodes)
+        for file in (checkpoint_dir / "state").glob("**/d/*"):
+            file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+        return
+    other = checkpoint_dir.parent.parent / "other"
+    with Checkpoints(other) as checkpoints:
+        checkpoints.save(1, small_state(7.25), {"step": 1})
+    shutil.rmtree(checkpoint_dir / "state")
+    shutil.copytree(other / "1" / "state", checkpoint_dir / "state")
+
+
+@pytest.mark.parametrize("how", ["truncate", "other data"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, how, caplog):
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        for step in (1, 2):
+            checkpoints.save(step, small_state(float(step) + 0.5), {"step": step})
+    damage(tmp_path / "checkpoints" / "2", how)
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        with pytest.raises(run_dir.CorruptCheckpointError, match=f"checkpoint {tmp_path / 'checkpoints' / '2'} "):
+            checkpoints.restore(2, small_state(0.0))
+        step, state, meta = checkpoints.restore_intact(small_state(0.0))
+        assert step == 1 and meta == {"step": 1}
+        assert_trees_equal(state, small_state(1.5))
+        assert checkpoints.steps() == [1]  # the damaged one is set aside, so step 2 can be saved again
+        checkpoints.save(2, small_state(2.5), {"step": 2})
+    assert f"checkpoint {tmp_path / 'checkpoints' / '2'}" in caplog.text
+    [aside] = (tmp_path / "corrupt_checkpoints").iterdir()
+    assert aside.name.startswith("2-")
+
+
+def test_without_an_intact_checkpoint_each_damaged_one_is_named(tmp_path):
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        for step in (1, 2):
+            checkpoints.save(step, small_state(float(step)), {"step": step})
+    for step in (1, 2):
+        damage(tmp_path / "checkpoints" / str(step), "truncate")
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        with pytest.raises(run_dir.CorruptCheckpointError, match=r"no intact checkpoint .*checkpoints/2 .*checkpoints/1 "):
+            checkpoints.restore_intact(small_state(0.0))
+        assert checkpoints.steps() == [1, 2]  # nothing moved
+        assert Checkpoints(tmp_path / "none").restore_intact(small_state(0.0)) is None
+
+
+def test_a_damaged_checkpoint_is_named_when_only_its_params_are_read(tmp_path):
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        checkpoints.save(1, small_state(1.0), {"step": 1})
+    damage(tmp_path / "checkpoints" / "1", "other data")
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), small_state(0.0).params)
+    with Checkpoints(tmp_path / "checkpoints", create=False) as reader:
+        with pytest.raises(run_dir.CorruptCheckpointError, match=r"is damaged: 2 arrays differ from what was "
+                                                                  r"saved \(params/bias, params/embed\)"):
+            reader.restore_params(1, target)
+
+
+def test_non_finite_states_are_never_checkpointed(tmp_path):
+    state = small_state(1.0)
+    state = state.replace(params={**state.params, "bias": state.params["bias"].at[1].set(jnp.inf)})
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        with pytest.raises(run_dir.NonFiniteError, match=r"step 3 .* in 1 arrays: params/bias; not saving"):
+            checkpoints.save(3, state, {"step": 3})
+        assert checkpoints.steps() == []
+    with pytest.raises(run_dir.NonFiniteError, match="the policy has non-finite values .* params/bias"):
+        run_dir.check_finite({"params": state.params}, "the policy")
+
+
+def test_checksums_do_not_depend_on_the_sharding():
+    devices = jax.devices()[:4] if len(jax.devices()) >= 4 else jax.devices()[:1]
+    mesh = Mesh(np.array(devices), ("fsdp",))
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 3)), jnp.float32)
+    sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("fsdp")))
+    assert run_dir.state_integrity({"x": sharded}) == run_dir.state_integrity({"x": x})
+    flipped = x.at[5, 2].set(jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(x[5, 2], jnp.uint32) ^ jnp.uint32(1 << 31), jnp.float32))
+    assert run_dir.state_integrity({"x": flipped})[0] != run_dir.state_integrity({"x": x})[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# One process per workdir; a rerun continues only the run its config.json describes.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_second_process_on_a_workdir_stops_naming_the_holder(tmp_path):
+    lock = run_dir.lock_workdir(tmp_path, "train.py")
+    holder = json.loads((tmp_path / ".lock").read_text())
+    assert holder["pid"] == os.getpid() and holder["program"] == "train.py"
+    with pytest.raises(run_dir.WorkdirBusyError, match=rf"{tmp_path} is in use by train.py \(pid {os.getpid()} on "):
+        run_dir.lock_workdir(tmp_path, "eval.py")  # flock: another open file description conflicts
+    lock.release()
+    assert not (tmp_path / ".lock").exists()
+    # A holder killed with -9 leaves its file, but the kernel dropped its lock.
+    (tmp_path / ".lock").write_text('{"pid": 1, "host": "elsewhere"}')
+    with run_dir.lock_workdir(tmp_path, "eval.py"):
+        assert json.loads((tmp_path / ".lock").read_text())["program"] == "eval.py"
+    assert os.listdir(tmp_path) == []
+
+
+def test_staging_of_killed_processes_is_removed(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    mine = run_dir.staging_name(tmp_path / "warm_start")
+    theirs = mine.with_name(mine.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-"))
+    for directory in (mine, theirs):
+        (directory / "sub").mkdir(parents=True)
+    (tmp_path / ".config.json.abc123.tmp").write_text("half")
+    assert run_dir.remove_stale_staging(tmp_path) == [theirs]  # a live process's staging is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, ".config.json.abc123.tmp"])
+    run_dir.remove_stale_staging(tmp_path, all_stale=True)  # under the workdir's lock: all of it
+    assert os.listdir(tmp_path) == []
+
+
+def started_run(workdir, **changes):
+    """A workdir whose run got past its warm start, made with the default config and ``changes``."""
+    config = as_run_config(default_config())
+    run_dir.write_config(workdir, config.replace(changes))
+    (workdir / "metrics.jsonl").write_text('{"step": 1}\n')
+    return config
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_each_field_and_both_values(tmp_path):
+    config = started_run(tmp_path)
+    changed = config.replace({"rl.algorithm": "grpo", "train.learning_rate": 1e-4, "train.num_steps": 500})
+    with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm \(was 'gd2po_snr', now 'grpo'\), "
+                                          r"config\.train\.learning_rate \(was 0\.0003, now 0\.0001\): the run in "):
+        run_dir.check_resume_config(tmp_path, changed)
+    # What a resumed run may change (num_steps: extend it; the rest: how it runs, not what it computes).
+    run_dir.check_resume_config(tmp_path, config.replace(
+        {"train.num_steps": 500, "checkpoint.every_steps": 7, "rewards.num_workers": 3, "mesh.fsdp": 1}))
+    # Before any progress (a fresh or a warm-start-only workdir) the config may change freely.
+    (tmp_path / "metrics.jsonl").unlink()
+    run_dir.check_resume_config(tmp_path, changed)
+
+
+def test_a_directory_is_replaced_whole(tmp_path):
+    target = tmp_path / "policy"
+    for version in ("old", "new"):
+        staging = run_dir.staging_name(target)
+        staging.mkdir()
+        (staging / "config.json").write_text(version)
+        run_dir.replace_dir(staging, target)
+    assert (target / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["policy"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from flax import nnx
 
+from gd2po_jax.logprobs import merge_model
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.sampling import (
     SamplingParams,
@@ -63,16 +64,20 @@ def test_greedy_matches_transformers_generate_with_eos_at_different_steps(family
         assert (row[n - 1] in eos) == done and np.all(row[n:] == pad)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])
-def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p,logprob_temperature",
+                         [(1.0, 0, 1.0, 1.0), (0.7, 20, 0.9, 1.0), (0.7, 20, 0.9, 0.7)])
+def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p, logprob_temperature):
+    # Whatever filters drew the tokens, the log-probs are log_softmax(logits / logprob_temperature):
+    # the raw logits (T = 1) or, as verl's old log-probs, the sampling temperature's.
     path, _ = tiny_checkpoint("qwen3", False)
     model = load_pretrained(path)
     out = generate(model, _prompts(), max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
-                   eos_token_ids=[3], rng=jax.random.key(7), num_samples=2)
+                   eos_token_ids=[3], rng=jax.random.key(7), num_samples=2, logprob_temperature=logprob_temperature)
     prompt_len = out.prompt_tokens.shape[1]
     ids = np.concatenate([out.prompt_tokens, out.tokens], axis=1)
     mask = np.concatenate([out.prompt_mask, np.ones_like(out.tokens)], axis=1)
-    logp = jax.nn.log_softmax(logits_of(model, ids, mask)[:, prompt_len - 1 : -1], axis=-1)
+    logits = logits_of(model, ids, mask)[:, prompt_len - 1 : -1]
+    logp = jax.nn.log_softmax(logits / logprob_temperature, axis=-1)
     ref = np.take_along_axis(np.asarray(logp), np.asarray(out.tokens)[..., None], axis=-1)[..., 0]
     valid = np.asarray(completion_mask(out.lengths, 8))
     np.testing.assert_allclose(np.asarray(out.logprobs)[valid], ref[valid], atol=1e-5)
@@ -197,8 +202,26 @@ def test_bucket_length_left_pad_and_completion_mask():
                                   [[True, True, False], [False, False, False], [True, True, True]])
 
 
+@pytest.mark.parametrize("compute_dtype", ["bfloat16", "float32"])
+def test_kv_cache_is_in_the_compute_dtype(compute_dtype):
+    # The trainer samples from float32 master weights merged at the compute dtype; the merged module
+    # still reports float32 (model.dtype), but its keys and values are computed in the compute dtype.
+    model = _peaked_model()
+    graphdef, params = nnx.split(model, nnx.Param)
+    policy = merge_model(graphdef, params, compute_dtype)
+    assert policy.dtype == jnp.float32
+    sampling = SamplingParams(max_new_tokens=2, temperature=0.0)
+    graphdef, state = nnx.split(policy)
+    ids, mask = left_pad([[1, 2, 3]], 16, 0)
+    dstate = prefill_fn(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0), sampling, 2, None)
+    for cache in dstate.cache.keys + dstate.cache.values:
+        assert cache.dtype == jnp.dtype(compute_dtype)
+
+
 def test_invalid_sampling_settings_are_rejected():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(max_new_tokens=4, top_p=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="logprob_temperature"):
+        SamplingParams(max_new_tokens=4, logprob_temperature=0.0)

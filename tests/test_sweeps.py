@@ -90,6 +90,8 @@ def test_run_status_from_the_files_a_run_leaves(tmp_path):
     (workdir / "results.json").write_text("{}")
     assert run_status(workdir) == TRAINED
     (workdir / "eval").mkdir()
+    (workdir / "eval" / "test.json").write_text('{"split": "te')  # cut short: not evaluated
+    assert run_status(workdir) == TRAINED
     (workdir / "eval" / "test.json").write_text("{}")
     assert run_status(workdir) == FINISHED
 

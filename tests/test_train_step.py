@@ -28,7 +28,9 @@ from gd2po_jax.train_step import (
     StepConfig,
     TrainState,
     check_batch_layout,
+    count_skipped_steps,
     jit_train_step,
+    logprob_temperature,
     make_train_step,
 )
 from tests.fakes import tiny_model_config
@@ -46,12 +48,14 @@ def new_model() -> Decoder:
     return Decoder(MODEL_CONFIG, rngs=nnx.Rngs(0))
 
 
-def sample_batch(model: Decoder, seed: int, rewards: np.ndarray | None = None) -> RolloutBatch:
+def sample_batch(model: Decoder, seed: int, rewards: np.ndarray | None = None,
+                 logprob_temperature: float = 1.0) -> RolloutBatch:
     """P random prompts (lengths 3..12), G sampled completions each, random [P, G, K] rewards."""
     rs = np.random.RandomState(seed)
     prompts = [list(rs.randint(2, MODEL_CONFIG.vocab_size, rs.randint(3, 13))) for _ in range(P)]
     out = generate(model, prompts, max_new_tokens=MAX_NEW, eos_token_ids=(EOS,), pad_token_id=0,
-                   rng=jax.random.key(seed), num_samples=G, prompt_length=PROMPT_LEN)
+                   rng=jax.random.key(seed), num_samples=G, prompt_length=PROMPT_LEN,
+                   logprob_temperature=logprob_temperature)
     if rewards is None:
         rewards = rs.uniform(-1.0, 1.0, (P, G, K)).astype(np.float32)
     return rollout_batch(out, jnp.asarray(rewards), jnp.ones((P,), bool))
@@ -155,6 +159,98 @@ def test_layout_errors_name_the_config_field():
         check_batch_layout(16, num_minibatches=2, micro_batch_size=2, num_data_shards=4)
     assert check_batch_layout(16, num_minibatches=2, micro_batch_size=4) == (8, 4)
     assert check_batch_layout(16, num_minibatches=2, micro_batch_size=0, num_data_shards=8) == (8, 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# A non-finite gradient skips the update.
+# ----------------------------------------------------------------------------------------------
+
+
+def poisoned(batch: RolloutBatch) -> RolloutBatch:
+    """The batch with one NaN old log-prob on a response token of row 0: that row's loss, hence the
+    gradient of every minibatch holding it, is NaN."""
+    assert bool(batch.response_mask[0, 0])
+    return batch.replace(old_logp=batch.old_logp.at[0, 0].set(jnp.nan))
+
+
+def test_a_non_finite_gradient_leaves_params_and_optimizer_state_unchanged(setup):
+    _, params, batch = setup
+    optimizer = ("adamw", 1e-3, 0.0)
+    fresh = new_state(params, optimizer_of(optimizer))
+    new_params, metrics, state = run_step(setup, StepConfig(), batch=poisoned(batch), optimizer=optimizer)
+    assert metrics["update/skipped_updates"] == 1
+    assert not np.isfinite(metrics["loss/grad_norm"])
+    np.testing.assert_array_equal(flat(new_params), flat(params))
+    for got, want in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(fresh.opt_state)):
+        np.testing.assert_array_equal(got, want)  # Adam's count and moments too
+    assert int(state.step) == 1  # the rollout batch is consumed all the same
+    # Without the guard the same batch turns the parameters into NaN for good.
+    unguarded, _, _ = run_step(setup, StepConfig(skip_nonfinite_updates=False), batch=poisoned(batch),
+                               optimizer=optimizer)
+    assert np.isnan(flat(unguarded)).any()
+
+
+def test_only_the_minibatches_with_a_non_finite_gradient_are_skipped(setup):
+    _, params, batch = setup
+    # 2 epochs x 2 minibatches: the poisoned row lands in one minibatch of each epoch.
+    new_params, metrics, state = run_step(setup, StepConfig(ppo_epochs=2, num_minibatches=2), batch=poisoned(batch))
+    assert metrics["update/skipped_updates"] == 2
+    adam_count = [x for x in jax.tree.leaves(state.opt_state) if np.shape(x) == ()][0]
+    assert int(adam_count) == 2  # 4 updates, 2 applied
+    after = flat(new_params)
+    assert np.all(np.isfinite(after)) and np.abs(after - flat(params)).max() > 1e-4
+
+
+def test_a_finite_step_is_the_update_without_the_guard(setup):
+    # The guard selects the update it computed: bitwise the unguarded step's parameters, state and metrics.
+    optimizer = ("adamw", 1e-3, 0.0)
+    guarded, guarded_metrics, guarded_state = run_step(setup, StepConfig(), optimizer=optimizer)
+    plain, plain_metrics, plain_state = run_step(setup, StepConfig(skip_nonfinite_updates=False), optimizer=optimizer)
+    assert guarded_metrics.pop("update/skipped_updates") == 0
+    assert plain_metrics.pop("update/skipped_updates") == 0
+    np.testing.assert_array_equal(flat(guarded), flat(plain))
+    for got, want in zip(jax.tree.leaves(guarded_state.opt_state), jax.tree.leaves(plain_state.opt_state)):
+        np.testing.assert_array_equal(got, want)
+    assert guarded_metrics == plain_metrics
+
+
+def test_consecutive_skipped_steps_stop_the_run_naming_the_field():
+    consecutive = 0
+    for step, skipped in enumerate([1, 0, 2, 1], start=1):  # a finite step resets the count
+        consecutive = count_skipped_steps(consecutive, skipped, step, limit=3)
+    assert consecutive == 2
+    with pytest.raises(RuntimeError, match=r"^train\.max_consecutive_skipped_steps=3: the gradient was not "
+                                           r"finite \(inf or NaN\) in 3 consecutive RL steps, up to step 5"):
+        count_skipped_steps(consecutive, 1.0, 5, limit=3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probs at the rollout temperature (verl).
+# ----------------------------------------------------------------------------------------------
+
+
+def test_tempered_logprobs_give_unit_ratio_when_the_sampler_used_the_same_temperature(setup):
+    _, _, plain = setup  # old log-probs at temperature 1
+    # The fixture's tokens, with the sampler's old log-probs at T = 0.5 (a rollout temperature).
+    tempered = sample_batch(new_model(), seed=0, logprob_temperature=0.5)
+    np.testing.assert_array_equal(tempered.input_ids, plain.input_ids)
+    _, metrics, _ = run_step(setup, StepConfig(logprob_temperature=0.5), batch=tempered)
+    assert metrics["loss/ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    # Old log-probs at another temperature than the update's: the ratios start far from 1.
+    _, metrics, _ = run_step(setup, StepConfig(logprob_temperature=0.5), batch=plain)
+    assert metrics["loss/ratio_max"] - metrics["loss/ratio_min"] > 0.1
+
+
+def test_logprob_temperature_from_the_run_config():
+    config = default_config.get_config()
+    config.sampling.temperature = 0.7
+    assert logprob_temperature(config) == 1.0 and StepConfig.from_config(config).logprob_temperature == 1.0
+    config.rl.tempered_logprobs = True
+    assert logprob_temperature(config) == 0.7 and StepConfig.from_config(config).logprob_temperature == 0.7
+    assert logprob_temperature(RunConfig.from_config_dict(config)) == 0.7
+    del config.rl["tempered_logprobs"]  # a config older than the field
+    assert logprob_temperature(config) == 1.0
 
 
 # ----------------------------------------------------------------------------------------------

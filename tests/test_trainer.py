@@ -14,6 +14,7 @@ workdirs, which the trainer then reuses) and compare their RL phase with it.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -26,9 +27,10 @@ import jax
 import numpy as np
 import pytest
 
+from gd2po_jax import run_dir
 from gd2po_jax.config import ConfigError
 from gd2po_jax.metrics_logging import read_metrics
-from tests.fakes import REPO, subprocess_env, tiny_config, write_config_file
+from tests.fakes import REPO, subprocess_env, tensorboard_scalars, tiny_config, write_config_file
 
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs
 
@@ -115,6 +117,8 @@ def reference(tmp_path_factory, train_env) -> pathlib.Path:
         ({"rl__loss_agg_mode": "sum"}, "config.rl.loss_agg_mode"),
         ({"sft__seed": -1}, "config.sft.seed"),
         ({"sft__cache_dir": None}, "config.sft.cache_dir"),
+        ({"train__learning_rate": float("inf")}, "config.train.learning_rate"),
+        ({"sft__learning_rate": -5e-3}, "config.sft.learning_rate"),
     ],
 )
 def test_invalid_config_fails_before_any_compute_naming_the_field(tmp_path, overrides, field):
@@ -141,7 +145,8 @@ def test_run_writes_every_artifact(reference):
         "advantages/kept_fraction", "advantages/query_weight_mean", "loss/clip_fraction", "loss/kl",
         "loss/entropy", "response_length", "truncation_rate", "tokens_per_second", "time/rollout",
         "time/rewards", "time/update", "reward_abstained/correctness", "reward_abstained/format",
-        "reward_abstained/length",
+        "reward_abstained/length", "reward_failed/correctness", "reward_failed/format", "reward_failed/length",
+        "update/skipped_updates",
     }
     for record in records:
         assert keys <= set(record), keys - set(record)
@@ -151,6 +156,8 @@ def test_run_writes_every_artifact(reference):
         assert -3.0 <= record["reward/correctness"] <= 3.0
         # The tool-calling rewards never abstain: every rollout has every reward.
         assert all(record[f"reward_abstained/{n}"] == 0.0 for n in ("correctness", "format", "length"))
+        assert all(record[f"reward_failed/{n}"] == 0.0 for n in ("correctness", "format", "length"))
+        assert record["update/skipped_updates"] == 0
     # RL had something to learn from: the rewards varied within groups and the policy moved.
     assert max(r["advantages/abs_advantage_mean"] for r in records) > 0.1
     assert max(r["loss/grad_norm"] for r in records) > 0
@@ -235,6 +242,64 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path
     for name in ("before_rl", "after_rl"):
         assert json.loads((workdir / "eval" / f"{name}.json").read_text()) == \
             json.loads((reference / "eval" / f"{name}.json").read_text())
+    assert_tensorboard_shows_the_metrics(workdir)
+
+
+def assert_tensorboard_shows_the_metrics(workdir: pathlib.Path) -> None:
+    """TensorBoard has each step of metrics.jsonl once, with its values (float32 there)."""
+    records = read_metrics(workdir)
+    scalars = tensorboard_scalars(workdir / "tensorboard")
+    for name in ("reward/correctness", "advantages/kept_fraction", "loss/grad_norm"):
+        assert scalars[name] == [(r["step"], float(np.float32(r[name]))) for r in records], name
+
+
+# ----------------------------------------------------------------------------------------------
+# Run integrity: one process per workdir, one config per run, a damaged checkpoint.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_second_process_on_a_busy_workdir_stops_at_once(tmp_path):
+    from gd2po_jax.trainer import train_and_evaluate
+
+    with run_dir.lock_workdir(tmp_path / "run", "train.py"):
+        with pytest.raises(run_dir.WorkdirBusyError, match=rf"{tmp_path / 'run'} is in use by train.py \(pid "):
+            train_and_evaluate(tiny_config(), tmp_path / "run", progress=False)
+        assert os.listdir(tmp_path / "run") == [".lock"]  # nothing else written
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_them(reference):
+    from gd2po_jax.trainer import train_and_evaluate
+
+    before = (reference / "config.json").read_text()
+    with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm \(was 'gd2po_snr', now 'grpo'\), "
+                                          r"config\.train\.seed \(was 0, now 1\): the run in "):
+        train_and_evaluate(tiny_config(rl__algorithm="grpo", train__seed=1), reference, progress=False)
+    with pytest.raises(ConfigError, match=r"^config\.train\.num_steps: 4 is below step 6"):
+        train_and_evaluate(tiny_config(train__num_steps=4), reference, progress=False)
+    assert (reference / "config.json").read_text() == before
+    assert not (reference / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path, train_env):
+    """The latest checkpoint of a finished run cut short: the rerun warns, resumes from the one
+    before, and ends as the reference did. Resuming does not read the warm start (damaged too)."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    for file in (workdir / "checkpoints" / "6" / "state").glob("**/d/*"):
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    warm_start = workdir / "warm_start" / "model.safetensors"
+    warm_start.write_bytes(warm_start.read_bytes()[:1000])
+    run_train(workdir, write_config_file(tmp_path), train_env)
+
+    log = workdir.with_name(workdir.name + ".log").read_text()
+    assert f"checkpoint {workdir / 'checkpoints' / '6'} cannot be read" in log and "resumed from step 4" in log
+    assert [p.name.split("-")[0] for p in (workdir / "corrupt_checkpoints").iterdir()] == ["6"]
+    assert stable_metrics(workdir) == stable_metrics(reference)
+    expected, got = policy_tensors(reference), policy_tensors(workdir)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    assert_tensorboard_shows_the_metrics(workdir)
 
 
 # ----------------------------------------------------------------------------------------------

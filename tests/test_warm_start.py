@@ -91,3 +91,27 @@ def test_publishing_a_warm_start_keeps_the_first_of_two_racing_writers(tmp_path)
 def test_warm_start_only_needs_sft():
     with pytest.raises(ConfigError, match=r"^config\.sft\.enabled"):
         build_warm_start(tiny_config(sft__enabled=False), "/nonexistent", progress=False)
+
+
+def test_a_killed_warm_start_save_leaves_nothing_behind_for_good(tmp_path):
+    """The staging directory of a process that died mid-save is removed by the next warm start
+    (here one that reuses the published warm start of the shared cache); a live one's is kept."""
+    import os
+    import subprocess
+    import sys
+
+    from gd2po_jax import run_dir
+
+    config = as_run_config(tiny_config(sft__cache_dir=str(tmp_path / "cache")))
+    published = warm_start_dir(config, tmp_path / "run")
+    published.mkdir(parents=True)
+    (published / "config.json").write_text("{}")
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    live = run_dir.staging_name(published)
+    killed = live.with_name(live.name.replace(f"-{os.getpid()}-", f"-{dead}-"))
+    for staging in (live, killed):
+        staging.mkdir()
+        (staging / "model.safetensors").write_bytes(b"half")
+    assert warm_start(config, None, tmp_path / "run", progress=False) == published
+    assert sorted(p.name for p in published.parent.iterdir()) == sorted([published.name, live.name])

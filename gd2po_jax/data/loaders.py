@@ -33,8 +33,10 @@ Supported files (local only; nothing is downloaded):
 
 Malformed rows raise `DataFormatError` naming the file, the 0-based row (and the 1-based line for
 JSONL) and the field. With `on_error="skip"` they are left out instead, logged as a warning, and
-returned in `LoadResult.skipped`. Problems with a whole file (missing, not a JSON list, no
-`prompt` column) always raise.
+returned in `LoadResult.skipped`. Problems with a whole file (missing, not a JSON list or not a
+parquet file, no `prompt` column, no rows, or every row skipped) always raise `DataFormatError`
+naming the file. Text must be valid UTF-8 (in JSON files, also after `\\u` escapes: no lone
+surrogates); a row that is not is malformed like any other.
 """
 
 from __future__ import annotations
@@ -130,6 +132,11 @@ class LoadResult:
 def _require_str(value: Any, field: str, *, allow_empty: bool = True) -> str:
     if not isinstance(value, str):
         raise _FieldError(field, f"expected a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate, e.g. from a JSON "\ud800" escape
+        raise _FieldError(field, f"not valid Unicode text: {value[err.start]!r} at character {err.start} "
+                                 "(a lone surrogate)") from None
     if not allow_empty and not value.strip():
         raise _FieldError(field, "expected a non-empty string")
     return value
@@ -186,6 +193,10 @@ def _build(
             if on_error == "raise":
                 raise error from None
             skipped.append(error)
+    if not rows:
+        problem = (f"no usable rows: all {len(skipped)} rows are malformed (skipped with on_error='skip'); "
+                   f"first: {skipped[0]}") if skipped else "holds no rows"
+        raise DataFormatError(path, None, None, problem)
     if skipped:
         logger.warning("%s: skipped %d malformed row(s); first: %s", path, len(skipped), skipped[0])
     return LoadResult(datasets.Dataset.from_list(rows, features=FEATURES), tuple(skipped))
@@ -231,8 +242,11 @@ def load_verl_parquet(
         data) loads with ground_truth None; rows of a file that has the field still need it.
     """
     path = _check_file(path)
-    parquet = pq.ParquetFile(path)
-    schema = parquet.schema_arrow
+    try:
+        parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
+    except (pa.ArrowException, OSError) as err:
+        raise DataFormatError(path, None, None, f"not a readable parquet file ({type(err).__name__}: {err})") from None
     if "prompt" not in schema.names:
         raise DataFormatError(
             path, None, "prompt", f"no 'prompt' column; columns are {schema.names}"
@@ -249,8 +263,17 @@ def load_verl_parquet(
 
     def records() -> Iterator[tuple[int, None, dict]]:
         index = 0
-        for batch in parquet.iter_batches(batch_size=1024, columns=columns):
-            for record in batch.to_pylist():
+        batches = parquet.iter_batches(batch_size=1024, columns=columns)
+        while True:
+            try:
+                batch = next(batches, None)
+                batch_records = [] if batch is None else batch.to_pylist()
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # a corrupt page
+                raise DataFormatError(path, None, None, f"unreadable from row {index} on "
+                                      f"({type(err).__name__}: {err})") from None
+            if batch is None:
+                return
+            for record in batch_records:
                 yield index, None, record
                 index += 1
 
@@ -396,6 +419,7 @@ def load_api_bank_file(
             ground_truth = encode_api_bank_answer(calls)
         except (TypeError, ValueError) as err:
             raise _FieldError("answer", f"not representable as JSON ({err})") from None
+        _require_str(ground_truth, "answer")  # no lone surrogates in its strings
         prompt = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         return _row(prompt, ground_truth=ground_truth, level=level, source="api_bank", row=index)
 
@@ -450,13 +474,18 @@ def load_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> LoadR
     """Load a JSONL file in the schema of the module docstring (row = 0-based line index)."""
     path = _check_file(path)
 
-    def records() -> Iterator[tuple[int, int, Any]]:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    def records() -> Iterator[tuple[int, int, bytes]]:
+        with open(path, "rb") as f:  # lines end at b"\n" only; each is decoded on its own
             for index, line in enumerate(f):
                 if line.strip():
                     yield index, index + 1, line
 
-    def convert(line: str, index: int) -> dict:
+    def convert(raw: bytes, index: int) -> dict:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise _FieldError("<line>", f"not valid UTF-8: byte {raw[err.start]:#04x} at byte "
+                                        f"{err.start} of the line") from None
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as err:
@@ -484,7 +513,9 @@ def detect_kind(path: str | os.PathLike) -> str:
         return "jsonl"
     if suffix == ".json":
         records = _json_list(_check_file(path))
-        keys = set(records[0]) if records and isinstance(records[0], dict) else set()
+        if not records:
+            raise DataFormatError(path, None, None, "holds no rows (an empty JSON list)")
+        keys = set(records[0]) if isinstance(records[0], dict) else set()
         if {"instruction", "output"} <= keys:
             return "toolrl_sft"
         if {"system", "user", "answer"} <= keys:

@@ -205,17 +205,19 @@ def policy_from_model_path(model_path: str, dtype: str) -> Policy:
 
 
 def evaluate_split(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
-                   *, progress: bool = True) -> dict[str, Any]:
+                   *, progress: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Greedy evaluation on ``split`` of the run's data with the tool-calling metrics; writes
-    ``out_dir/<name>.json`` and ``<name>.jsonl`` and returns the summary (``correct_acc``,
-    ``format_acc``, ``length``, ...)."""
+    ``out_dir/<name>.json`` (with the fields of ``extra``, e.g. which policy it was) and
+    ``<name>.jsonl`` and returns the summary (``correct_acc``, ``format_acc``, ``length``, ...).
+    Each file is written once, atomically: a summary on disk is a finished evaluation."""
     summary, records = evaluate(
         model, setup.evals[split], setup.tokenizer, tool_calling_scorer(config.rewards.max_think_words),
         batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,
         eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
         progress=progress, desc=f"eval {name}",
     )
-    summary = {"split": split, **summary, "correct_acc": summary.get("correct"), "format_acc": summary.get("format")}
+    summary = {"split": split, **summary, "correct_acc": summary.get("correct"), "format_acc": summary.get("format"),
+               **(extra or {})}
     write_report(out_dir, name, summary, records)
     return summary
 
@@ -340,12 +342,8 @@ def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> dict[str, An
         raise EvalError(f"--split={options.split}: the run has no such split (config.data.{options.split} "
                         f"is empty); available: {sorted(setup.evals)}")
     policy = policy_from_run(config, setup, workdir, options.checkpoint_step)
-    files = RunDir(workdir)
-    result = evaluate_split(config, setup, policy.model, options.split, files.eval_dir, options.split,
-                            progress=options.progress)
-    result["policy"] = policy.source
-    run_dir.write_json(files.eval_report(options.split), result)
-    return result
+    return evaluate_split(config, setup, policy.model, options.split, RunDir(workdir).eval_dir, options.split,
+                          progress=options.progress, extra={"policy": policy.source})
 
 
 def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
@@ -366,7 +364,15 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
 def run(options: EvalOptions) -> dict[str, Any]:
     """Evaluate as ``options`` ask; returns the summary written to ``<workdir>/eval/<name>.json``
     and prints a table when ``options.progress``. With ``options.habits``, returns (and prints) the
-    habit breakdown of saved generations instead, and writes nothing."""
+    habit breakdown of saved generations instead, and writes nothing.
+
+    An evaluation holds the workdir's lock (`run_dir.lock_workdir`): it stops at once, naming the
+    holder, while train.py (or another eval.py) works there. ``--habits`` only reads: no lock.
+
+    Raises:
+      EvalError: naming the flag or file to fix.
+      RunDirError: the workdir is busy, or a checkpoint is damaged (naming it).
+    """
     workdir = output_dir(options)
     if options.habits:
         if options.model_path or options.data:
@@ -375,12 +381,21 @@ def run(options: EvalOptions) -> dict[str, Any]:
         if options.progress:
             print(habits_table(result))
         return result
-    if options.data:
-        result = _evaluate_api_bank(options, workdir)
-        table = api_bank_table(result)
-    else:
-        result = _evaluate_split(options, workdir)
-        table = split_table(result)
+    # Evaluations write into the workdir and read its checkpoints, which a running train.py
+    # prunes: one process at a time (a workdir without config.json fails below, unlocked).
+    lock = run_dir.lock_workdir(workdir, "eval.py") if options.model_path or RunDir(workdir).config.is_file() else None
+    try:
+        if lock is not None:
+            run_dir.remove_stale_staging(RunDir(workdir).eval_dir, all_stale=True)
+        if options.data:
+            result = _evaluate_api_bank(options, workdir)
+            table = api_bank_table(result)
+        else:
+            result = _evaluate_split(options, workdir)
+            table = split_table(result)
+    finally:
+        if lock is not None:
+            lock.release()
     if options.progress:
         print(table)
         print(f"written to {RunDir(workdir).eval_dir}")

@@ -141,6 +141,27 @@ def _place(view: np.ndarray, dtype, sharding) -> jax.Array:
     return jax.make_array_from_callback(view.shape, sharding, lambda idx: np.asarray(view[idx]).astype(dtype))
 
 
+def check_model_dir(path, what: str = "model directory") -> pathlib.Path:
+    """``path`` as a `pathlib.Path`, once it is known to be an existing local directory.
+
+    Args:
+      what: how the message names the path (e.g. ``"config.model.path"``).
+
+    Raises:
+      FileNotFoundError: saying that the directory does not exist; checkpoints are only read
+        from disk, so a Hub id such as ``Qwen/Qwen2.5-3B-Instruct`` is not looked up either.
+    """
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        problem = "is a file, not a directory" if path.exists() else "does not exist"
+        raise FileNotFoundError(
+            f"{what}: {str(path)!r} {problem}; it must be a local Hugging Face model directory (config.json, "
+            "*.safetensors, tokenizer files). Nothing is downloaded: a Hub id such as 'org/name' is not "
+            "looked up, download it first (e.g. huggingface-cli download org/name --local-dir DIR)"
+        )
+    return path
+
+
 def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat: bool = False) -> Decoder:
     """A `Decoder` with the weights of the Hugging Face checkpoint directory ``path``.
 
@@ -151,7 +172,7 @@ def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat:
         (see `gd2po_jax.sharding`); otherwise on the default device.
       remat: rematerialise layers in the backward pass.
     """
-    path = pathlib.Path(path)
+    path = check_model_dir(path)
     config = load_config(path)
     checkpoint = SafetensorsCheckpoint(path)
     model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))

@@ -45,15 +45,50 @@ def dtype_code(dtype) -> str:
 
 
 def read_header(file: pathlib.Path) -> tuple[dict, int]:
-    """(header without ``__metadata__``, byte offset where the data starts)."""
+    """(header without ``__metadata__``, byte offset where the data starts), checked against the
+    file: every tensor's bytes must lie inside it and match its shape and dtype.
+
+    Raises:
+      ValueError: naming the file (and the tensor), when it is truncated or not a safetensors file.
+    """
+    file_size = pathlib.Path(file).stat().st_size
     with open(file, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
             raise ValueError(f"{file}: not a safetensors file (shorter than 8 bytes)")
         (size,) = struct.unpack("<Q", raw)
-        header = json.loads(f.read(size))
+        if 8 + size > file_size:
+            raise ValueError(f"{file}: truncated or not a safetensors file (its header claims {size} bytes, "
+                             f"the file has {file_size})")
+        try:
+            header = json.loads(f.read(size))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{file}: not a safetensors file (its header is not JSON: {err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        _check_entry(file, name, entry, data_size=file_size - 8 - size)
     return header, 8 + size
+
+
+def _check_entry(file: pathlib.Path, name: str, entry, data_size: int) -> None:
+    """A header entry's offsets lie inside the ``data_size`` bytes after the header and span its
+    shape and dtype (a dtype this reader lacks is reported when the tensor is read)."""
+    try:
+        begin, end = (int(x) for x in entry["data_offsets"])
+        shape = tuple(int(n) for n in entry["shape"])
+        code = entry["dtype"]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{file}: tensor {name!r} has a malformed header entry {entry!r}") from None
+    if not 0 <= begin <= end:
+        raise ValueError(f"{file}: tensor {name!r} has invalid data offsets [{begin}, {end})")
+    if end > data_size:
+        raise ValueError(f"{file} is truncated: tensor {name!r} needs data bytes [{begin}, {end}), but the file "
+                         f"has {data_size} bytes of data; the file is incomplete (a killed or failed copy or save)")
+    if code in _DTYPES and end - begin != _nbytes(shape, _DTYPES[code]):
+        raise ValueError(f"{file}: tensor {name!r} spans {end - begin} bytes, but its shape {shape} and dtype "
+                         f"{code} need {_nbytes(shape, _DTYPES[code])}")
 
 
 class SafetensorsCheckpoint:
@@ -64,7 +99,11 @@ class SafetensorsCheckpoint:
         self.directory = pathlib.Path(directory)
         index = self.directory / INDEX_FILE
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{index}: not a safetensors index (a JSON object with a weight_map): "
+                                 f"{type(err).__name__}: {err}") from None
             files = sorted({self.directory / f for f in weight_map.values()})
         else:
             files = sorted(self.directory.glob("*.safetensors"))

@@ -19,6 +19,15 @@ exception is a crash, handled by `config.rewards.on_error` (`gd2po_jax.rewards.s
 output that is neither a finite number nor an abstention (+-inf, a string such as "2.5", a bool)
 is a bug in the reward function, rejected by `check_reward_output` with an error naming the
 reward, the rollout and the value.
+
+Checking the data: a reward function may also define
+
+    fn.check_columns(columns: dict[str, list]) -> iterable of (row, column, problem)
+
+naming the dataset rows it could never score (a ground truth it cannot parse, a missing one);
+`column_problems` asks it (and every function of a `CombinedReward`), so that the run setup
+rejects such rows when the data is loaded, naming the file and the row, instead of when the row
+is first sampled.
 """
 
 from __future__ import annotations
@@ -165,6 +174,23 @@ class CombinedReward:
             for fn in self.functions
         ]
         return np.concatenate(parts, axis=1)
+
+
+def column_problems(fn: RewardFunction, columns: Mapping[str, Sequence[Any]]) -> list[tuple[int, str, str]]:
+    """(row index, column, problem) of each dataset row ``fn`` could never score, sorted by row,
+    from the optional ``check_columns`` of ``fn`` (or of each function of a `CombinedReward`);
+    empty when no function checks its columns.
+
+    Args:
+      columns: the dataset's columns (``ground_truth`` ...), N values each.
+    """
+    functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
+    problems = []
+    for function in functions:
+        check = getattr(function, "check_columns", None)
+        if check is not None:
+            problems.extend((int(i), str(column), str(problem)) for i, column, problem in check(columns))
+    return sorted(problems)
 
 
 _REWARD_KINDS: dict[str, Callable[..., RewardFunction]] = {}

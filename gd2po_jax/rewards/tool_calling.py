@@ -133,6 +133,26 @@ def parse_ground_truth_calls(ground_truth: str) -> list[Any] | None:
         ) from err
 
 
+def ground_truth_problem(ground_truth: Any) -> str | None:
+    """Why a dataset's ground truth cannot be scored, or None when it can: it is not text (None:
+    the row has none), its `<tool_call>` block is not one JSON object per line, or a call is not
+    ``{"name": str, "parameters": {...}}`` (every response would then get the minimum correctness).
+    """
+    if not isinstance(ground_truth, str):
+        got = "none" if ground_truth is None else f"a {type(ground_truth).__name__}"
+        return f"the tool_calling reward needs a ground-truth text, the row has {got}"
+    try:
+        calls = parse_ground_truth_calls(ground_truth)
+    except ValueError as err:
+        return str(err)
+    for j, call in enumerate(calls or []):
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str)
+                and isinstance(call.get("parameters"), dict)):
+            return (f"tool call {j} of the ground truth is {call!r:.100}, not {{\"name\": str, \"parameters\": "
+                    "{...}}: every response would get the minimum correctness")
+    return None
+
+
 def multiset_match(a: list[Any], b: list[Any]) -> float:
     """1 if the lists are equal, 0 if either is empty, else multiset Jaccard |a∩b| / |a∪b|.
 
@@ -333,6 +353,16 @@ class ToolCallingReward:
         """The lowest value of each column (what a rollout that cannot be scored gets)."""
         lowest = {"correctness": MIN_CORRECTNESS, "format": 0.0, "length": 0.0}
         return tuple(lowest[name] for name in self.names)
+
+    def check_columns(self, columns: Mapping[str, Sequence[Any]]) -> list[tuple[int, str, str]]:
+        """(row, column, problem) of each dataset row whose ground truth cannot be scored
+        (`ground_truth_problem`), for `gd2po_jax.rewards.base.column_problems`."""
+        column = self.ground_truth_column
+        if column not in columns:
+            raise ValueError(f"the tool_calling reward needs the dataset column {column!r}; the data has "
+                             f"columns {sorted(columns)}")
+        problems = ((i, ground_truth_problem(gt)) for i, gt in enumerate(columns[column]))
+        return [(i, column, problem) for i, problem in problems if problem is not None]
 
     def score(self, response: str, ground_truth: str) -> ToolCallScore:
         """The three rewards of one response, with the conditional length rule applied."""

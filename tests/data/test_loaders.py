@@ -1,6 +1,7 @@
 """gd2po_jax/data/loaders.py: the loaders on the real files and on corrupted copies, one schema."""
 
 import json
+import re
 
 import datasets
 import pyarrow as pa
@@ -329,3 +330,80 @@ def test_loaders_share_one_schema(data_dir):
     combined = datasets.concatenate_datasets(parts)
     assert len(combined) == 80 + 400 + 67
     assert set(combined["source"]) == {"rlla", "toolrl_sft", "api_bank"}
+
+
+# ---------------------------------------------------------------- whole-file problems name the file
+
+
+def _empty_files(data_dir, tmp_path):
+    """(path, load_data options) of files with no rows, one per format."""
+    parquet = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(data_dir / "rlla_4k" / "test.parquet").slice(0, 0), parquet)
+    (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "blank.jsonl").write_text("\n  \n")
+    return [(parquet, {}), (tmp_path / "empty.json", {"kind": "toolrl_sft"}),
+            (tmp_path / "empty.json", {"kind": "api_bank"}), (tmp_path / "empty.json", {}),
+            (tmp_path / "blank.jsonl", {})]
+
+
+def test_a_file_without_rows_is_an_error_naming_it(data_dir, tmp_path):
+    for path, options in _empty_files(data_dir, tmp_path):
+        with pytest.raises(DataFormatError, match=rf"^{path}: holds no rows") as info:
+            load_data(path, **options)
+        assert (info.value.path, info.value.row) == (str(path), None), options
+
+
+def test_a_file_whose_rows_are_all_skipped_is_an_error_naming_it_and_the_first_row(data_dir, tmp_path):
+    rows = pq.read_table(data_dir / "rlla_4k" / "test.parquet").slice(0, 3).to_pylist()
+    for row in rows:
+        row["prompt"] = []
+    parquet = tmp_path / "all_bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    jsonl = _write_jsonl(tmp_path / "all_bad.jsonl", ['{"x": 1}', '{"y": 2}'])
+    for path, first in [(parquet, "row 0 (0-based), field 'prompt'"), (jsonl, "row 0 (0-based), line 1")]:
+        with pytest.raises(DataFormatError, match=rf"^{path}: no usable rows: all \d rows are malformed "
+                                                  rf"\(skipped with on_error='skip'\); first: .*{re.escape(first)}"):
+            load_data(path, on_error="skip")
+
+
+def test_a_file_that_is_not_parquet_is_an_error_naming_it(data_dir, tmp_path):
+    real = (data_dir / "rlla_4k" / "test.parquet").read_bytes()
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"not a parquet file")
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(real[: len(real) // 2])
+    for path in (garbage, truncated):
+        with pytest.raises(DataFormatError, match=rf"^{path}: not a readable parquet file \(ArrowInvalid: "
+                                                  "Parquet magic bytes"):
+            load_data(path)
+    corrupt = tmp_path / "corrupt_page.parquet"  # a data page overwritten: the footer still reads
+    corrupt.write_bytes(real[: len(real) // 10] + bytes(64) + real[len(real) // 10 + 64 :])
+    with pytest.raises(DataFormatError, match=rf"^{corrupt}: unreadable from row 0 on \("):
+        load_data(corrupt)
+
+
+def test_invalid_utf8_in_jsonl_is_a_malformed_row(tmp_path):
+    """Bytes that are not UTF-8 make their line malformed (named, and skipped with on_error='skip'),
+    and so does a JSON escape of a lone surrogate, which no text can hold."""
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n{"prompt": "\\ud800 alone"}\n'
+                     b'{"prompt": [{"role": "user", "content": "fine"}], "target": "\\udfff"}\n{"prompt": "end"}\r\n')
+    with pytest.raises(DataFormatError, match=r"bytes\.jsonl, row 1 \(0-based\), line 2, field '<line>': not valid "
+                                              r"UTF-8: byte 0xe9 at byte 15 of the line"):
+        load_jsonl(path)
+    result = load_jsonl(path, on_error="skip")
+    assert [(e.row, e.field) for e in result.skipped] == [(1, "<line>"), (2, "prompt"), (3, "target")]
+    assert "lone surrogate" in result.skipped[1].problem
+    assert result.dataset["row"] == [0, 4]
+    assert result.dataset[1]["prompt"] == [{"role": "user", "content": "end"}]  # a CRLF line reads
+
+
+def test_lone_surrogates_in_json_files_are_malformed_rows(data_dir, tmp_path):
+    records = json.loads((data_dir / "api_bank" / "level-2-api_processed.json").read_text())[:3]
+    records[1]["user"] = "\ud800"
+    records[2]["answer"] = [{"name": "Tool", "parameters": {"q": "\udc00"}}]
+    path = tmp_path / "level-2-api_processed.json"
+    path.write_text(json.dumps(records))  # ensure_ascii: the file holds \\ud800 escapes
+    result = load_api_bank_file(path, on_error="skip")
+    assert [(e.row, e.field) for e in result.skipped] == [(1, "user"), (2, "answer")]
+    assert len(result.dataset) == 1

@@ -123,6 +123,26 @@ def test_split_eval_restores_the_latest_checkpoint(trained_run):
 
 
 @pytest.mark.slow
+def test_a_report_is_written_once_whole_while_the_workdir_is_locked(trained_run, monkeypatch):
+    """eval/<split>.json is the sweep's sign that a run is evaluated: it is written once, atomically,
+    with every field; and while train.py (or another eval.py) holds the workdir, eval.py stops."""
+    from gd2po_jax import run_dir
+
+    writes = []
+    write_text = run_dir.write_text
+    monkeypatch.setattr(run_dir, "write_text", lambda path, text: (writes.append(pathlib.Path(path).name),
+                                                                    write_text(path, text)))
+    result = eval_run.run(EvalOptions(workdir=str(trained_run), split="validation", checkpoint_step=1,
+                                      max_examples=2, progress=False))
+    assert writes == ["validation.jsonl", "validation.json"]
+    assert json.loads((trained_run / "eval" / "validation.json").read_text())["policy"]["step"] == 1 == \
+        result["policy"]["step"]
+    with run_dir.lock_workdir(trained_run, "train.py"):
+        with pytest.raises(run_dir.WorkdirBusyError, match=rf"{trained_run} is in use by train.py"):
+            eval_run.run(EvalOptions(workdir=str(trained_run), split="validation", progress=False))
+
+
+@pytest.mark.slow
 def test_checkpoint_step_selects_the_parameters(trained_run):
     config = eval_run.load_run_config(trained_run)
     setup = build_setup(config, trained_run)

@@ -187,6 +187,16 @@ def test_wrong_shape_names_file_tensor_and_expected_shape(tmp_path):
         load_pretrained(ckpt)
 
 
+@pytest.mark.parametrize("keep", ["most", "part of the header"])
+def test_a_truncated_safetensors_file_is_named(tmp_path, keep):
+    ckpt = _copy_checkpoint(tmp_path)
+    file = ckpt / "model.safetensors"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) - 1000] if keep == "most" else data[:100])
+    with pytest.raises(ValueError, match=rf"{file}.* truncated"):
+        load_pretrained(ckpt)
+
+
 def test_unexpected_tensors_are_reported(tmp_path):
     ckpt = _copy_checkpoint(tmp_path, "qwen3", False)
     config = json.loads((ckpt / "config.json").read_text())

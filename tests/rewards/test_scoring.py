@@ -1,8 +1,11 @@
 """gd2po_jax.rewards.scoring: abstentions (NaN / None) from the reward function to the advantages,
-kept apart from crashes (on_error) and from invalid outputs (+-inf, strings, bools)."""
+kept apart from crashes and timeouts (on_error, counted per step, with a limit) and from invalid
+outputs (+-inf, strings, bools)."""
 
 import dataclasses
 import re
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +18,19 @@ from gd2po_jax.models import Decoder
 from gd2po_jax.prompts import PromptSet
 from gd2po_jax.rewards import CombinedReward, ToolCallingReward
 from gd2po_jax.rewards.base import RewardOutputError
-from gd2po_jax.rewards.scoring import RewardError, abstained_fraction, repeat_columns, score_rollouts
+from gd2po_jax.rewards.scoring import (
+    RewardError,
+    RewardFailuresError,
+    RewardTimeoutError,
+    abstained_fraction,
+    check_failures,
+    failed_fraction,
+    repeat_columns,
+    score_batch,
+    score_rollouts,
+)
 from gd2po_jax.rollout import collect_rollouts
+from gd2po_jax.trainer import host_metrics
 from tests.fakes import DigitTokenizer, tiny_model_config
 
 CONFIG = tiny_model_config(vocab_size=48)
@@ -119,6 +133,91 @@ def test_wrong_shape_is_rejected():
         score_rollouts(Short(), ["p", "p"], ["x", "y"], {})
 
 
+@pytest.mark.parametrize("output", [np.array([["2.5"]] * 3), [[b"2.5"]] * 3, np.array([[2.5]] * 3, object).astype(str)])
+def test_numbers_written_as_text_are_rejected_not_read(output):
+    """A reward that returns "2.5" (in a list, or as a NumPy string array) is a bug, not 2.5."""
+
+    class Text:
+        names = ("judge",)
+        min_values = (0.0,)
+
+        def __call__(self, prompts, responses, columns):
+            return output
+
+    for on_error in ("raise", "min"):
+        with pytest.raises(RewardOutputError, match=r"reward 'judge', rollout 0: returned .*2\.5"):
+            score_rollouts(Text(), ["p"] * 3, ["a", "b", "c"], {}, on_error=on_error)
+
+
+def test_failures_are_counted_per_reward_and_floor_only_the_failing_function():
+    """on_error='min': the failing function's columns of the failed rollouts get its minimum and are
+    marked failed; the other function of a CombinedReward keeps its scores; the first error names
+    the function and the rollout."""
+    combined = CombinedReward((ToolCallingReward(names=("format",)), Judge(fail_on="5")))
+    responses = ["1 2", GOOD, "5 5", "8", "5", GOOD]
+    scores = score_batch(combined, ["p"] * 6, responses, {"ground_truth": [GT_CALL] * 6}, on_error="min",
+                         num_workers=2)
+    assert scores.failed.shape == scores.rewards.shape == (6, 2)
+    np.testing.assert_array_equal(scores.failed[:, 0], [False] * 6)
+    np.testing.assert_array_equal(scores.failed[:, 1], [False, False, True, False, True, False])
+    np.testing.assert_array_equal(scores.rewards[:, 0], [0, 1, 0, 0, 0, 1])  # format still scored
+    np.testing.assert_array_equal(scores.rewards[:, 1], [2, len(GOOD.split()), -1, 1, -1, len(GOOD.split())])
+    assert scores.first_error == "reward function Judge failed on rollout 2: RuntimeError: judge crashed"
+    clean = score_batch(combined, ["p"] * 2, ["1", GOOD], {"ground_truth": [GT_CALL] * 2}, on_error="min")
+    assert clean.first_error is None and not clean.failed.any()
+
+
+@dataclasses.dataclass
+class Hangs:
+    """K=1: hangs (until ``release`` is set, at most 60 s) on a batch containing "hang", else 1."""
+
+    release: threading.Event
+    names: tuple = ("judge",)
+    min_values: tuple = (0.0,)
+
+    def __call__(self, prompts, responses, columns):
+        if "hang" in responses:
+            self.release.wait(60)
+        return [[1.0]] * len(responses)
+
+
+def test_a_hung_reward_fails_when_the_step_timeout_runs_out():
+    """rewards.timeout_s bounds the step's scoring: the chunk that hangs fails (min) or stops the run
+    naming the function, the rollouts and the timeout (raise); the other chunk is scored."""
+    release = threading.Event()
+    responses = ["a", "b", "hang", "c"]  # chunks (a, b) and (hang, c) with 2 workers
+    try:
+        start = time.monotonic()
+        scores = score_batch(Hangs(release), ["p"] * 4, responses, {}, on_error="min", num_workers=2, timeout_s=0.5)
+        assert time.monotonic() - start < 10
+        np.testing.assert_array_equal(scores.rewards[:, 0], [1, 1, 0, 0])
+        np.testing.assert_array_equal(scores.failed[:, 0], [False, False, True, True])
+        assert "Hangs gave no result for rollouts 2-3 within config.rewards.timeout_s=0.5 s" in scores.first_error
+        with pytest.raises(RewardTimeoutError, match=r"Hangs gave no result for rollouts 2-3 within "
+                                                     r"config.rewards.timeout_s=0.5 s.*abandoned"):
+            score_batch(Hangs(release), ["p"] * 4, responses, {}, num_workers=2, timeout_s=0.5)
+        # A reward that returns within the timeout is scored as without one.
+        in_time = score_rollouts(Hangs(release), ["p"] * 2, ["a", "b"], {}, timeout_s=30)
+        np.testing.assert_array_equal(in_time, [[1], [1]])
+    finally:
+        release.set()
+
+
+def test_check_failures_stops_naming_step_rewards_limit_and_first_error():
+    failed = np.zeros((3, 2, 2), bool)
+    failed[0, :, 1] = True  # reward "b" failed on both rollouts of prompt 0
+    failed[2, :, 0] = True  # prompt 2 is a filler prompt: not counted
+    valid = np.array([True, True, False])
+    shares = failed_fraction(failed, valid)
+    np.testing.assert_array_equal(shares, [0.0, 0.5])
+    check_failures(shares, ("a", "b"), 0.5, step=7, first_error="x")  # at the limit: goes on
+    with pytest.raises(RewardFailuresError, match=r"^step 7: reward 'b' \(50%\) failed on more than "
+                                                  r"config.rewards.max_failed_fraction=0.1 .*first error: boom"):
+        check_failures(shares, ("a", "b"), 0.1, step=7, first_error="boom")
+    with pytest.raises(RewardFailuresError, match=r"rewards 'a' \(100%\), 'b' \(100%\)"):
+        check_failures(np.ones(2), ("a", "b"), 0.99, step=1, first_error="boom")
+
+
 def test_abstained_fraction_counts_valid_rollouts_per_reward():
     nan = np.nan
     rewards = np.array([[[1, nan], [nan, nan]], [[0, 0], [0, nan]], [[nan, nan], [nan, nan]]], np.float32)
@@ -185,5 +284,59 @@ def test_abstentions_reach_the_advantages_as_missing_rewards():
     np.testing.assert_array_equal(np.asarray(adv.keep), np.broadcast_to(valid[:, None], abstained.shape))
 
 
+def test_failed_rollouts_reach_the_step_metrics():
+    """collect_rollouts counts the failed rollouts per reward over the valid prompts; the trainer's
+    host metrics log them as reward_failed/<name>."""
+    judge = Judge(fail_on="7", abstain_on="never")
+    reward_fn = CombinedReward((Judge(names=("length",), abstain_on="never"), judge))
+    rng = np.random.default_rng(0)
+    num_prompts, group = 4, 8
+    prompts = PromptSet(texts=[f"p{i}" for i in range(num_prompts)],
+                        token_ids=[list(rng.integers(3, 48, size=4)) for _ in range(num_prompts)],
+                        columns={"ground_truth": ["x"] * num_prompts})
+    valid = np.array([True, True, True, False])
+    out = collect_rollouts(Decoder(CONFIG, rngs=nnx.Rngs(0)), prompts, DigitTokenizer(), reward_fn,
+                           num_generations=group, sampling=Sampling(), eos_token_ids=[1], pad_token_id=0,
+                           prompt_length=8, rng=jax.random.PRNGKey(3), valid=valid, num_workers=2, on_error="min")
+    crashed = np.array(["7" in r.split() for r in out.responses]).reshape(num_prompts, group)
+    assert 0 < crashed[valid].sum() < crashed[valid].size  # the seed gives both kinds
+    np.testing.assert_allclose(out.failed, [0.0, crashed[valid].mean()])
+    assert re.fullmatch(r"reward function Judge failed on rollout \d+: RuntimeError: judge crashed", out.first_failure)
+    metrics = host_metrics(out, {"rollout": 1.0}, ("length", "judge"))
+    assert metrics["reward_failed/length"] == 0.0
+    assert metrics["reward_failed/judge"] == pytest.approx(crashed[valid].mean(), rel=1e-6)
+
+
 def test_repeat_columns_is_prompt_major():
     assert repeat_columns({"gt": ["a", "b"]}, 3) == {"gt": ["a", "a", "a", "b", "b", "b"]}
+
+
+class DownBackend:
+    """A reward whose backend is down: every call raises (a connection error)."""
+
+    def __init__(self, names, **_options):
+        self.names, self.min_values = tuple(names), (0.0,) * len(names)
+
+    def __call__(self, prompts, responses, columns):
+        raise ConnectionError("reward server unreachable")
+
+
+@pytest.mark.slow
+def test_a_run_whose_reward_backend_is_down_stops_at_the_first_step(tmp_path, monkeypatch):
+    """on_error='min' no longer hides a dead reward: more than rewards.max_failed_fraction of the
+    step's rollouts failed, so the run stops before the update, naming the step, the rewards, the
+    limit and the first error."""
+    from gd2po_jax.rewards import base
+    from gd2po_jax.trainer import train_and_evaluate
+    from tests.fakes import tiny_config
+
+    monkeypatch.setattr(base, "_REWARD_KINDS", dict(base._REWARD_KINDS))
+    base.register_reward_kind("down_backend")(DownBackend)
+    config = tiny_config(sft__enabled=False, rewards__kind="down_backend", rewards__on_error="min",
+                         eval__split="none")
+    with pytest.raises(RewardFailuresError, match=r"^step 1: rewards 'correctness' \(100%\), 'format' \(100%\), "
+                                                  r"'length' \(100%\) failed on more than config\.rewards\."
+                                                  r"max_failed_fraction=0\.1 .*first error: reward function "
+                                                  r"DownBackend failed on rollout 0: ConnectionError"):
+        train_and_evaluate(config, tmp_path, progress=False)
+    assert not (tmp_path / "checkpoints" / "1").exists()

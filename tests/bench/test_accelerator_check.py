@@ -1,0 +1,128 @@
+"""bench/accelerator_check.py: its CPU smoke runs a miniature of every part and passes, so that the
+script cannot rot while no device machine is lent; a part that raises is recorded as an error, the
+other parts still run and the exit status is non-zero."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from tests.fakes import REPO, subprocess_env
+
+SCRIPT = REPO / "bench" / "accelerator_check.py"
+PARTS = ["correctness", "speed", "compilation", "end_to_end"]
+
+
+@pytest.fixture(scope="module")
+def check_module():
+    """The script as a module (its absl flags are defined once in this process; nothing is parsed)."""
+    if "accelerator_check" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["accelerator_check"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["accelerator_check"]
+
+
+def positive(value, where: str) -> None:
+    assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, f"{where} = {value!r}"
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_part_and_passes(tmp_path):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", f"--out={out}"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "cpu-smoke" and report["passed"] is True
+    assert report["environment"]["backend"] == "cpu" and report["environment"]["device_count"] == 8
+    assert list(report["parts"]) == PARTS
+    for name, part in report["parts"].items():
+        assert part["status"] == "passed", (name, part.get("error"), part.get("traceback"))
+        assert part["checks"] and all(c["passed"] for c in part["checks"]), name
+        positive(part["seconds"], f"{name}.seconds")
+    # The JSON is printed as written, then the table.
+    assert json.loads(proc.stdout[: proc.stdout.index("\n\naccelerator check")]) == report
+    assert "accelerator check (cpu-smoke): cpu x8" in proc.stdout
+
+    correctness = report["parts"]["correctness"]
+    assert set(correctness["logits_rel_l2"]) == {"float32/highest", "float32/default", "bfloat16"}
+    assert correctness["logits_rel_l2"]["float32/highest"] <= 1e-6  # the same device: the same numbers
+    assert 0 < correctness["logits_rel_l2"]["bfloat16"] <= 5e-2
+    for dtype, greedy in correctness["greedy"].items():
+        assert greedy["tokens"] == 4 * 8 and greedy["unexplained_mismatches"] == 0, dtype
+    assert correctness["update"]["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}  # sharded vs one device
+
+    speed = report["parts"]["speed"]
+    positive(speed["bandwidth_bytes_per_s"], "bandwidth")
+    positive(speed["matmul_bf16_flops_per_s"], "matmul rate")
+    assert speed["skipped"] == [] and len(speed["sampling"]) == 1
+    for case in speed["sampling"]:
+        for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_ms", "bound_step_ms", "of_bound",
+                    "compile_s"):
+            positive(case[key], f"sampling.{key}")
+        assert case["compiles"] >= 2 and case["timed_compiles"] == 0  # prefill + decode, compiled once
+        for key in ("prefill_program", "decode_program", "estimate"):
+            positive(case["memory_bytes"][key], f"sampling.memory_bytes.{key}")
+        assert case["memory_bytes"]["device_peak_so_far"] is None and "no memory_stats" in case["memory_unavailable"]
+    update = speed["update"]
+    for key in ("step_s_best", "tokens_per_s", "flops", "of_measured_matmul_rate", "compile_s"):
+        positive(update[key], f"update.{key}")
+    positive(update["memory_bytes"]["program"], "update.memory_bytes.program")
+    assert update["remat"] and update["timed_compiles"] == 0 and update["finite_metrics"]
+    assert update["mfu"] is None and "'cpu'" in update["mfu_unavailable"]  # no peak FLOP/s for a CPU
+
+    compilation = report["parts"]["compilation"]
+    assert [s["step"] for s in compilation["steps"]] == [1, 2, 3, 4, 5]
+    assert compilation["compiles_after_step_2"] == 0
+    assert compilation["compiles_steps_1_2"] > 0  # the counter does see compilations
+    positive(compilation["compile_s_steps_1_2"], "compile seconds")
+
+    e2e = report["parts"]["end_to_end"]
+    assert e2e["returncode"] == 0 and "--config=configs/tiny.py" in e2e["command"]
+    positive(e2e["wall_s"], "end_to_end.wall_s")
+    assert "before RL" in e2e["table"] and set(e2e["after_rl"]) >= {"correct_acc", "format_acc"}
+
+
+def test_a_failing_part_is_recorded_and_the_others_still_run(check_module):
+    def boom(ctx):
+        raise RuntimeError("simulated failure")
+
+    def passing(ctx):
+        return {"checks": [check_module.check("fine", 1, 1, True)]}
+
+    def failing(ctx):
+        return {"checks": [check_module.check("too slow", 2.0, 1.0, False)]}
+
+    ctx = check_module.Context(check_module.smoke_profile(), jax.devices()[0], jax.devices("cpu")[0], deadline=1e9)
+    parts = check_module.run_parts({"first": boom, "second": passing, "third": failing}, ctx)
+    assert [parts[n]["status"] for n in ("first", "second", "third")] == ["error", "passed", "failed"]
+    assert parts["first"]["error"] == "RuntimeError: simulated failure" and "boom" in parts["first"]["traceback"]
+    assert check_module.exit_code({"parts": parts}) == 1
+    assert check_module.exit_code({"parts": {"second": parts["second"]}}) == 0
+
+
+def test_without_an_accelerator_every_part_is_skipped_with_its_reason(check_module):
+    parts = check_module.run_parts({"correctness": None, "speed": None}, None)
+    assert all(p["status"] == "skipped" and "no accelerator" in p["reason"] for p in parts.values())
+    assert check_module.exit_code({"parts": parts}) == 0  # skipped is not failed
+
+
+def test_compile_counter_counts_new_programs_only(check_module):
+    counter = check_module.CompileCounter()
+    try:
+        fn = jax.jit(lambda x: x * 3 + 1)
+        fn(np.ones(7, np.float32)).block_until_ready()
+        assert counter.count == 1 and counter.seconds > 0
+        fn(np.ones(7, np.float32)).block_until_ready()
+        assert counter.count == 1  # cached
+        fn(np.ones(8, np.float32)).block_until_ready()
+        assert counter.since((0, 0.0))[0] == 2  # a new shape is a new program
+    finally:
+        counter.close()
