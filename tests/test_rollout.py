@@ -10,7 +10,8 @@ from flax import nnx
 
 from gd2po_jax.models import Decoder
 from gd2po_jax.prompts import PromptSet
-from gd2po_jax.rewards.scoring import RewardError, score_rollouts
+from gd2po_jax.config import SamplingConfig
+from gd2po_jax.rewards.scoring import RewardError, score_batch
 from gd2po_jax.rollout import collect_rollouts
 from gd2po_jax.sampling import generate
 from tests.fakes import DigitTokenizer, tiny_model_config
@@ -35,12 +36,7 @@ class CountReward:
         return np.asarray(out, np.float32)
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int = 6
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+SAMPLING = SamplingConfig(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)  # config.sampling
 
 
 def _prompts(count):
@@ -54,7 +50,7 @@ def _prompts(count):
 def test_collect_rollouts_shapes_and_chunking(per_call):
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
     out = collect_rollouts(
-        model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3, sampling=Sampling(),
+        model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3, sampling=SAMPLING,
         eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1), prompts_per_call=per_call,
     )
     batch = out.batch
@@ -67,13 +63,13 @@ def test_collect_rollouts_shapes_and_chunking(per_call):
     assert len(out.responses) == 12
     with pytest.raises(ValueError, match="prompts_per_call=3 must divide the 4 prompts"):
         collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3,
-                         sampling=Sampling(), eos_token_ids=[1], pad_token_id=0, prompt_length=16,
+                         sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
                          rng=jax.random.PRNGKey(1), prompts_per_call=3)
 
 
 def test_old_logprobs_are_at_the_logprob_temperature():
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
-    kwargs = dict(num_generations=2, sampling=Sampling(), eos_token_ids=[1], pad_token_id=0, prompt_length=16,
+    kwargs = dict(num_generations=2, sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
                   rng=jax.random.PRNGKey(1))
     plain = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), **kwargs).batch
     tempered = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), logprob_temperature=0.5,
@@ -85,14 +81,14 @@ def test_old_logprobs_are_at_the_logprob_temperature():
     assert np.abs(np.asarray(tempered.old_logp - plain.old_logp)).max() > 0.1
 
 
-def test_score_rollouts_errors_and_workers():
+def test_scores_errors_and_workers():
     responses = ["3 4", "5", "7 7 7", "4 9"]
     columns = {"ground_truth": ["3", "3", "7", "9"]}
     prompts = ["a"] * 4
-    one = score_rollouts(CountReward(), prompts, responses, columns)
+    one = score_batch(CountReward(), prompts, responses, columns).rewards
     np.testing.assert_array_equal(one, [[2, 1], [1, 0], [3, 1], [2, 1]])
-    np.testing.assert_array_equal(score_rollouts(CountReward(), prompts, responses, columns, num_workers=3), one)
+    np.testing.assert_array_equal(score_batch(CountReward(), prompts, responses, columns, num_workers=3).rewards, one)
     with pytest.raises(RewardError, match=r"failed on rollout 2 \(response '7 7 7'\).*cannot score this"):
-        score_rollouts(CountReward(fail_on="7"), prompts, responses, columns, num_workers=2)
-    floored = score_rollouts(CountReward(fail_on="7"), prompts, responses, columns, on_error="min")
+        score_batch(CountReward(fail_on="7"), prompts, responses, columns, num_workers=2).rewards
+    floored = score_batch(CountReward(fail_on="7"), prompts, responses, columns, on_error="min").rewards
     np.testing.assert_array_equal(floored, [[2, 1], [1, 0], [0, 0], [2, 1]])

@@ -254,22 +254,6 @@ def score_batch(
     )
 
 
-def score_rollouts(
-    reward_fn: RewardFunction,
-    prompts: list[str],
-    responses: list[str],
-    columns: dict[str, list[Any]],
-    *,
-    on_error: str = "raise",
-    num_workers: int = 1,
-    timeout_s: float = 0.0,
-) -> np.ndarray:
-    """[N, K] float32 rewards of N responses (NaN where a reward abstained): `score_batch`'s
-    rewards, for callers that do not count failures."""
-    return score_batch(reward_fn, prompts, responses, columns, on_error=on_error, num_workers=num_workers,
-                       timeout_s=timeout_s).rewards
-
-
 # ---------------------------------------------------------------- per-step shares and the failure limit
 
 

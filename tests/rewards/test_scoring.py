@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from gd2po_jax.advantages import compute_advantages
+from gd2po_jax.config import SamplingConfig
 from gd2po_jax.models import Decoder
 from gd2po_jax.prompts import PromptSet
 from gd2po_jax.rewards import CombinedReward, ToolCallingReward
@@ -27,7 +28,6 @@ from gd2po_jax.rewards.scoring import (
     failed_fraction,
     repeat_columns,
     score_batch,
-    score_rollouts,
 )
 from gd2po_jax.rollout import collect_rollouts
 from gd2po_jax.trainer import host_metrics
@@ -80,20 +80,20 @@ def test_none_and_nan_become_missing_rewards_whatever_the_chunking():
     responses = ["1 2", "7", "", "3 7 3", "4 4 4", "9"]
     combined = CombinedReward((ToolCallingReward(names=("correctness",)), judge))
     columns = {"ground_truth": [GT_CALL] * 6}
-    one = score_rollouts(combined, ["p"] * 6, responses, columns)
+    one = score_batch(combined, ["p"] * 6, responses, columns).rewards
     assert one.dtype == np.float32 and one.shape == (6, 2)
     np.testing.assert_array_equal(one[:, 0], [-3.0] * 6)  # correctness never abstains
     np.testing.assert_array_equal(np.isnan(one[:, 1]), [_abstains(r, judge) for r in responses])
     np.testing.assert_array_equal(one[[0, 4, 5], 1], [2.0, 3.0, 1.0])
-    np.testing.assert_array_equal(score_rollouts(combined, ["p"] * 6, responses, columns, num_workers=4), one)
+    np.testing.assert_array_equal(score_batch(combined, ["p"] * 6, responses, columns, num_workers=4).rewards, one)
 
 
 def test_abstaining_is_not_crashing_on_error_min_floors_only_the_crash():
     responses = ["1 2", "7", "5 5", "8"]
     judge = Judge(fail_on="5")
     with pytest.raises(RewardError, match=r"failed on rollout 2 \(response '5 5'\).*judge crashed"):
-        score_rollouts(judge, ["p"] * 4, responses, {}, num_workers=2)
-    floored = score_rollouts(judge, ["p"] * 4, responses, {}, on_error="min", num_workers=2)
+        score_batch(judge, ["p"] * 4, responses, {}, num_workers=2).rewards
+    floored = score_batch(judge, ["p"] * 4, responses, {}, on_error="min", num_workers=2).rewards
     np.testing.assert_array_equal(floored[[0, 2, 3], 0], [2.0, -1.0, 1.0])  # the crash gets the minimum
     assert np.isnan(floored[1, 0])  # the abstention stays missing
 
@@ -108,18 +108,18 @@ def test_invalid_values_are_rejected_naming_reward_rollout_and_value(bad, shown,
     judge = Judge(bad_on="6", bad=bad)
     expected = r"reward function Judge, reward 'judge', rollout 4: returned .*" + re.escape(shown)
     with pytest.raises(RewardOutputError, match=expected):
-        score_rollouts(judge, ["p"] * 6, responses, {}, on_error=on_error, num_workers=3)
+        score_batch(judge, ["p"] * 6, responses, {}, on_error=on_error, num_workers=3).rewards
 
 
 def test_invalid_value_inside_a_combined_reward_names_the_rollout_of_the_step():
     combined = CombinedReward((ToolCallingReward(names=("format",)), Judge(bad_on="6", bad="2.5")))
     responses = ["1", "2", "3", "4", "6", "8"]
     with pytest.raises(RewardOutputError, match=r"Judge, reward 'judge', rollout 4: returned '2\.5'"):
-        score_rollouts(combined, ["p"] * 6, responses, {"ground_truth": [GT_CALL] * 6}, num_workers=2)
+        score_batch(combined, ["p"] * 6, responses, {"ground_truth": [GT_CALL] * 6}, num_workers=2).rewards
     # Also when another rollout crashes the batch and scoring goes row by row.
     crashing = CombinedReward((Judge(names=("a",), fail_on="1"), Judge(bad_on="6", bad="2.5")))
     with pytest.raises(RewardOutputError, match=r"reward 'judge', rollout 4: returned '2\.5'"):
-        score_rollouts(crashing, ["p"] * 6, responses, {}, on_error="min", num_workers=2)
+        score_batch(crashing, ["p"] * 6, responses, {}, on_error="min", num_workers=2).rewards
 
 
 def test_wrong_shape_is_rejected():
@@ -130,7 +130,7 @@ def test_wrong_shape_is_rejected():
             return np.zeros((len(responses), 1))
 
     with pytest.raises(RewardOutputError, match=r"Short: returned shape \(2, 1\).*expected \(2, 2\)"):
-        score_rollouts(Short(), ["p", "p"], ["x", "y"], {})
+        score_batch(Short(), ["p", "p"], ["x", "y"], {}).rewards
 
 
 @pytest.mark.parametrize("output", [np.array([["2.5"]] * 3), [[b"2.5"]] * 3, np.array([[2.5]] * 3, object).astype(str)])
@@ -146,7 +146,7 @@ def test_numbers_written_as_text_are_rejected_not_read(output):
 
     for on_error in ("raise", "min"):
         with pytest.raises(RewardOutputError, match=r"reward 'judge', rollout 0: returned .*2\.5"):
-            score_rollouts(Text(), ["p"] * 3, ["a", "b", "c"], {}, on_error=on_error)
+            score_batch(Text(), ["p"] * 3, ["a", "b", "c"], {}, on_error=on_error).rewards
 
 
 def test_failures_are_counted_per_reward_and_floor_only_the_failing_function():
@@ -197,7 +197,7 @@ def test_a_hung_reward_fails_when_the_step_timeout_runs_out():
                                                      r"config.rewards.timeout_s=0.5 s.*abandoned"):
             score_batch(Hangs(release), ["p"] * 4, responses, {}, num_workers=2, timeout_s=0.5)
         # A reward that returns within the timeout is scored as without one.
-        in_time = score_rollouts(Hangs(release), ["p"] * 2, ["a", "b"], {}, timeout_s=30)
+        in_time = score_batch(Hangs(release), ["p"] * 2, ["a", "b"], {}, timeout_s=30).rewards
         np.testing.assert_array_equal(in_time, [[1], [1]])
     finally:
         release.set()
@@ -229,12 +229,15 @@ def test_abstained_fraction_counts_valid_rollouts_per_reward():
 # ---------------------------------------------------------------- end to end
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int = 5
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+SAMPLING = SamplingConfig(max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=0)  # config.sampling
+
+
+def _prompt_set(num_prompts: int) -> PromptSet:
+    """``num_prompts`` random 4-token prompts with a ground-truth column."""
+    rng = np.random.default_rng(0)
+    return PromptSet(texts=[f"p{i}" for i in range(num_prompts)],
+                     token_ids=[list(rng.integers(3, 48, size=4)) for _ in range(num_prompts)],
+                     columns={"ground_truth": ["x"] * num_prompts})
 
 
 def _group_advantages(values: np.ndarray) -> np.ndarray:
@@ -250,14 +253,11 @@ def test_abstentions_reach_the_advantages_as_missing_rewards():
     those of the rollouts that have it (as if the abstaining rollout were not in the group)."""
     judge = Judge(abstain_on="7")
     reward_fn = CombinedReward((Judge(names=("length",), abstain_on="never"), judge))
-    rng = np.random.default_rng(0)
     num_prompts, group = 4, 8
-    prompts = PromptSet(texts=[f"p{i}" for i in range(num_prompts)],
-                        token_ids=[list(rng.integers(3, 48, size=4)) for _ in range(num_prompts)],
-                        columns={"ground_truth": ["x"] * num_prompts})
+    prompts = _prompt_set(num_prompts)
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
     valid = np.array([True, True, True, False])
-    out = collect_rollouts(model, prompts, DigitTokenizer(), reward_fn, num_generations=group, sampling=Sampling(),
+    out = collect_rollouts(model, prompts, DigitTokenizer(), reward_fn, num_generations=group, sampling=SAMPLING,
                            eos_token_ids=[1], pad_token_id=0, prompt_length=8, rng=jax.random.PRNGKey(3),
                            valid=valid, num_workers=2)
 
@@ -289,14 +289,11 @@ def test_failed_rollouts_reach_the_step_metrics():
     host metrics log them as reward_failed/<name>."""
     judge = Judge(fail_on="7", abstain_on="never")
     reward_fn = CombinedReward((Judge(names=("length",), abstain_on="never"), judge))
-    rng = np.random.default_rng(0)
     num_prompts, group = 4, 8
-    prompts = PromptSet(texts=[f"p{i}" for i in range(num_prompts)],
-                        token_ids=[list(rng.integers(3, 48, size=4)) for _ in range(num_prompts)],
-                        columns={"ground_truth": ["x"] * num_prompts})
+    prompts = _prompt_set(num_prompts)
     valid = np.array([True, True, True, False])
     out = collect_rollouts(Decoder(CONFIG, rngs=nnx.Rngs(0)), prompts, DigitTokenizer(), reward_fn,
-                           num_generations=group, sampling=Sampling(), eos_token_ids=[1], pad_token_id=0,
+                           num_generations=group, sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0,
                            prompt_length=8, rng=jax.random.PRNGKey(3), valid=valid, num_workers=2, on_error="min")
     crashed = np.array(["7" in r.split() for r in out.responses]).reshape(num_prompts, group)
     assert 0 < crashed[valid].sum() < crashed[valid].size  # the seed gives both kinds
