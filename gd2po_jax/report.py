@@ -34,8 +34,9 @@ from scipy import stats
 
 from gd2po_jax import run_dir
 from gd2po_jax.config import ConfigError
+from gd2po_jax.metrics_logging import read_metrics
 from gd2po_jax.run_dir import RunDir, RunDirError
-from gd2po_jax.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, TRAINED, method_name, run_status
+from gd2po_jax.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, TRAINED, method_name, parse_method, run_status
 
 BASELINE = "gdpo"
 CONFIDENCE = 0.95
@@ -83,7 +84,7 @@ def load_run(workdir: pathlib.Path) -> Run:
     try:
         config = run_dir.read_config(workdir)
         test = run_dir.read_json(files.eval_report(TEST_SPLIT))
-        metrics = run_dir.read_jsonl(files.metrics)
+        metrics = read_metrics(workdir)
     except (ConfigError, RunDirError) as err:  # both name the file
         raise ReportError(str(err)) from None
     algorithm, seed = config.rl.algorithm, config.train.seed
@@ -114,9 +115,9 @@ def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
 def method_order(methods: Sequence[str]) -> list[str]:
     """GRPO, GDPO, GD2PO-Hard, GD2PO-SNR by threshold, then anything else by name."""
     def key(method: str):
-        algorithm, _, tau = method.partition("-tau")
+        algorithm, tau = parse_method(method)
         rank = ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER)
-        return rank, float(tau) if tau else -1.0, method
+        return rank, -1.0 if tau is None else tau, method
 
     return sorted(set(methods), key=key)
 
