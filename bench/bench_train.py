@@ -8,9 +8,9 @@ Two measurements:
   are timed separately (compilation), then ``--steps`` steps are averaged.
 * ``--mode=frame``: the project's speed frame: a random 29M-parameter Qwen2 (hidden 512, 8 layers,
   8/2 heads, intermediate 1408, vocab 12288, tied; bench/bench_sampling.py's default), float32,
-  32 rollouts of 64 prompt + 64 completion tokens, one GRPO update (1 epoch, 1 minibatch).
-  Training tokens/s = 32 x 128 / update time (tunix / TRL: ~530-650 tokens/s on the reference
-  2-core CPU; the target is 1.25x).
+  32 rollouts of 64 prompt + 64 completion tokens, the head-to-head harness's GRPO update
+  (bench/anchor_workloads.py, workload T). Training tokens/s = 32 x 128 / update time; compare it
+  with the anchors only in the same run (../shared/bench/anchors).
 
     python bench/bench_train.py                               # default config, 2 warm-up + 3 steps
     python bench/bench_train.py --config.train.prompts_per_step=8 --steps=5
@@ -37,12 +37,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from gd2po_jax import cli  # noqa: E402
 from gd2po_jax.config import as_run_config  # noqa: E402
-from gd2po_jax.logprobs import completion_logprobs, merge_model  # noqa: E402
+from gd2po_jax.logprobs import merge_model  # noqa: E402
 from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  # noqa: E402
 from gd2po_jax.optimizer import make_optimizer  # noqa: E402
-from gd2po_jax.rollout import RolloutBatch, collect_rollouts  # noqa: E402
+from gd2po_jax.rollout import collect_rollouts  # noqa: E402
 from gd2po_jax.run_setup import build_setup  # noqa: E402
 from gd2po_jax.train_step import StepConfig, TrainState, jit_train_step, make_train_step  # noqa: E402
+
+from anchor_workloads import update_workload  # noqa: E402  (bench/, next to this script)
 
 cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
 flags.DEFINE_enum("mode", "default", ["default", "frame"], "What to measure (see the module docstring).")
@@ -113,42 +115,20 @@ def bench_default(config, workdir: pathlib.Path) -> None:
 
 
 def bench_frame() -> None:
-    prompts, group, prompt_len, new_tokens = 8, 4, 64, 64  # 32 rollouts x 128 tokens
     config = ModelConfig(model_type="qwen2", vocab_size=12288, hidden_size=512, intermediate_size=1408, num_layers=8,
                          num_heads=8, num_kv_heads=2, head_dim=64, rope=RopeConfig(theta=1e6), qkv_bias=True,
                          tie_word_embeddings=True)
     model = nnx.jit(lambda: Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0)))()
-    graphdef, params = nnx.split(model, nnx.Param)
-    rows, length = prompts * group, prompt_len + new_tokens
-    rs = np.random.RandomState(0)
-    ids = jnp.asarray(rs.randint(0, config.vocab_size, (rows, length)), jnp.int32)
-    mask = jnp.ones((rows, length), bool)
-    old_logp, _ = nnx.jit(lambda m, i, a: completion_logprobs(m, i, a, new_tokens))(model, ids, mask)
-    batch = RolloutBatch(input_ids=ids, attention_mask=mask, response_mask=jnp.ones((rows, new_tokens), bool),
-                         old_logp=old_logp, ref_logp=jnp.zeros_like(old_logp),
-                         rewards=jnp.asarray(rs.uniform(size=(prompts, group, 1)), jnp.float32),
-                         valid=jnp.ones((prompts,), bool))
-    optimizer = make_optimizer(1e-6)
-    step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig(method="grpo")))
-    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
-    start = time.perf_counter()
-    state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(max(FLAGS.steps, 1)):
-        start = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    tokens = rows * length
+    batch, prompt_len, new_tokens = 32, 64, 64
+    result = update_workload(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
+                             repeats=max(FLAGS.steps, 1))
     print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
-    print(f"model: qwen2 {config.num_params() / 1e6:.1f}M params, float32; batch {rows} rollouts x {length} tokens "
-          f"({prompt_len} prompt + {new_tokens} completion), GRPO, 1 epoch, 1 minibatch")
-    print(f"first update (compile + run) {compile_s:.1f} s")
-    best, median = min(times), statistics.median(times)
-    print(f"update: best {best:.2f} s = {tokens / best:,.0f} training tokens/s | median {median:.2f} s = "
-          f"{tokens / median:,.0f} training tokens/s  (tunix/TRL ~530-650; target 1.25x = ~660-810)")
+    print(f"model: qwen2 {config.num_params() / 1e6:.1f}M params, float32; batch {batch} rollouts x "
+          f"{prompt_len + new_tokens} tokens ({prompt_len} prompt + {new_tokens} completion), the anchors' GRPO "
+          "update (bench/anchor_workloads.py, workload T)")
+    print(f"update: best {result['best_s']:.2f} s = {result['tokens'] / result['best_s']:,.0f} training tokens/s | "
+          f"median {result['median_s']:.2f} s = {result['tokens_per_s']:,.0f} training tokens/s | compilations after "
+          f"warm-up {result['compiles_after_warmup']}")
     print(peak_memory())
 
 

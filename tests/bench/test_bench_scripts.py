@@ -1,13 +1,14 @@
 """bench/bench_train.py and bench/bench_sampling.py run in their seconds-long settings and print
 their numbers (the scripts are not imported by anything else, so they would rot unnoticed)."""
 
+import json
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.fakes import REPO, subprocess_env, tiny_config
+from tests.fakes import REPO, subprocess_env, tiny_checkpoint, tiny_config
 
 NUMBER = r"([\d,]+(?:\.\d+)?)"
 
@@ -68,3 +69,31 @@ def test_bench_sampling_on_a_one_layer_model():
         numbers = line(rf"\[{label}\] prefill +{NUMBER} ms = +{NUMBER} prefill tokens/s \| decode +{NUMBER} ms = "
                        rf"+{NUMBER} tokens/s \| generate +{NUMBER} ms = +{NUMBER} generated tokens/s", out)
         assert all(n > 0 for n in numbers), numbers
+
+
+@pytest.mark.slow
+def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
+    directory, _ = tiny_checkpoint("qwen2", tie=True)
+    report_path = tmp_path / "report.json"
+    out = run_bench("bench/anchor_workloads.py", f"--hf_dir={directory}", "--batch=4", "--prompt_len=8",
+                    "--new_tokens=4", "--repeats=2", "--train_repeats=2", "--peak_size=256", f"--json={report_path}")
+    report = json.loads(report_path.read_text())
+    assert report["hf_dir"] == str(directory) and report["device"] == "cpu x8"
+    assert report["model"]["model_type"] == "qwen2" and report["model"]["params"] > 0
+    expected_tokens = {"W": 4 * 4, "T": 4 * (8 + 4)}  # generated / trained tokens per call
+    assert sorted(report["workloads"]) == ["T", "W"]
+    for name, result in report["workloads"].items():
+        assert result["tokens"] == expected_tokens[name]
+        assert len(result["times_s"]) == 2 and result["best_s"] <= result["median_s"]
+        assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["median_s"])
+        assert result["compiles_after_warmup"] == 0, (name, result)  # warm-up compiles everything
+        assert all(peak > 0 for peak in result["matmul_peak_gflops"])
+        assert re.search(rf"^{name}: [\d,]+ tokens/s \(median [\d.]+ ms of 2\), compilations after warm-up 0, ",
+                         out, re.MULTILINE), out
+
+
+def test_anchor_workloads_names_an_unknown_workload(tmp_path):
+    directory, _ = tiny_checkpoint("qwen2", tie=True)
+    proc = subprocess.run([sys.executable, "bench/anchor_workloads.py", f"--hf_dir={directory}", "--workloads=W,X"],
+                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "--workloads: unknown ['X']" in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,196 @@
+"""The head-to-head harness's two workloads on any Hugging Face checkpoint directory, as JSON.
+
+The speed anchors (TRL, tunix; ``../shared/bench/anchors``) are measured on two workloads. This script
+runs the project's side of both through the project's public API, so the harness can call it
+instead of importing the project's internals (which move):
+
+* **W (generate)**: ``--batch`` prompts of ``--prompt_len`` random ids in ``[2, vocab)`` (NumPy
+  ``default_rng(0)``, as the harness draws them) -> exactly ``--new_tokens`` sampled tokens each
+  (temperature 1, full vocabulary, no EOS). One warm-up call (compilation), then the median of
+  ``--repeats`` whole `gd2po_jax.sampling.generate` calls. tokens/s = batch x new_tokens / median.
+* **T (train)**: one GRPO update on ``--batch`` sequences of prompt_len + new_tokens random ids,
+  all-ones masks, no KL, one epoch, one minibatch, "seq-mean-token-mean", clip 0.2,
+  clip_by_global_norm(1) + AdamW (lr 1e-6, no weight decay); entropy computed for the metrics (TRL
+  and tunix compute it too). The step computes the advantages itself, from random rewards of
+  batch/2 prompts x 2 generations x 1 reward. Two warm-up updates, then the median of
+  ``--train_repeats``. tokens/s = batch x (prompt_len + new_tokens) / median.
+
+Each workload also reports the XLA compilations after its warm-up (must be 0) and a fp32 matmul
+peak (``--peak_size``^3, default 2048) measured just before and after it: these 2-core machines
+drift by up to 2x over minutes, so only ratios measured in the same run mean anything.
+
+    python bench/anchor_workloads.py --hf_dir ../bench-models/small-qwen2 --json out.json
+    python bench/anchor_workloads.py --hf_dir DIR --workloads=T --train_repeats=2   # one workload
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from gd2po_jax.logprobs import completion_logprobs  # noqa: E402
+from gd2po_jax.models import Decoder, load_pretrained  # noqa: E402
+from gd2po_jax.optimizer import make_optimizer  # noqa: E402
+from gd2po_jax.rollout import RolloutBatch  # noqa: E402
+from gd2po_jax.sampling import generate  # noqa: E402
+from gd2po_jax.train_step import StepConfig, TrainState, jit_train_step, make_train_step  # noqa: E402
+
+_COMPILES: list[float] = []  # one entry per XLA backend compilation in this process
+
+
+def _count_compiles(event: str, seconds: float, **_) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES.append(seconds)
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
+    """Times ``repeats`` calls of ``fn`` (blocking on its result) after ``warmup`` untimed ones.
+
+    Returns {"median_s", "best_s", "times_s", "compiles_after_warmup"}.
+    """
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    compiles_before = len(_COMPILES)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "best_s": min(times), "times_s": times,
+            "compiles_after_warmup": len(_COMPILES) - compiles_before}
+
+
+def matmul_peak_gflops(repeats: int = 5, size: int = 2048) -> float:
+    """fp32 GFLOP/s of the best of ``repeats`` ``size``^3 matmuls (the machine's same-moment peak)."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+    matmul = jax.jit(lambda x, y: x @ y)
+    return 2 * size**3 / timed_calls(lambda: matmul(a, a), repeats, warmup=2)["best_s"] / 1e9
+
+
+def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> np.ndarray:
+    """[batch, prompt_len] int64 ids in [2, vocab) (0 and 1 are left to pad / EOS)."""
+    return np.random.default_rng(seed).integers(2, vocab_size, size=(batch, prompt_len), dtype=np.int64)
+
+
+def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    """Workload W on ``model``: timings of whole generate calls and the generated tokens/s."""
+    prompts = [list(row) for row in random_prompts(model.config.vocab_size, batch, prompt_len)]
+    keys = iter(range(10**6))
+
+    def call():
+        out = generate(model, prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+                       rng=jax.random.key(next(keys)))
+        return out.tokens, out.lengths
+
+    result = timed_calls(call, repeats, warmup=1)
+    tokens, lengths = call()
+    if tokens.shape != (batch, new_tokens) or int(np.min(lengths)) != new_tokens:
+        raise RuntimeError(f"generate gave tokens {tokens.shape} with lengths down to {int(np.min(lengths))}; "
+                           f"the workload needs exactly {new_tokens} new tokens per prompt")
+    return result | {"tokens": batch * new_tokens, "tokens_per_s": batch * new_tokens / result["median_s"]}
+
+
+def update_batch(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, seed: int = 1) -> RolloutBatch:
+    """Workload T's rollouts: random ids, all-ones masks, the policy's own log-probs as old log-probs,
+    random rewards of batch/2 prompts x 2 generations x 1 reward."""
+    rng = np.random.default_rng(seed)
+    ids = jnp.asarray(rng.integers(2, model.config.vocab_size, size=(batch, prompt_len + new_tokens)), jnp.int32)
+    mask = jnp.ones(ids.shape, bool)
+    old_logp, _ = nnx.jit(lambda m, i, a: completion_logprobs(m, i, a, new_tokens))(model, ids, mask)
+    return RolloutBatch(input_ids=ids, attention_mask=mask, response_mask=jnp.ones((batch, new_tokens), bool),
+                        old_logp=old_logp, ref_logp=jnp.zeros_like(old_logp),
+                        rewards=jnp.asarray(rng.uniform(size=(batch // 2, 2, 1)), jnp.float32),
+                        valid=jnp.ones((batch // 2,), bool))
+
+
+def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    """Workload T on ``model``: timings of one jitted GRPO update and the trained tokens/s."""
+    if batch % 2:
+        raise ValueError(f"--batch must be even (prompts x 2 generations), got {batch}")
+    rollouts = update_batch(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
+    graphdef, params = nnx.split(model, nnx.Param)
+    step_config = StepConfig(method="grpo", loss_agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2,
+                             dual_clip=None, kl_coef=0.0, entropy_coef=0.0, log_entropy=True, ppo_epochs=1,
+                             num_minibatches=1, micro_batch_size=0, compute_dtype="float32")
+    optimizer = make_optimizer(1e-6, weight_decay=0.0, grad_clip=1.0)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config))
+    state = [TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))]
+
+    def call():
+        state[0], metrics = step(state[0], rollouts)
+        return state[0].params, metrics
+
+    result = timed_calls(call, repeats, warmup=2)
+    tokens = batch * (prompt_len + new_tokens)
+    return result | {"tokens": tokens, "tokens_per_s": tokens / result["median_s"]}
+
+
+WORKLOADS = {"W": generate_workload, "T": update_workload}
+
+
+def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
+        train_repeats: int, peak_size: int = 2048) -> dict:
+    """The report of the chosen ``workloads`` ("W", "T" or "W,T") on the checkpoint ``hf_dir``."""
+    names = [w.strip() for w in workloads.split(",") if w.strip()]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown or not names:
+        raise ValueError(f"--workloads: unknown {unknown or names}; choose from {sorted(WORKLOADS)} (comma-separated)")
+    model = load_pretrained(hf_dir, dtype=jnp.float32)
+    config = model.config
+    report = {
+        "framework": "gd2po-jax", "hf_dir": str(hf_dir), "jax": jax.__version__,
+        "device": f"{jax.devices()[0].device_kind} x{jax.device_count()}",
+        "model": {"model_type": config.model_type, "params": config.num_params(), "vocab_size": config.vocab_size,
+                  "hidden_size": config.hidden_size, "num_layers": config.num_layers},
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "workloads": {},
+    }
+    for name in names:
+        peak_before = matmul_peak_gflops(size=peak_size)
+        repeat = repeats if name == "W" else train_repeats
+        result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeat)
+        result |= {"matmul_peak_gflops": [peak_before, matmul_peak_gflops(size=peak_size)]}
+        report["workloads"][name] = result
+        print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s (median {result['median_s'] * 1e3:.1f} ms of "
+              f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}, matmul peak "
+              f"{result['matmul_peak_gflops'][0]:.0f} -> {result['matmul_peak_gflops'][1]:.0f} GFLOP/s", flush=True)
+    return report
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hf_dir", required=True, help="a Hugging Face checkpoint directory (config.json + safetensors)")
+    parser.add_argument("--workloads", default="W,T", help="W, T or W,T")
+    parser.add_argument("--batch", type=int, default=32, help="prompts (W) / sequences (T)")
+    parser.add_argument("--prompt_len", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed generate calls (W)")
+    parser.add_argument("--train_repeats", type=int, default=5, help="timed updates (T)")
+    parser.add_argument("--peak_size", type=int, default=2048, help="matrix size of the matmul-peak probe")
+    parser.add_argument("--json", default="", help="also write the report to this file")
+    args = parser.parse_args(argv)
+    report = run(args.hf_dir, args.workloads, batch=args.batch, prompt_len=args.prompt_len,
+                 new_tokens=args.new_tokens, repeats=args.repeats, train_repeats=args.train_repeats,
+                 peak_size=args.peak_size)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
