@@ -1,6 +1,7 @@
 """Train a policy with GRPO / GDPO / GD2PO.
 
     python train.py                                         # the embedded default, ./runs/default
+    python train.py --config=configs/safety_embedded.py     # the embedded safety task, ./runs/safety_embedded
     python train.py --config=configs/default.py --workdir=DIR --config.rl.algorithm=gd2po_hard
     python train.py --config=configs/resolved.py:DIR/config.json --workdir=NEW_DIR  # rerun a run's config
 
@@ -20,18 +21,20 @@ from gd2po_jax.trainer import train_and_evaluate
 from gd2po_jax.warm_start import build_warm_start
 
 cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
-flags.DEFINE_string("workdir", "runs/default", "Directory for checkpoints, metrics and results.")
+flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and results; default runs/<config file "
+                    "name> (runs/default for configs/default.py).")
 flags.DEFINE_bool("warm_start_only", False, "Only build the SFT warm start, then stop.")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     cli.start(argv)
+    workdir = FLAGS.workdir or cli.default_workdir(FLAGS["config"])
     try:
         if FLAGS.warm_start_only:
-            print(f"warm start: {build_warm_start(FLAGS.config, FLAGS.workdir)}")
+            print(f"warm start: {build_warm_start(FLAGS.config, workdir)}")
         else:
-            train_and_evaluate(FLAGS.config, FLAGS.workdir)
+            train_and_evaluate(FLAGS.config, workdir)
     except (ConfigError, RunDirError, NonFiniteError) as err:
         # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
         # checkpoint, parameters that became NaN: one line naming the field, file or arrays.

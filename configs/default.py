@@ -51,6 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.rewards.num_workers = 1  # threads scoring rollouts in parallel
     config.rewards.timeout_s = 600.0  # a step's scoring may take this long; later calls fail; 0: no limit
     config.rewards.max_failed_fraction = 0.1  # on_error=min: stop when a reward fails on more of a step
+    # kind reward_model only (configs/safety.py): a score model per reward name, and whether they wait
+    # in host memory between steps.
+    config.rewards.reward_models = ml_collections.ConfigDict()
+    config.rewards.offload = False
 
     config.rl = ml_collections.ConfigDict()
     config.rl.algorithm = "gd2po_snr"  # grpo | gdpo | gd2po_hard | gd2po_snr

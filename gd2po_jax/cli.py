@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import pathlib
 from typing import Any
 
 from absl import app, flags
@@ -99,4 +100,12 @@ def define_config_flag(name: str = "config", default: str | None = "configs/defa
     return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
 
 
-__all__ = ["ListParser", "define_config_flag", "parse_sequence", "start"]
+def default_workdir(config_flag) -> str:
+    """``runs/<config file name>`` of a parsed ``--config`` flag (``runs/default`` for
+    configs/default.py, ``runs/safety_embedded`` for configs/safety_embedded.py), so that two
+    configs run with their default workdirs do not meet in one."""
+    filename = config_flags.get_config_filename(config_flag).split(":", 1)[0]
+    return str(pathlib.Path("runs") / pathlib.Path(filename).stem)
+
+
+__all__ = ["ListParser", "default_workdir", "define_config_flag", "parse_sequence", "start"]

@@ -33,11 +33,14 @@ from typing import Any, ClassVar
 from gd2po_jax.advantages import BATCH_NORMS, METHODS
 from gd2po_jax.data.loaders import KINDS as DATA_KINDS
 from gd2po_jax.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from gd2po_jax.tasks.safety_world import PREFERENCE_COLUMNS, SafetyWorldConfig
 from gd2po_jax.tasks.synthetic_tools import SyntheticToolsConfig
 from gd2po_jax.train_step import check_batch_layout
 
 DTYPES = ("float32", "bfloat16")
-TASKS = ("synthetic_tools", "files")
+TASKS = ("synthetic_tools", "files", "safety_embedded")
+PROMPT_TRUNCATIONS = ("error", "left")
+"""The values of ``config.data.prompt_truncation``."""
 
 
 EVAL_SPLITS = ("validation", "test", "none")
@@ -123,34 +126,51 @@ class _Section:
         return f"{cls._path}.{name}" if cls._path else name
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]):
+    def from_dict(cls, values: Mapping[str, Any], path: str | None = None):
         """The section from its nested mapping (a ConfigDict's ``to_dict()`` or JSON): sub-sections
-        are converted, lists become tuples for tuple fields, and absent fields with a default take
-        it (fields added after older runs wrote their config.json).
+        (and groups of named sub-sections, ``dict[str, <section>]`` fields) are converted, lists
+        become tuples for tuple fields, and absent fields with a default take it (fields added
+        after older runs wrote their config.json).
+
+        Args:
+          path: the section's dotted name in errors; default ``_path`` (a named sub-section such
+            as ``rewards.reward_models.useful`` passes its own).
 
         Raises:
           ConfigError: for unknown fields (naming all of them), a missing field without a default,
             or any invalid value.
         """
-        where = f"config.{cls._path}" if cls._path else "config"
+        prefix = cls._path if path is None else path
+
+        def dotted(name: str) -> str:
+            return f"{prefix}.{name}" if prefix else name
+
+        where = f"config.{prefix}" if prefix else "config"
         if not isinstance(values, Mapping):
             raise ConfigError(f"{where}: must be a group of fields, got {values!r}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            names = ", ".join(f"config.{cls._dotted(name)}" for name in unknown)
+            names = ", ".join(f"config.{dotted(name)}" for name in unknown)
             raise ConfigError(f"{names}: unknown field{'s' if len(unknown) > 1 else ''}; {where} has "
                               f"{', '.join(fields)} (see configs/default.py)")
         hints = _type_hints(cls)
         kwargs = {}
         for name, field in fields.items():
             if name not in values:
-                if field.default is dataclasses.MISSING:
-                    raise ConfigError(f"config.{cls._dotted(name)} is missing (start from configs/default.py)")
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                    raise ConfigError(f"config.{dotted(name)} is missing (start from configs/default.py)")
                 continue
             value, hint = values[name], hints[name]
+            named = _named_sections_hint(hint)
             if isinstance(hint, type) and issubclass(hint, _Section):
                 value = hint.from_dict(value)
+            elif _optional_section_hint(hint) is not None and value is not None:
+                value = _optional_section_hint(hint).from_dict(value)
+            elif named is not None:
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"config.{dotted(name)}: must be a group of named sections, got {value!r}")
+                value = {key: named.from_dict(item, f"{dotted(name)}.{key}") for key, item in value.items()}
             elif _is_tuple_hint(hint) and isinstance(value, (list, tuple)):
                 value = tuple(value)
             kwargs[name] = value
@@ -164,13 +184,32 @@ class _Section:
             value = getattr(self, field.name)
             if value is None and field.metadata.get("omit_if_none"):
                 continue
-            out[field.name] = value.to_dict() if isinstance(value, _Section) else value
+            if isinstance(value, _Section):
+                value = value.to_dict()
+            elif _named_sections_hint(_type_hints(type(self))[field.name]) is not None:
+                value = {key: section.to_dict() for key, section in value.items()}
+            out[field.name] = value
         return out
 
 
 @functools.cache
 def _type_hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def _optional_section_hint(hint: Any) -> type[_Section] | None:
+    """The section type of a ``<section> | None`` field (``data.safety``), else None."""
+    sections = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, _Section)]
+    return sections[0] if len(sections) == 1 and type(None) in typing.get_args(hint) else None
+
+
+def _named_sections_hint(hint: Any) -> type[_Section] | None:
+    """The section type of a ``dict[str, <section>]`` field (a group of named sub-sections, e.g.
+    ``rewards.reward_models``), else None."""
+    if typing.get_origin(hint) is not dict:
+        return None
+    _, value_type = typing.get_args(hint)
+    return value_type if isinstance(value_type, type) and issubclass(value_type, _Section) else None
 
 
 def _is_tuple_hint(hint: Any) -> bool:
@@ -316,6 +355,93 @@ class SyntheticDataConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class RewardTrainingConfig(_Section):
+    """``config.data.safety.reward_training``: the shape and Bradley–Terry training of the
+    safety_embedded task's reward models (`gd2po_jax.safety_embedded`, `gd2po_jax.reward_training`),
+    one per reward name, each a tiny random Qwen2 score model on the task's tokenizer.
+
+    Attributes:
+      hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim: the shape.
+      seed: seed of the random initialization and of the pair order.
+      num_steps: AdamW steps; batch_size: preference pairs per step.
+      learning_rate: peak learning rate (3% warm-up, cosine decay to 0).
+      regularization: coefficient of the mean squared score (align-anything's 0.001).
+      max_length: longest rendered conversation (prompt + response) of a training or held-out pair,
+        in tokens (a longer one is an error naming the row). What the run's reward function scores
+        is ``rewards.reward_models.<name>.max_length``.
+    """
+
+    _path: ClassVar[str] = "data.safety.reward_training"
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    seed: int
+    num_steps: int
+    batch_size: int
+    learning_rate: float
+    regularization: float
+    max_length: int
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "num_steps", "batch_size"):
+            _int_at_least(getattr(self, name), self._dotted(name))
+        _int_at_least(self.seed, self._dotted("seed"), minimum=0)
+        _int_at_least(self.max_length, self._dotted("max_length"), minimum=2)
+        _require(self.num_heads % self.num_kv_heads == 0, self._dotted("num_kv_heads"),
+                 f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        _learning_rate(self.learning_rate, self._dotted("learning_rate"))
+        _number(self.regularization, self._dotted("regularization"))
+        _require(self.regularization >= 0, self._dotted("regularization"), f"must be >= 0, got {self.regularization}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SafetyDataConfig(_Section):
+    """``config.data.safety``: the generated helpfulness-safety world of ``task="safety_embedded"``
+    (`gd2po_jax.tasks.safety_world`, whose `SafetyWorldConfig` documents the world's fields), the
+    tokenizer trained on it, and its reward models' training.
+
+    Attributes:
+      tokenizer_vocab_size: vocabulary of the tokenizer trained on the world (the policy's and the
+        reward models').
+      seed, num_train, num_validation, num_test, harmful_fraction, benign_mixture, harmful_mixture,
+        pairs_per_prompt, annotator_temperature: `SafetyWorldConfig`'s fields.
+      reward_training: the reward models (`RewardTrainingConfig`).
+    """
+
+    _path: ClassVar[str] = "data.safety"
+
+    tokenizer_vocab_size: int
+    seed: int
+    num_train: int
+    num_validation: int
+    num_test: int
+    harmful_fraction: float
+    benign_mixture: tuple[float, ...]
+    harmful_mixture: tuple[float, ...]
+    pairs_per_prompt: int
+    annotator_temperature: float
+    reward_training: RewardTrainingConfig
+
+    def __post_init__(self):
+        _int_at_least(self.tokenizer_vocab_size, self._dotted("tokenizer_vocab_size"))
+        self.world_config()
+
+    def world_config(self) -> SafetyWorldConfig:
+        """The world's own config. Raises `ConfigError` naming the field the world rejects."""
+        names = [f.name for f in dataclasses.fields(SafetyWorldConfig)]
+        try:
+            return SafetyWorldConfig(**{name: getattr(self, name) for name in names})
+        except ValueError as err:
+            field = next((name for name in names if f"SafetyWorldConfig.{name} " in str(err)), None)
+            raise ConfigError(f"config.{self._dotted(field) if field else self._path}: {err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
 class DataConfig(_Section):
     """``config.data``: where the prompts (and the warm start's targets) come from.
 
@@ -325,8 +451,16 @@ class DataConfig(_Section):
       kind: the files' format: auto (from the extension and keys) or one of
         `gd2po_jax.data.loaders.KINDS`.
       on_error: raise | skip: what a malformed row does (skipped rows are counted and logged).
-      max_prompt_tokens: longest prompt allowed, in tokens; a longer one is an error naming its row.
+      max_prompt_tokens: longest prompt allowed, in tokens (after the chat template); what a longer
+        one does is ``prompt_truncation``'s.
       synthetic: the generated task of ``task="synthetic_tools"``.
+      safety: the generated world of ``task="safety_embedded"`` (`SafetyDataConfig`). Left out
+        (None) for the other tasks, and out of `to_dict`.
+      prompt_truncation: error | left: a prompt over ``max_prompt_tokens`` is an error naming its
+        row, or keeps its last ``max_prompt_tokens`` tokens (verl's ``data.truncation=left``; the
+        number cut is logged). Reward functions still receive the whole prompt (its text and
+        messages). Left out (None): error, and out of `to_dict` (so the warm-start key of a config
+        that does not set it stays what it was).
     """
 
     _path: ClassVar[str] = "data"
@@ -338,6 +472,8 @@ class DataConfig(_Section):
     on_error: str
     max_prompt_tokens: int
     synthetic: SyntheticDataConfig
+    prompt_truncation: str | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    safety: SafetyDataConfig | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
 
     def __post_init__(self):
         for split in ("train", "validation", "test"):
@@ -345,6 +481,49 @@ class DataConfig(_Section):
         _one_of(self.kind, "data.kind", ("auto", *DATA_KINDS))
         _one_of(self.on_error, "data.on_error", ("raise", "skip"))
         _int_at_least(self.max_prompt_tokens, "data.max_prompt_tokens")
+        if self.prompt_truncation is not None:
+            _one_of(self.prompt_truncation, "data.prompt_truncation", PROMPT_TRUNCATIONS)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig(_Section):
+    """``config.rewards.reward_models.<name>``: the score model that gives the reward ``<name>`` of
+    ``rewards.kind="reward_model"`` (`gd2po_jax.rewards.reward_model`). Checked by `RewardsConfig`,
+    which knows the name.
+
+    Attributes:
+      path: a local Hugging Face score-model directory (a transformers ``*ForSequenceClassification``,
+        align-anything or safe-rlhf checkpoint: `gd2po_jax.models.score_model`) whose tokenizer has
+        a chat template. Empty: the run stops when it starts, naming this field.
+      negate: flip the sign of the score (a model where higher = worse); None: only for a safe-rlhf
+        ``score_type="cost"`` checkpoint.
+      normalize: apply safe-rlhf's normalizer; None: as the checkpoint's ``do_normalize`` says (off
+        for the other layouts).
+      max_length: tokens of the rendered conversation the model scores; a longer one is cut on the
+        right (counted per step as ``reward_truncated/<name>``), and a prompt that alone does not fit
+        is an error naming its row.
+      batch_size: conversations per forward pass, fixed (one compiled program per length bucket);
+        it must divide by the data-parallel devices (mesh data x fsdp).
+      dtype: parameter and compute dtype (float32 | bfloat16); the scores are float32.
+    """
+
+    path: str
+    negate: bool | None = None
+    normalize: bool | None = None
+    max_length: int = 2048
+    batch_size: int = 32
+    dtype: str = "bfloat16"
+
+    def check(self, prefix: str) -> None:
+        """Raises `ConfigError` naming ``config.<prefix>.<field>`` for an invalid value."""
+        _text(self.path, f"{prefix}.path", "a directory path")
+        for name in ("negate", "normalize"):
+            value = getattr(self, name)
+            _require(value is None or isinstance(value, bool), f"{prefix}.{name}",
+                     f"must be True, False or None (the checkpoint's own setting), got {value!r}")
+        _int_at_least(self.max_length, f"{prefix}.max_length", minimum=2)
+        _int_at_least(self.batch_size, f"{prefix}.batch_size")
+        _one_of(self.dtype, f"{prefix}.dtype", DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,7 +531,8 @@ class RewardsConfig(_Section):
     """``config.rewards``: the K reward functions, scored on the host.
 
     Attributes:
-      kind: the registered reward family (`gd2po_jax.rewards.base.build_reward_function`).
+      kind: the registered reward family (`gd2po_jax.rewards.base.build_reward_function`):
+        tool_calling (the ToolRL rewards) or reward_model (one score model per reward).
       names: the K rewards, in the order of the reward tensor's last axis ([P, G, K]).
       max_think_words: Lmax of the length reward: think words that earn the full reward.
       conditional_length: the length reward counts only for an exactly correct call (the GDPO
@@ -368,6 +548,11 @@ class RewardsConfig(_Section):
       max_failed_fraction: with on_error=min, stop the run (naming the step, the reward and the
         first error) when a reward failed on more than this share of a step's rollouts; 1: never
         stop. Absent from older runs' config.json: 1.
+      reward_models: kind reward_model: the score model of each reward, by name (`RewardModelConfig`);
+        its names must be those of ``names``. Absent from older runs' config.json: none.
+      offload: kind reward_model: keep the score models' parameters in host memory between scoring
+        calls (copied to the devices for each step's scoring), for runs where the policy and the
+        reward models do not fit on the devices together. Absent from older runs' config.json: False.
     """
 
     _path: ClassVar[str] = "rewards"
@@ -381,6 +566,8 @@ class RewardsConfig(_Section):
     num_workers: int
     timeout_s: float = 0.0
     max_failed_fraction: float = 1.0
+    reward_models: dict[str, RewardModelConfig] = dataclasses.field(default_factory=dict)
+    offload: bool = False
 
     def __post_init__(self):
         _text(self.kind, "rewards.kind")
@@ -398,6 +585,23 @@ class RewardsConfig(_Section):
         _number(self.timeout_s, "rewards.timeout_s")
         _require(self.timeout_s >= 0, "rewards.timeout_s", f"must be >= 0 (0: no limit), got {self.timeout_s}")
         _in_range(self.max_failed_fraction, "rewards.max_failed_fraction", 0.0, 1.0)
+        _flag(self.offload, "rewards.offload")
+        for name, model in self.reward_models.items():
+            _require(isinstance(model, RewardModelConfig), f"rewards.reward_models.{name}",
+                     f"must be a group of fields (path, negate, ...), got {model!r}")
+            model.check(f"rewards.reward_models.{name}")
+        if self.kind == "reward_model":
+            _require(self.on_error == "raise", "rewards.on_error",
+                     f"{self.on_error!r}: a reward model has no minimum to score a failed rollout with; use 'raise' "
+                     "(a NaN score always stops the run)")
+            _require(len(set(self.names)) == len(self.names), "rewards.names", f"repeats a name: {self.names}")
+            missing = [name for name in self.names if name not in self.reward_models]
+            extra = sorted(set(self.reward_models) - set(self.names))
+            _require(not missing and not extra, "rewards.reward_models",
+                     f"needs one reward model per name of rewards.names={self.names}; "
+                     + (f"none for {missing}" if missing else "") + ("; " if missing and extra else "")
+                     + (f"{extra} not in rewards.names" if extra else "")
+                     + " (e.g. --config.rewards.reward_models.<name>.path=DIR)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,7 +911,8 @@ class RunConfig(_Section):
 
     Attributes:
       task: where prompts come from: synthetic_tools (generated, ``data.synthetic``) | files
-        (``data.train`` ...).
+        (``data.train`` ...) | safety_embedded (generated, ``data.safety``, with reward models
+        trained on it: `gd2po_jax.safety_embedded`).
       model, data, rewards, rl, sampling, train, sft, checkpoint, eval, mesh: the sections.
     """
 
@@ -727,6 +932,15 @@ class RunConfig(_Section):
         _one_of(self.task, "task", TASKS)
         if self.task == "files":
             _require(bool(self.data.train), "data.train", "the files task needs a training data file")
+        if self.task == "safety_embedded":
+            _require(self.data.safety is not None, "data.safety", "the safety_embedded task needs its world's "
+                     "fields (start from configs/safety_embedded.py)")
+            _require(self.rewards.kind == "reward_model", "rewards.kind",
+                     "the safety_embedded task is scored by its reward models: 'reward_model', got "
+                     f"{self.rewards.kind!r}")
+            unknown = [name for name in self.rewards.names if name not in PREFERENCE_COLUMNS]
+            _require(not unknown, "rewards.names", f"{unknown}: the safety_embedded task trains reward models "
+                     f"for {tuple(PREFERENCE_COLUMNS)} only")
         prompts, per_call = self.train.prompts_per_step, self.sampling.prompts_per_call
         _require(per_call == 0 or per_call >= prompts or prompts % per_call == 0, "sampling.prompts_per_call",
                  f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")
@@ -753,6 +967,10 @@ class RunConfig(_Section):
         _batch_layout(self, num_data_shards)
         _require(self.eval.batch_size % num_data_shards == 0, "eval.batch_size",
                  f"{self.eval.batch_size} is not divisible by the {num_data_shards} data-parallel devices")
+        if self.rewards.kind == "reward_model":
+            for name, model in self.rewards.reward_models.items():
+                _require(model.batch_size % num_data_shards == 0, f"rewards.reward_models.{name}.batch_size",
+                         f"{model.batch_size} is not divisible by the {num_data_shards} data-parallel devices")
 
     def to_json(self) -> str:
         """The text of a run's ``config.json``: indented JSON with sorted keys (what

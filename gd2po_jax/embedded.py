@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 import shutil
+from collections.abc import Iterable
 
 import datasets
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ def synthetic_splits(data_config: SyntheticDataConfig) -> datasets.DatasetDict:
 
 
 def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny: TinyModelConfig,
-                     vocab_size: int) -> pathlib.Path:
+                     vocab_size: int, corpus: Iterable[str] | None = None) -> pathlib.Path:
     """Write a tokenizer trained on ``splits`` and a random tiny Qwen2 to ``out_dir`` (once).
 
     Args:
@@ -32,6 +33,8 @@ def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny: 
       splits: the task data (the tokenizer is trained on the train split and the tool texts).
       tiny: ``config.model.tiny`` (hidden_size, num_layers, ... and seed).
       vocab_size: tokenizer vocabulary budget.
+      corpus: the tokenizer's training texts, for another task's data (the safety_embedded task);
+        None: ``splits`` and the tool-calling world's texts.
 
     Returns:
       ``out_dir``.
@@ -40,7 +43,8 @@ def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, tiny: 
     if (out_dir / "config.json").is_file():
         return out_dir
     staging = staging_name(out_dir)  # unique to this process: concurrent builders never share it
-    corpus = [*synthetic_tools.iter_corpus(splits["train"]), *synthetic_tools.tool_corpus()]
+    if corpus is None:
+        corpus = [*synthetic_tools.iter_corpus(splits["train"]), *synthetic_tools.tool_corpus()]
     tokenizer = build_tokenizer(corpus, vocab_size)
     model_config = ModelConfig(
         model_type="qwen2",

@@ -4,6 +4,7 @@ fixed-size batches in a seeded order whose position is saved in checkpoints."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,15 +12,20 @@ import datasets
 import numpy as np
 
 from gd2po_jax.data.chat import render_prompts
+from gd2po_jax.rewards.base import RESPONSE_IDS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptSet:
     """N prompts ready for the sampler.
 
-    texts: N rendered prompt strings (what reward functions receive as ``prompts``).
-    token_ids: N token-id lists (unpadded).
-    columns: the dataset's other columns (ground_truth, level, ...), N values each.
+    texts: N rendered prompt strings (what reward functions receive as ``prompts``; whole, also
+      where ``token_ids`` were cut on the left).
+    token_ids: N token-id lists (unpadded): what the policy reads.
+    columns: the dataset's columns (``prompt``, the chat messages; ground_truth, level, ...), N
+      values each.
     """
 
     texts: list[str]
@@ -42,23 +48,42 @@ class PromptSet:
         )
 
 
-def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens: int, where: str) -> PromptSet:
+def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens: int, where: str,
+                     truncation: str | None = "error") -> PromptSet:
     """Render ``dataset["prompt"]`` with the chat template and tokenize.
 
+    Args:
+      truncation: what a prompt over ``max_prompt_tokens`` does: "error" (or None) raises; "left"
+        keeps its last ``max_prompt_tokens`` tokens (verl's ``data.truncation=left``), logging how
+        many were cut. ``texts`` and ``columns`` keep the whole prompt.
+
     Raises:
-      ValueError: a prompt longer than ``max_prompt_tokens``, naming ``where`` and the row.
+      ValueError: a prompt longer than ``max_prompt_tokens`` (with "error"), one that renders to no
+        tokens, or a dataset column named `RESPONSE_IDS`, naming ``where`` and the row.
     """
+    if RESPONSE_IDS in dataset.column_names:
+        raise ValueError(f"{where}: a data column is named {RESPONSE_IDS!r}, the name rollouts give the sampled "
+                         "token ids of each response; rename the column")
     texts = render_prompts(dataset["prompt"], tokenizer)
     token_ids = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    cut = 0
     for row, ids in enumerate(token_ids):
         if len(ids) > max_prompt_tokens:
+            if truncation == "left":
+                token_ids[row], cut = ids[-max_prompt_tokens:], cut + 1
+                continue
             raise ValueError(
                 f"{where}, row {row} (0-based): the prompt has {len(ids)} tokens, more than "
-                f"config.data.max_prompt_tokens={max_prompt_tokens}"
+                f"config.data.max_prompt_tokens={max_prompt_tokens} (config.data.prompt_truncation='left' "
+                "keeps the last ones instead)"
             )
         if not ids:
             raise ValueError(f"{where}, row {row} (0-based): the prompt renders to no tokens")
-    columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+    if cut:
+        logger.warning("%s: %d of %d prompts are longer than config.data.max_prompt_tokens=%d and keep their last "
+                       "%d tokens (config.data.prompt_truncation='left')", where, cut, len(token_ids),
+                       max_prompt_tokens, max_prompt_tokens)
+    columns = {name: list(dataset[name]) for name in dataset.column_names}
     return PromptSet(texts=texts, token_ids=token_ids, columns=columns)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from flax import struct
 
 from gd2po_jax.prompts import PromptSet
-from gd2po_jax.rewards.base import RewardFunction
+from gd2po_jax.rewards.base import RESPONSE_IDS, RewardFunction, reward_step_metrics
 from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, repeat_columns, score_batch
 from gd2po_jax.sampling import GenerateOutput, completion_mask, generate
 from gd2po_jax.tokenization import decode_completions
@@ -61,6 +61,7 @@ class Rollouts:
     generated_tokens: int
     sampling_seconds: float  # generation, until the tokens are on the host
     reward_seconds: float  # decoding and scoring
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the reward functions' own
 
 
 def collect_rollouts(
@@ -118,10 +119,12 @@ def collect_rollouts(
     sampled = time.perf_counter()
     responses = decode_completions(tokenizer, tokens, lengths)
     prompts = [t for t in prompt_set.texts for _ in range(num_generations)]
+    columns = repeat_columns(prompt_set.columns, num_generations)
+    columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), np.asarray(lengths))]
     scores = score_batch(
-        reward_fn, prompts, responses, repeat_columns(prompt_set.columns, num_generations),
-        on_error=on_error, num_workers=num_workers, timeout_s=timeout_s,
+        reward_fn, prompts, responses, columns, on_error=on_error, num_workers=num_workers, timeout_s=timeout_s,
     )
+    reward_metrics = reward_step_metrics(reward_fn)
     rewards = scores.rewards.reshape(num_prompts, num_generations, -1)
     scored = time.perf_counter()
     valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
@@ -131,7 +134,7 @@ def collect_rollouts(
                     first_failure=scores.first_error,
                     truncated=~np.asarray(finished),
                     generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
-                    reward_seconds=scored - sampled)
+                    reward_seconds=scored - sampled, reward_metrics=reward_metrics)
 
 
 def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,

@@ -264,14 +264,15 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int 
 # The fields a rerun may change when it resumes a run: how the run is executed, recorded and
 # guarded, not what it computes (memory and device layout change float rounding at most; the
 # stopping rules and the reward timeout only decide whether to stop, or to count a hung reward
-# call as failed; runs made before the timeout existed load it as 0, no limit). train.num_steps
+# call as failed; runs made before the timeout existed load it as 0, no limit; where reward models
+# wait between steps changes nothing they compute). train.num_steps
 # extends a run (it may not go below the step already reached: the trainer checks that).
 # Everything else must equal config.json's.
 RESUMABLE_FIELDS = (
     "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
     "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
     "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
-    "rewards.max_failed_fraction", "rewards.timeout_s",
+    "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload",
 )
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gd2po_jax import embedded
+from gd2po_jax import embedded, safety_embedded
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.data.loaders import DataFormatError, load_data
+from gd2po_jax.data.loaders import DataFormatError, detect_kind, load_data
 from gd2po_jax.models.pretrained import check_model_dir
 from gd2po_jax.prompts import PromptSet, build_prompt_set
 from gd2po_jax.rewards.base import build_reward_function, column_problems
@@ -27,6 +27,10 @@ from gd2po_jax.sharding import make_mesh
 from gd2po_jax.tokenization import eos_token_ids, load_tokenizer, pad_token_id
 
 logger = logging.getLogger(__name__)
+
+PROMPT_ONLY_REWARD_KINDS = ("reward_model",)
+"""Reward kinds that score without a ground truth: their verl parquet files may be prompt-only (no
+``reward_model.ground_truth``, as the safety runs' Alpaca files)."""
 
 
 @dataclasses.dataclass
@@ -58,8 +62,14 @@ class RunSetup:
 
 
 def _load_split(path: str, config, reward_fn=None) -> Any:
-    """The dataset of one data file; with ``reward_fn``, only rows it can score (`_scorable_rows`)."""
-    result = load_data(path, kind=config.data.kind, on_error=config.data.on_error)
+    """The dataset of one data file; with ``reward_fn``, only rows it can score (`_scorable_rows`).
+    A verl parquet file may be prompt-only when the reward needs no ground truth
+    (`PROMPT_ONLY_REWARD_KINDS`)."""
+    options = {}
+    if config.rewards.kind in PROMPT_ONLY_REWARD_KINDS and (
+            config.data.kind == "verl" or config.data.kind == "auto" and detect_kind(path) == "verl"):
+        options["require_ground_truth"] = False
+    result = load_data(path, kind=config.data.kind, on_error=config.data.on_error, **options)
     if result.num_skipped:
         logger.warning("%s: skipped %d malformed rows (config.data.on_error='skip')", path, result.num_skipped)
     return result.dataset if reward_fn is None else _scorable_rows(result.dataset, path, reward_fn, config)
@@ -70,7 +80,7 @@ def _scorable_rows(dataset, path: str, reward_fn, config) -> Any:
     truth it cannot parse, a missing one), not when a bad row is first sampled: such rows raise
     `DataFormatError` naming the file, the row and the column, or with ``data.on_error='skip'`` are
     left out (all of them left out: an error too)."""
-    columns = {name: dataset[name] for name in dataset.column_names if name != "prompt"}
+    columns = {name: dataset[name] for name in dataset.column_names}
     problems = column_problems(reward_fn, columns)
     if not problems:
         return dataset
@@ -112,6 +122,10 @@ def load_splits(config, workdir: pathlib.Path, reward_fn=None) -> tuple[dict[str
         model_path = config.model.path or embedded.build_base_model(
             RunDir(workdir).base_model, splits, config.model.tiny, config.data.synthetic.tokenizer_vocab_size
         )
+    elif config.task == "safety_embedded":  # its tokenizer is also the reward models' (built in base_model)
+        splits = dict(safety_embedded.safety_splits(config.data.safety))
+        base_model = safety_embedded.build_base_model(RunDir(workdir).base_model, splits, config)
+        model_path = config.model.path or base_model
     else:
         if not config.model.path:
             raise ValueError("config.model.path: the files task needs a Hugging Face model directory")
@@ -121,6 +135,44 @@ def load_splits(config, workdir: pathlib.Path, reward_fn=None) -> tuple[dict[str
                 splits[split] = _load_split(getattr(config.data, split), config, reward_fn)
         model_path = config.model.path
     return splits, pathlib.Path(model_path)
+
+
+def _tool_calling_spec(config, **_) -> dict[str, Any]:
+    rewards = config.rewards
+    return {"kind": rewards.kind, "names": tuple(rewards.names), "max_think_words": rewards.max_think_words,
+            "conditional_length": rewards.conditional_length}
+
+
+def _reward_model_spec(config, *, tokenizer, eos_ids: list[int], mesh) -> dict[str, Any]:
+    rewards = config.rewards
+    for name, model in rewards.reward_models.items():
+        field = f"rewards.reward_models.{name}.path"
+        if not model.path:
+            raise ConfigError(f"config.{field}: empty; give the directory of the score model that scores "
+                              f"{name!r} (--config.{field}=DIR)")
+        _model_dir(model.path, field)
+    return {"kind": rewards.kind, "names": tuple(rewards.names),
+            "reward_models": {name: model.to_dict() for name, model in rewards.reward_models.items()},
+            "offload": rewards.offload, "policy_tokenizer": tokenizer, "policy_eos_ids": list(eos_ids), "mesh": mesh}
+
+
+_REWARD_SPECS = {"tool_calling": _tool_calling_spec, "reward_model": _reward_model_spec}
+"""How each reward kind's `build_reward_function` spec is made from the config and the run."""
+
+
+def reward_spec(config, *, tokenizer=None, eos_ids=(), mesh=None) -> dict[str, Any]:
+    """The `build_reward_function` spec of ``config.rewards``: the options of its kind from the config,
+    and what the run gives the kinds that need it (a reward model: the policy's tokenizer and EOS ids,
+    which decode responses, and the mesh its parameters are sharded over). A kind registered
+    elsewhere gets ``names``.
+
+    Raises:
+      ConfigError: a reward model's path is empty or not a directory, naming its field.
+    """
+    make = _REWARD_SPECS.get(config.rewards.kind)
+    if make is None:
+        return {"kind": config.rewards.kind, "names": tuple(config.rewards.names)}
+    return make(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh)
 
 
 def eval_split(config, setup: RunSetup) -> str | None:
@@ -134,7 +186,8 @@ def eval_split(config, setup: RunSetup) -> str | None:
         return None
     if split not in setup.evals:
         available = sorted(setup.evals) + ["none"]
-        where = f"config.data.{split} is empty" if config.task == "files" else f"data.synthetic.num_{split}=0"
+        where = f"config.data.{split} is empty" if config.task == "files" else \
+            f"data.{'safety' if config.task == 'safety_embedded' else 'synthetic'}.num_{split}=0"
         raise ConfigError(f"config.eval.split: the data has no {split!r} split ({where}); choose one of "
                           f"{available} ('none': no evaluation during the run)")
     return split
@@ -147,24 +200,27 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     except ValueError as err:
         raise ConfigError(f"config.mesh: {err}") from err
     config.check_mesh(num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
-    reward_fn = build_reward_function({
-        "kind": config.rewards.kind, "names": tuple(config.rewards.names),
-        "max_think_words": config.rewards.max_think_words,
-        "conditional_length": config.rewards.conditional_length,
-    })
-    splits, model_path = load_splits(config, workdir, reward_fn)
+    splits, model_path = load_splits(config, workdir)
+    if config.task == "safety_embedded":  # its reward models: trained once (or found), then loaded as any
+        config = safety_embedded.with_reward_models(config, workdir)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
     eos_ids = eos_token_ids(tokenizer, model_path)
     pad_id = pad_token_id(tokenizer, eos_ids)
-    limit = config.data.max_prompt_tokens
-    train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data")
+    reward_fn = build_reward_function(reward_spec(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh))
+    if config.task == "files":  # rows the reward could never score: found now, naming file and row
+        splits = {split: _scorable_rows(dataset, getattr(config.data, split), reward_fn, config)
+                  for split, dataset in splits.items()}
+    limit, truncation = config.data.max_prompt_tokens, config.data.prompt_truncation
+    train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data",
+                             truncation=truncation)
     evals = {}
     for split in ("validation", "test"):
         if split in splits and len(splits[split]):
             dataset = splits[split]
             if config.eval.max_examples:
                 dataset = dataset.select(range(min(config.eval.max_examples, len(dataset))))
-            evals[split] = build_prompt_set(dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data")
+            evals[split] = build_prompt_set(dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data",
+                                            truncation=truncation)
     longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
     sft_dataset = None
     if config.sft.enabled:

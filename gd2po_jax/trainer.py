@@ -20,7 +20,7 @@ import optax
 import tqdm
 from flax import nnx
 
-from gd2po_jax import run_dir
+from gd2po_jax import run_dir, safety_embedded
 from gd2po_jax.config import ConfigError, as_run_config
 from gd2po_jax.evaluation.run import evaluate_split
 from gd2po_jax.logprobs import merge_model, reference_logprobs_fn
@@ -48,8 +48,11 @@ def host_metrics(rollouts, timings: dict[str, float], reward_names: tuple[str, .
     """The metrics of a step that only the host knows (the update's own come from `train_step`):
     truncation, the share of rollouts each reward abstained on (``reward_abstained/<name>``) and
     failed on (``reward_failed/<name>``, scored as the minimum with ``rewards.on_error='min'``),
-    wall-clock time per phase (``time/*``), generated tokens and their rate."""
+    the reward functions' own (`gd2po_jax.rewards.base.reward_step_metrics`: a reward model's
+    ``reward_truncated/<name>``, ``time/reward_model/<name>``), wall-clock time per phase
+    (``time/*``), generated tokens and their rate."""
     metrics = {"truncation_rate": float(np.mean(rollouts.truncated))}
+    metrics.update(rollouts.reward_metrics)
     metrics.update({f"reward_abstained/{name}": float(share) for name, share in zip(reward_names, rollouts.abstained)})
     metrics.update({f"reward_failed/{name}": float(share) for name, share in zip(reward_names, rollouts.failed)})
     metrics.update({f"time/{k}": v for k, v in timings.items()})
@@ -240,14 +243,20 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
     run_dir.write_json(files.results, results)
     if progress:
         print(results_table(results))
+        if config.task == "safety_embedded":
+            print(safety_embedded.results_table(results, config.rewards.names))
     return results
 
 
 def results_table(results: dict[str, Any]) -> str:
-    """A small before/after table of the headline validation metrics."""
+    """A small before/after table of the headline validation metrics (the tool-calling ones, or each
+    reward model's mean score and their sum)."""
     rows = [("Correct Acc", "correct_acc"), ("Correctness", "correctness"), ("Format Acc", "format_acc"),
             ("Length", "length"), ("Truncation", "truncation_rate")]
     before, after = results.get("before_rl") or {}, results.get("after_rl") or {}
+    reward_names = after.get("reward_names") or before.get("reward_names")
+    if reward_names:  # scored by reward models (evaluation.run.evaluate_split)
+        rows = [(name, name) for name in reward_names] + [("Sum", "reward_sum"), ("Truncation", "truncation_rate")]
     lines = [f"{results['split'] or 'no eval split'} ({results['algorithm']}, {results['steps']} RL steps)",
              f"{'metric':<14}{'before RL':>12}{'after RL':>12}"]
     for label, key in rows:

@@ -99,7 +99,35 @@ def tiny_config(**changes):
     """configs/tiny.py with ``changes`` (dotted names with "__" for ".", e.g. ``rl__snr_tau=0.3``)."""
     from configs import tiny
 
-    config = tiny.get_config()
+    return _with_changes(tiny.get_config(), changes)
+
+
+def tiny_safety_config(**changes):
+    """configs/safety_embedded.py shrunk to seconds per step, with ``changes`` (as `tiny_config`'s):
+    a world of 96 training prompts, 1-layer 32-wide reward models trained for 60 steps on its 192
+    pairs, configs/tiny.py's 64-wide policy and a 60-step warm start, then 4 RL steps of 8 prompts
+    x 4 rollouts of at most 80 tokens (the longest demonstration has 75), 16 validation examples."""
+    from configs import safety_embedded, tiny
+
+    config = safety_embedded.get_config()
+    config.data.safety.update(tokenizer_vocab_size=1024, num_train=96, num_validation=16, num_test=32,
+                              pairs_per_prompt=2)
+    config.data.safety.reward_training.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                                              num_kv_heads=2, head_dim=16, num_steps=60, batch_size=16,
+                                              learning_rate=3e-3, max_length=160)
+    for name in config.rewards.names:
+        config.rewards.reward_models[name].update(max_length=160, batch_size=32)
+    config.model.tiny = tiny.get_config().model.tiny
+    config.sft.update(num_steps=60, batch_size=16, learning_rate=1e-2, max_length=160)
+    config.train.update(prompts_per_step=8, num_steps=4, learning_rate=1e-3)
+    config.sampling.max_new_tokens = 80
+    config.eval.update(max_examples=16, batch_size=8)
+    config.checkpoint.update(every_steps=2, keep=2)
+    return _with_changes(config, changes)
+
+
+def _with_changes(config, changes):
+    """``config`` with ``changes`` (dotted names with "__" for ".") set."""
     for name, value in changes.items():
         *parents, field = name.split("__")
         node = config
@@ -109,15 +137,16 @@ def tiny_config(**changes):
     return config
 
 
-def write_config_file(directory: pathlib.Path, **changes) -> pathlib.Path:
-    """A config file for ``train.py --config=`` that builds `tiny_config` (**changes)."""
-    path = directory / "tiny_config.py"
+def write_config_file(directory: pathlib.Path, *, factory: str = "tiny_config", **changes) -> pathlib.Path:
+    """A config file for ``train.py --config=`` that builds ``factory`` (**changes): `tiny_config`, or
+    `tiny_safety_config`."""
+    path = directory / f"{factory}.py"
     path.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from tests.fakes import tiny_config\n\n\n"
+        f"from tests.fakes import {factory}\n\n\n"
         "def get_config():\n"
-        f"    return tiny_config(**{changes!r})\n"
+        f"    return {factory}(**{changes!r})\n"
     )
     return path
 
@@ -279,4 +308,82 @@ def tiny_policy(shared_dir: pathlib.Path, vocab_size: int = 8192, seed: int = 0)
                                tie_word_embeddings=True, max_position_embeddings=8192)
     model = Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(seed))
     save_pretrained(model, out_dir, tokenizer=tokenizer)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------
+# The helpfulness-safety setting, tiny: a policy and score models whose tokenizers are trained on
+# the Alpaca test prompts in ../shared.
+# ----------------------------------------------------------------------------------------------
+
+PLAIN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '### ' + message['role'] | upper + ':\\n' + message['content'] + '\\n\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '### ASSISTANT:\\n' }}{%- endif %}"
+)
+"""A chat template unlike the ChatML of `gd2po_jax.tasks.tokenizer`: plain-text role headers, no
+special tokens (the "other" reward models render conversations with it)."""
+
+
+def alpaca_prompts(shared_dir: pathlib.Path) -> list:
+    """The chat messages of the 512 Alpaca test prompts."""
+    from gd2po_jax.data.loaders import load_verl_parquet
+
+    path = shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet"
+    return load_verl_parquet(path, require_ground_truth=False).dataset["prompt"]
+
+
+@functools.lru_cache(maxsize=None)
+def safety_tokenizer_dir(shared_dir: pathlib.Path, template: str = "chatml") -> pathlib.Path:
+    """A saved tokenizer trained on the Alpaca test prompts: "chatml" (512 tokens, ChatML template:
+    the policy's) or "plain" (384 tokens, `PLAIN_CHAT_TEMPLATE`). Built once per process."""
+    from gd2po_jax.tasks.tokenizer import build_tokenizer
+
+    out_dir = pathlib.Path(_SCRATCH.name) / f"safety-tokenizer-{template}"
+    corpus = [m["content"] for prompt in alpaca_prompts(shared_dir) for m in prompt]
+    tokenizer = build_tokenizer(corpus, 512 if template == "chatml" else 384)
+    if template == "plain":
+        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def _numpy_init(module_fn, seed: int, scale: float = 0.2):
+    """``module_fn()``'s module with normal(0, scale) parameters drawn by numpy (no init program)."""
+    graphdef, state = nnx.split(nnx.eval_shape(module_fn))
+    rng = np.random.default_rng(seed)
+    return nnx.merge(graphdef, jax.tree.map(lambda s: jnp.asarray(scale * rng.normal(size=s.shape), s.dtype), state))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_safety_policy(shared_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
+    """A random 2-layer, 32-wide Qwen2 policy with the "chatml" `safety_tokenizer_dir` (EOS <|im_end|>)."""
+    from gd2po_jax.models import Decoder, save_pretrained
+    from gd2po_jax.tokenization import load_tokenizer
+
+    out_dir = pathlib.Path(_SCRATCH.name) / f"safety-policy-{seed}"
+    tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, "chatml"))
+    config = tiny_model_config(vocab_size=len(tokenizer), tie_word_embeddings=True)
+    save_pretrained(_numpy_init(lambda: Decoder(config, rngs=nnx.Rngs(0)), seed, 0.05), out_dir,
+                    tokenizer=tokenizer)
+    return out_dir
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_score_model_dir(shared_dir: pathlib.Path, layout: str, template: str = "chatml", seed: int = 0,
+                         nan_token: int | None = None) -> pathlib.Path:
+    """A random 2-layer, 32-wide Qwen2 score model saved in ``layout`` ("sequence_classification", "amo"
+    or "beaver") with the ``template`` `safety_tokenizer_dir`; with ``nan_token``, that token's
+    embedding is NaN (every conversation holding it scores NaN). Built once per process."""
+    from gd2po_jax.models import ScoreModel, save_score_model
+    from gd2po_jax.tokenization import load_tokenizer
+
+    out_dir = pathlib.Path(_SCRATCH.name) / f"score-{layout}-{template}-{seed}-{nan_token}"
+    tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, template))
+    config = tiny_model_config(vocab_size=len(tokenizer))
+    model = _numpy_init(lambda: ScoreModel(config, rngs=nnx.Rngs(0), head_bias=layout == "beaver"), seed)
+    if nan_token is not None:
+        model.decoder.embed[...] = model.decoder.embed[...].at[nan_token].set(jnp.nan)
+    save_score_model(model, out_dir, layout=layout, tokenizer=tokenizer)
     return out_dir

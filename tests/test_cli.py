@@ -120,3 +120,16 @@ def test_a_run_config_json_takes_list_overrides_like_a_config_file(tmp_path):
     assert RunConfig.from_config_dict(parse(config_file=resolved)) == original
     config = parse("--config.rewards.names=correctness,length", config_file=resolved)
     assert RunConfig.from_config_dict(config) == original.replace({"rewards.names": ("correctness", "length")})
+
+
+@pytest.mark.parametrize("config_file, workdir", [
+    ("configs/default.py", "runs/default"),
+    ("configs/safety_embedded.py", "runs/safety_embedded"),
+])
+def test_the_default_workdir_is_named_after_the_config_file(config_file, workdir):
+    """``python train.py --config=configs/safety_embedded.py`` does not meet a default run in runs/default."""
+    argv = ["train.py", f"--config={config_file}"]
+    values = flags.FlagValues()
+    cli.define_config_flag(flag_values=values, sys_argv=argv)
+    values(argv)
+    assert cli.default_workdir(values["config"]) == workdir

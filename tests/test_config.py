@@ -13,13 +13,13 @@ import re
 import pytest
 from absl import flags
 
-from configs import default, tiny, toolrl
+from configs import default, safety, tiny, toolrl
 from gd2po_jax import cli
 from gd2po_jax.advantages import METHODS
 from gd2po_jax.config import ConfigError, RunConfig, as_run_config
 from gd2po_jax.rewards.tool_calling import SETTINGS
 from gd2po_jax.tasks.synthetic_tools import SyntheticToolsConfig
-from tests.fakes import tiny_policy
+from tests.fakes import tiny_policy, tiny_safety_policy, tiny_score_model_dir
 
 NUM_GPUS = 8  # one node, as the official scripts use
 
@@ -185,6 +185,15 @@ INVALID = [
     ({"rewards.timeout_s": -1.0}, "rewards.timeout_s"),
     ({"rewards.timeout_s": "1m"}, "rewards.timeout_s"),
     ({"rewards.max_failed_fraction": 1.5}, "rewards.max_failed_fraction"),
+    ({"rewards.offload": "yes"}, "rewards.offload"),
+    ({"rewards.reward_models": [1]}, "rewards.reward_models"),
+    ({"rewards.reward_models": {"judge": {"path": "/rm", "size": 7}}}, "rewards.reward_models.judge.size"),
+    ({"rewards.reward_models": {"judge": {"path": None}}}, "rewards.reward_models.judge.path"),
+    ({"rewards.reward_models": {"judge": {"path": "/rm", "negate": "no"}}}, "rewards.reward_models.judge.negate"),
+    ({"rewards.reward_models": {"judge": {"path": "/rm", "max_length": 1}}}, "rewards.reward_models.judge.max_length"),
+    ({"rewards.reward_models": {"judge": {"path": "/rm", "dtype": "fp8"}}}, "rewards.reward_models.judge.dtype"),
+    ({"rewards.kind": "reward_model"}, "rewards.reward_models"),  # no model for correctness, format, length
+    ({"data.prompt_truncation": "right"}, "data.prompt_truncation"),
     ({"rl.algorithm": "ppo"}, "rl.algorithm"),
     ({"rl.snr_tau": 1.5}, "rl.snr_tau"),
     ({"rl.snr_tau": -0.1}, "rl.snr_tau"),
@@ -342,7 +351,9 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     del old["data"]["synthetic"]["num_candidates"], old["data"]["synthetic"]["habit_rate"]
     del old["rewards"]["timeout_s"], old["rewards"]["max_failed_fraction"]
     del old["rl"]["tempered_logprobs"], old["train"]["max_consecutive_skipped_steps"]
+    del old["rewards"]["reward_models"], old["rewards"]["offload"]
     config = RunConfig.from_config_dict(old)
+    assert (config.rewards.reward_models, config.rewards.offload, config.data.prompt_truncation) == ({}, False, None)
     assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
     assert (config.sft.seed, config.sft.cache_dir, config.sampling.prompts_per_call) == (0, "", 0)
     assert (config.rewards.timeout_s, config.rewards.max_failed_fraction) == (0.0, 1.0)  # no limits then
@@ -422,3 +433,80 @@ def test_smoke_run_with_a_tiny_model_on_rlla(shared_dir, tmp_path):
     assert (tmp_path / "policy" / "config.json").is_file()
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["model"]["dtype"] == "bfloat16" and written["model"]["remat"] is True
+
+
+# ----------------------------------------------------------------------------------------------
+# configs/safety.py: the paper's helpfulness-safety run.
+# ----------------------------------------------------------------------------------------------
+
+
+def _safety(**changes):
+    """configs/safety.py with its training file filled in and ``changes`` (dotted name -> value)."""
+    source = safety.get_config()
+    source.data.train = "/data/alpaca/train.parquet"
+    return with_values(source, changes) if changes else source
+
+
+def test_safety_builds_validates_converts_back_and_holds_the_official_values():
+    source = _safety()
+    c = RunConfig.from_config_dict(source)
+    c.check_mesh(NUM_GPUS)
+    assert c.to_dict() == source.to_dict()
+    assert c.to_json() == source.to_json_best_effort(indent=2, sort_keys=True)
+    assert RunConfig.from_config_dict(json.loads(c.to_json())) == c  # config.json reads back
+    assert c.rewards.kind == "reward_model" and c.rewards.names == ("useful", "harmless")
+    for model in c.rewards.reward_models.values():
+        assert (model.path, model.negate, model.normalize, model.max_length) == ("", None, None, 2048)
+    assert not c.rewards.offload
+    assert c.rl.algorithm == "gd2po_snr" and c.rl.snr_tau == 0.8 and c.rl.num_generations == 4
+    assert c.train.prompts_per_step == 512 and c.train.num_steps == 100
+    assert c.train.prompts_per_step // c.rl.num_minibatches == 128  # PPO mini-batch: 4 updates per step
+    assert (c.sampling.temperature, c.sampling.top_p, c.sampling.top_k) == (0.7, 1.0, 0)
+    assert c.rl.tempered_logprobs and c.train.learning_rate == 1e-6
+    assert c.rl.kl_coef == 0.0 and c.rl.entropy_coef == 0.0
+    assert (c.data.max_prompt_tokens, c.data.prompt_truncation, c.sampling.max_new_tokens) == (512, "left", 1024)
+    assert (c.checkpoint.every_steps, c.eval.every_steps, c.eval.split) == (20, 10, "validation")
+    assert c.data.validation.endswith("safe_alignment/alpaca_test.parquet") and c.model.path == ""
+
+
+def test_safety_fields_users_fill_are_named_when_empty(shared_dir, tmp_path):
+    from gd2po_jax.run_setup import build_setup
+
+    assert error_of(safety.get_config().to_dict()).startswith("config.data.train: the files task needs")
+    with pytest.raises(ValueError, match=r"^config\.model\.path"):
+        build_setup(RunConfig.from_config_dict(_safety()), tmp_path)
+    config = RunConfig.from_config_dict(_safety(**{
+        "model.path": str(tiny_safety_policy(shared_dir)),
+        "data.train": str(shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet"),
+        "rewards.reward_models.useful.path": str(tiny_score_model_dir(shared_dir, "amo")),
+    }))
+    with pytest.raises(ConfigError, match=r"^config\.rewards\.reward_models\.harmless\.path: empty"):
+        build_setup(config, tmp_path)
+
+
+def test_safety_command_line_overrides_as_train_py_parses_them():
+    argv = ["train.py", "--config=configs/safety.py", "--config.model.path=/models/qwen",
+            "--config.data.train=/data/train.parquet", "--config.rewards.reward_models.useful.path=/models/rm",
+            "--config.rewards.reward_models.harmless.path=/models/cm",
+            "--config.rewards.reward_models.harmless.negate=True", "--config.rl.algorithm=gdpo"]
+    values = flags.FlagValues()
+    cli.define_config_flag(flag_values=values, sys_argv=argv)
+    values(argv)
+    config = RunConfig.from_config_dict(values.config)
+    models = config.rewards.reward_models
+    assert (models["useful"].path, models["harmless"].path) == ("/models/rm", "/models/cm")
+    assert models["harmless"].negate is True
+    assert models["useful"].negate is None and config.rl.algorithm == "gdpo"
+
+
+def test_reward_models_must_match_the_reward_names():
+    message = error_of(_safety(**{"rewards.names": ("useful", "harmless", "honest")}))
+    assert message.startswith("config.rewards.reward_models: needs one reward model per name of rewards.names="
+                              "('useful', 'harmless', 'honest'); none for ['honest']")
+    values = _safety()
+    values = with_values(values, {"rewards.reward_models": {**values.rewards.reward_models.to_dict(),
+                                                            "honest": {"path": "/rm"}}})
+    assert "['honest'] not in rewards.names" in error_of(values)
+    assert error_of(_safety(**{"rewards.on_error": "min"})).startswith("config.rewards.on_error: 'min': a reward model")
+    assert error_of(_safety(**{"rewards.reward_models.useful.batch_size": 12}), NUM_GPUS).startswith(
+        "config.rewards.reward_models.useful.batch_size: 12 is not divisible by the 8 data-parallel devices")

@@ -18,13 +18,30 @@ def test_build_prompt_set_renders_tokenizes_and_keeps_columns():
     prompts = build_prompt_set(_dataset(["ab", "cde"]), EchoTokenizer(), max_prompt_tokens=10, where="f.jsonl")
     assert prompts.texts == ["ab>", "cde>"]
     assert prompts.token_ids[1] == [ord(c) for c in "cde>"]
-    assert prompts.columns == {"ground_truth": ["gt0", "gt1"]}
+    assert prompts.columns == {"prompt": [[{"role": "user", "content": c}] for c in ("ab", "cde")],
+                               "ground_truth": ["gt0", "gt1"]}  # every column: reward models read the messages
     assert prompts.max_tokens == 4
     picked = prompts.select([1, 1, 0])
     assert picked.texts == ["cde>", "cde>", "ab>"] and picked.columns["ground_truth"] == ["gt1", "gt1", "gt0"]
     with pytest.raises(ValueError, match=r"f.jsonl, row 1 \(0-based\): the prompt has 4 tokens, more than "
                                          r"config.data.max_prompt_tokens=3"):
         build_prompt_set(_dataset(["ab", "cde"]), EchoTokenizer(), max_prompt_tokens=3, where="f.jsonl")
+
+
+def test_left_truncation_keeps_the_last_tokens_of_a_long_prompt_and_the_whole_text(caplog):
+    prompts = build_prompt_set(_dataset(["ab", "cdefg"]), EchoTokenizer(), max_prompt_tokens=4, where="f.parquet",
+                               truncation="left")
+    assert prompts.token_ids == [[ord(c) for c in "ab>"], [ord(c) for c in "efg>"]]  # verl's data.truncation=left
+    assert prompts.texts == ["ab>", "cdefg>"] and prompts.columns["prompt"][1][0]["content"] == "cdefg"
+    assert "f.parquet: 1 of 2 prompts are longer than config.data.max_prompt_tokens=4" in caplog.text
+    with pytest.raises(ValueError, match=r"row 1 \(0-based\): the prompt has 6 tokens"):
+        build_prompt_set(_dataset(["ab", "cdefg"]), EchoTokenizer(), max_prompt_tokens=4, where="f", truncation=None)
+
+
+def test_a_data_column_may_not_take_the_name_of_the_sampled_ids():
+    dataset = _dataset(["ab"]).add_column("response_ids", [[1, 2]])
+    with pytest.raises(ValueError, match="f.jsonl: a data column is named 'response_ids'"):
+        build_prompt_set(dataset, EchoTokenizer(), max_prompt_tokens=10, where="f.jsonl")
 
 
 def test_epoch_sampler_serves_full_batches_of_each_epoch_and_resumes_exactly():

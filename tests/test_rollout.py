@@ -11,6 +11,7 @@ from flax import nnx
 from gd2po_jax.models import Decoder
 from gd2po_jax.prompts import PromptSet
 from gd2po_jax.config import SamplingConfig
+from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.scoring import RewardError, score_batch
 from gd2po_jax.rollout import collect_rollouts
 from gd2po_jax.sampling import generate
@@ -65,6 +66,34 @@ def test_collect_rollouts_shapes_and_chunking(per_call):
         collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3,
                          sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
                          rng=jax.random.PRNGKey(1), prompts_per_call=3)
+
+
+@dataclasses.dataclass
+class SampledIdsReward:
+    """K=1: the sum of the sampled token ids the rollout gives the reward (``columns[RESPONSE_IDS]``);
+    its step metrics count its calls."""
+
+    names: tuple = ("ids",)
+    calls: int = 0
+
+    def __call__(self, prompts, responses, columns):
+        self.calls += 1
+        return np.array([[sum(ids)] for ids in columns[RESPONSE_IDS]], np.float32)
+
+    def step_metrics(self):
+        calls, self.calls = self.calls, 0
+        return {"ids_reward/calls": calls}
+
+
+def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    out = collect_rollouts(
+        model, _prompts(4), DigitTokenizer(), SampledIdsReward(), num_generations=3, sampling=SAMPLING,
+        eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1),
+    )
+    completions = np.asarray(out.batch.input_ids)[:, 16:] * np.asarray(out.batch.response_mask)  # EOS included
+    np.testing.assert_array_equal(out.rewards.reshape(-1), completions.sum(axis=1))
+    assert out.reward_metrics == {"ids_reward/calls": 1.0}
 
 
 def test_old_logprobs_are_at_the_logprob_temperature():

@@ -4,17 +4,20 @@ data does not have — with errors naming the field, the file and the row."""
 
 import types
 
+import jax
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs import toolrl
+from configs import safety, toolrl
 from gd2po_jax.config import ConfigError, RunConfig, as_run_config
 from gd2po_jax.data.loaders import DataFormatError
 from gd2po_jax.models.pretrained import load_pretrained
 from gd2po_jax.rewards.base import build_reward_function
-from gd2po_jax.run_setup import eval_split, load_splits
-from tests.fakes import tiny_config
+from gd2po_jax.rewards.reward_model import RewardModelReward
+from gd2po_jax.run_setup import build_setup, eval_split, load_splits, reward_spec
+from gd2po_jax.tokenization import load_tokenizer
+from tests.fakes import tiny_config, tiny_safety_policy, tiny_score_model_dir
 
 
 def _files_config(tmp_path, **changes) -> RunConfig:
@@ -78,6 +81,64 @@ def test_rows_without_a_ground_truth_cannot_train_a_tool_calling_reward(shared_d
     with pytest.raises(DataFormatError, match=r"prompts\.jsonl: no usable rows: the reward 'tool_calling' cannot "
                                               r"score any of the 1 rows"):
         load_splits(config, tmp_path / "run", _reward_fn(config))
+
+
+# ---------------------------------------------------------------- reward models
+
+
+def _safety_config(shared_dir, **changes) -> RunConfig:
+    """configs/safety.py on the Alpaca test prompts with the tiny policy and score models (the
+    harmless one with a plain-text template), 8 rows per reward-model batch, and ``changes``."""
+    config = safety.get_config()
+    alpaca = str(shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet")
+    config.model.path, config.data.train = str(tiny_safety_policy(shared_dir)), alpaca
+    for name, (layout, template) in {"useful": ("amo", "chatml"), "harmless": ("beaver", "plain")}.items():
+        config.rewards.reward_models[name].update(path=str(tiny_score_model_dir(shared_dir, layout, template)),
+                                                  batch_size=8, dtype="float32")
+    for name, value in changes.items():
+        *parents, field = name.split("__")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[field] = value
+    return as_run_config(config)
+
+
+def test_the_reward_spec_is_made_per_kind(shared_dir, tmp_path):
+    tool_calling = _files_config(tmp_path)
+    assert reward_spec(tool_calling) == {"kind": "tool_calling", "names": ("correctness", "format", "length"),
+                                         "max_think_words": 512, "conditional_length": False}
+    config = _safety_config(shared_dir)
+    tokenizer = object()
+    spec = reward_spec(config, tokenizer=tokenizer, eos_ids=[2], mesh="mesh")
+    assert spec["reward_models"]["harmless"] == config.rewards.reward_models["harmless"].to_dict()
+    assert (spec["kind"], spec["names"], spec["offload"]) == ("reward_model", ("useful", "harmless"), False)
+    assert (spec["policy_tokenizer"], spec["policy_eos_ids"], spec["mesh"]) == (tokenizer, [2], "mesh")
+    missing = _safety_config(shared_dir, rewards__reward_models__useful__path=str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match=r"^config\.rewards\.reward_models\.useful\.path: .*none' does not exist"):
+        reward_spec(missing)
+
+
+def test_a_reward_model_run_loads_prompt_only_data_and_its_reward_models_on_the_mesh(shared_dir, tmp_path):
+    setup = build_setup(_safety_config(shared_dir, eval__max_examples=4), tmp_path)
+    assert isinstance(setup.reward_fn, RewardModelReward) and setup.reward_fn.names == ("useful", "harmless")
+    assert setup.reward_fn.fast == {"useful": True, "harmless": False}  # the policy's tokenizer: no re-rendering
+    assert len(setup.train) == 512 and len(setup.evals["validation"]) == 4  # no ground truth needed
+    assert setup.train.columns["prompt"][0][0]["role"] == "user"
+    params = setup.reward_fn.models["harmless"]._state
+    assert {leaf.sharding.mesh for leaf in jax.tree.leaves(params)} == {setup.mesh}
+
+
+def test_prompts_a_reward_model_cannot_score_are_found_when_the_data_is_loaded(shared_dir, tmp_path):
+    rows = pq.read_table(shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet").slice(0, 6).to_pylist()
+    rows[3]["prompt"] = [{"role": "user", "content": "word " * 3000}]
+    path = tmp_path / "long_prompt.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    config = _safety_config(shared_dir, data__train=str(path), data__validation="", data__test="",
+                            data__max_prompt_tokens=8192)
+    with pytest.raises(DataFormatError, match=r"long_prompt\.parquet, row 3 \(0-based\), field 'prompt': the prompt "
+                                              r"renders to \d+ tokens with reward model 'useful' .* max_length=2048"):
+        build_setup(config, tmp_path / "run")
 
 
 # ---------------------------------------------------------------- the model directory

@@ -10,7 +10,7 @@ import json
 import pathlib
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -18,11 +18,21 @@ import tqdm
 
 from gd2po_jax import run_dir
 from gd2po_jax.prompts import PromptSet, padded_batches
+from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.tool_calling import is_correct, score_tool_call
 from gd2po_jax.sampling import generate
 from gd2po_jax.tokenization import decode_completions
 
 Scorer = Callable[[str, dict[str, Any]], dict[str, float]]
+"""Scores one response against its data row (the row's columns, and `RESPONSE_IDS`)."""
+
+
+class BatchScorer(Protocol):
+    """Scores a generation batch at once (a reward model): ``score_rows(prompts, responses, rows)``
+    with the rendered prompts, the responses and their rows (as `Scorer`'s) -> one dict per row."""
+
+    def score_rows(self, prompts: list[str], responses: list[str],
+                   rows: list[dict[str, Any]]) -> list[dict[str, float]]: ...
 
 
 def tool_calling_scorer(max_think_words: int) -> Scorer:
@@ -47,7 +57,7 @@ def evaluate(
     model,
     prompt_set: PromptSet,
     tokenizer,
-    scorer: Scorer,
+    scorer: Scorer | BatchScorer,
     *,
     batch_size: int,
     max_new_tokens: int,
@@ -57,7 +67,7 @@ def evaluate(
     progress: bool = True,
     desc: str = "eval",
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy completions of every prompt, scored.
+    """Greedy completions of every prompt, scored (by a `BatchScorer` one generation batch at a time).
 
     Returns:
       summary: ``<metric>`` means over all examples, ``<metric>/level_<L>`` per level when the data
@@ -74,13 +84,18 @@ def evaluate(
         )
         tokens, lengths, finished = jax.device_get((out.tokens, out.lengths, out.finished))
         responses = decode_completions(tokenizer, tokens[:real], lengths[:real])
-        for i, response in enumerate(responses):
-            row = {name: values[i] for name, values in part.columns.items()}
+        rows = [{name: values[i] for name, values in part.columns.items()} | {RESPONSE_IDS: tokens[i, :n].tolist()}
+                for i, n in enumerate(lengths[:real])]
+        if hasattr(scorer, "score_rows"):
+            scores = scorer.score_rows(part.texts[:real], responses, rows)
+        else:
+            scores = [scorer(response, row) for response, row in zip(responses, rows)]
+        for i, (response, row) in enumerate(zip(responses, rows)):
             records.append({
                 "row": row.get("row", indices[i]), "level": row.get("level"), "prompt": part.texts[i],
                 "response": response, "ground_truth": row.get("ground_truth"),
                 "truncated": bool(not finished[i]), "response_tokens": int(lengths[i]),
-                **scorer(response, row),
+                **scores[i],
             })
     return summarize(records), records
 

@@ -9,12 +9,16 @@ Two sources of a policy:
   a plain model    ``--model_path=HF_DIR``: a Hugging Face checkpoint directory (config.json,
                    safetensors, a tokenizer with a chat template); no training run needed.
 
-Two kinds of evaluation:
+Three kinds of evaluation:
 
   a split          ``--split=test|validation`` of the run's own data, scored with the training
-                   task's tool-calling metrics -> ``DIR/eval/<split>.json`` (+ ``.jsonl``).
+                   task's tool-calling metrics, or by the run's reward models for a reward_model
+                   run -> ``DIR/eval/<split>.json`` (+ ``.jsonl``).
   API-Bank         ``--data=api_bank`` (or a path to an API-Bank directory / level file), scored
                    as docs/algorithm.md#api-bank-metric says -> ``DIR/eval/api_bank.json`` (+ ``.jsonl``).
+  safe alignment   ``--data=safe_alignment`` (or a directory of verl parquet sets / one such file),
+                   scored by the reward models of the run in ``--workdir``
+                   (`gd2po_jax.evaluation.safe_alignment`) -> ``DIR/eval/safe_alignment.json`` (+ ``.jsonl``).
 
 Generation is greedy (`gd2po_jax.evaluation.generation.evaluate`). ``--habits`` generates nothing:
 it prints the habit breakdown (`gd2po_jax.tasks.habits`) of a synthetic_tools run's saved
@@ -32,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gd2po_jax import run_dir
+from gd2po_jax import run_dir, safety_embedded
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import load_data
 from gd2po_jax.evaluation.api_bank import (
@@ -42,14 +46,22 @@ from gd2po_jax.evaluation.api_bank import (
     api_bank_scorer,
 )
 from gd2po_jax.evaluation.generation import evaluate, tool_calling_scorer, write_report
+from gd2po_jax.evaluation.safe_alignment import (
+    RewardModelScorer,
+    evaluate_safe_alignment,
+    is_safe_alignment_data,
+    resolve_sets,
+    safe_alignment_table,
+)
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.config import load_config
 from gd2po_jax.prompts import PromptSet, build_prompt_set
 from gd2po_jax.sampling import bucket_length
-from gd2po_jax.sharding import make_mesh, variable_sharding
+from gd2po_jax.sharding import make_mesh, mesh_of, variable_sharding
 from gd2po_jax.tokenization import eos_token_ids, load_tokenizer, pad_token_id
 from gd2po_jax.run_dir import Checkpoints, RunDir, RunDirError
-from gd2po_jax.run_setup import RunSetup, build_setup
+from gd2po_jax.rewards.base import build_reward_function
+from gd2po_jax.run_setup import RunSetup, build_setup, reward_spec
 from gd2po_jax.tasks.habits import habit_breakdown
 from gd2po_jax.tasks.synthetic_tools import habit_tools
 from gd2po_jax.logprobs import merge_model
@@ -58,6 +70,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_BANK = "api_bank"
 DEFAULT_API_BANK_DIR = REPO_ROOT.parent / "shared" / "data" / "api_bank"
 """What ``--data=api_bank`` means unless ``--api_bank_dir`` says otherwise."""
+DEFAULT_SAFE_ALIGNMENT_DIR = REPO_ROOT.parent / "shared" / "data" / "safe_alignment"
+"""What ``--data=safe_alignment`` means: the Alpaca, HH-RLHF and PKU-SafeRLHF test prompts."""
 API_BANK_MAX_NEW_TOKENS = 4096  # docs/algorithm.md#api-bank-metric
 MODEL_PATH_BATCH_SIZE = 32
 
@@ -204,20 +218,36 @@ def policy_from_model_path(model_path: str, dtype: str) -> Policy:
 # ----------------------------------------------------------------------------------------------
 
 
+def split_scorer(config, setup: RunSetup):
+    """How a split's greedy responses are scored: by the run's reward models (``rewards.kind`` reward_model:
+    each reward's score and their sum), else with the tool-calling metrics."""
+    if config.task == "safety_embedded":  # the reward models, and the world's ground-truth labels
+        return safety_embedded.SafetyScorer(RewardModelScorer(setup.reward_fn))
+    if config.rewards.kind == "reward_model":
+        return RewardModelScorer(setup.reward_fn)
+    return tool_calling_scorer(config.rewards.max_think_words)
+
+
 def evaluate_split(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
                    *, progress: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Greedy evaluation on ``split`` of the run's data with the tool-calling metrics; writes
-    ``out_dir/<name>.json`` (with the fields of ``extra``, e.g. which policy it was) and
-    ``<name>.jsonl`` and returns the summary (``correct_acc``, ``format_acc``, ``length``, ...).
-    Each file is written once, atomically: a summary on disk is a finished evaluation."""
+    """Greedy evaluation on ``split`` of the run's data (`split_scorer`); writes ``out_dir/<name>.json``
+    (with the fields of ``extra``, e.g. which policy it was) and ``<name>.jsonl`` and returns the
+    summary (``correct_acc``, ``format_acc``, ``length``, ...; for reward models each reward's mean,
+    ``reward_sum`` and ``reward_names``). Each file is written once, atomically: a summary on disk is
+    a finished evaluation."""
     summary, records = evaluate(
-        model, setup.evals[split], setup.tokenizer, tool_calling_scorer(config.rewards.max_think_words),
+        model, setup.evals[split], setup.tokenizer, split_scorer(config, setup),
         batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,
         eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
         progress=progress, desc=f"eval {name}",
     )
-    summary = {"split": split, **summary, "correct_acc": summary.get("correct"), "format_acc": summary.get("format"),
-               **(extra or {})}
+    if config.rewards.kind == "reward_model":
+        summary = {"split": split, **summary, "reward_names": list(config.rewards.names), **(extra or {})}
+        if config.task == "safety_embedded":
+            summary["by_request"] = safety_embedded.by_request_type(summary, config.rewards.names)
+    else:
+        summary = {"split": split, **summary, "correct_acc": summary.get("correct"),
+                   "format_acc": summary.get("format"), **(extra or {})}
     write_report(out_dir, name, summary, records)
     return summary
 
@@ -313,6 +343,8 @@ def split_table(summary: dict[str, Any]) -> str:
     for label, key in rows:
         value = summary.get(key)
         lines.append(f"{label:<14}{'-' if value is None else format(value, '.4g'):>10}")
+    if "by_request" in summary:  # the safety_embedded task: reward models and ground truth per request type
+        lines.append(safety_embedded.by_request_table({summary["split"]: summary}, summary["reward_names"]))
     return "\n".join(lines)
 
 
@@ -335,8 +367,8 @@ def _run_setup(options: EvalOptions, workdir: pathlib.Path):
 
 def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
     if options.model_path:
-        raise EvalError("--model_path needs --data (api_bank or an API-Bank path): a plain model "
-                        "has no training config to take a --split from")
+        raise EvalError("--model_path needs --data (api_bank, safe_alignment, or a path to such data): a plain "
+                        "model has no training config to take a --split from")
     config, setup = _run_setup(options, workdir)
     if options.split not in setup.evals:
         raise EvalError(f"--split={options.split}: the run has no such split (config.data.{options.split} "
@@ -358,6 +390,37 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
         max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS, max_examples=options.max_examples,
         max_think_words=options.max_think_words, max_prompt_tokens=options.max_prompt_tokens,
         progress=options.progress,
+    )
+
+
+def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
+    """The helpfulness-safety sets of ``--data``, scored by the reward models of the run in ``workdir``;
+    the policy is the run's, or ``--model_path`` (its own tokenizer decodes its responses)."""
+    try:
+        sets = resolve_sets(options.data, DEFAULT_SAFE_ALIGNMENT_DIR)
+    except FileNotFoundError as err:
+        raise EvalError(f"--data={options.data}: {err}") from None
+    config = load_run_config(workdir)
+    if config.rewards.kind != "reward_model":
+        raise EvalError(f"--data={options.data}: helpfulness-safety sets are scored by a run's reward models, but "
+                        f"the run in {workdir} has config.rewards.kind={config.rewards.kind!r} (train with "
+                        "configs/safety.py, or pass its --workdir)")
+    if options.model_path:
+        policy = policy_from_model_path(options.model_path, options.dtype)
+        if config.task == "safety_embedded":  # the run's own reward models (its config leaves their paths empty)
+            config = safety_embedded.with_reward_models(config, workdir, progress=options.progress)
+        reward_fn = build_reward_function(reward_spec(config, tokenizer=policy.tokenizer, eos_ids=policy.eos_ids,
+                                                      mesh=mesh_of(policy.model)))
+        batch_size = MODEL_PATH_BATCH_SIZE
+    else:
+        config, setup = _run_setup(options, workdir)
+        policy, reward_fn = policy_from_run(config, setup, workdir, options.checkpoint_step), setup.reward_fn
+        batch_size = config.eval.batch_size
+    return evaluate_safe_alignment(
+        policy, sets, reward_fn, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
+        max_new_tokens=options.max_new_tokens or config.sampling.max_new_tokens, max_examples=options.max_examples,
+        max_prompt_tokens=config.data.max_prompt_tokens, truncation=config.data.prompt_truncation,
+        progress=options.progress, extra={"policy": policy.source},
     )
 
 
@@ -387,7 +450,10 @@ def run(options: EvalOptions) -> dict[str, Any]:
     try:
         if lock is not None:
             run_dir.remove_stale_staging(RunDir(workdir).eval_dir, all_stale=True)
-        if options.data:
+        if options.data and is_safe_alignment_data(options.data):
+            result = _evaluate_safe_alignment(options, workdir)
+            table = safe_alignment_table(result, f"helpfulness-safety ({_describe(result['policy'])})")
+        elif options.data:
             result = _evaluate_api_bank(options, workdir)
             table = api_bank_table(result)
         else:

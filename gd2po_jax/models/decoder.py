@@ -232,18 +232,23 @@ class Decoder(nnx.Module):
         are computed in float32.
       rngs: initialiser keys (random normal(0.02) weights, as transformers initialises).
       remat: rematerialise each layer in the backward pass (`nnx.remat`), trading compute for memory.
+      lm_head: build the output projection; False gives the body alone (embeddings, layers, final
+        norm), as score models use it (`gd2po_jax.models.score_model`): then `logits` raises.
     """
 
-    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, remat: bool = False):
+    def __init__(
+        self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, remat: bool = False, lm_head: bool = True
+    ):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.remat = remat
+        self.has_lm_head = lm_head
         self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("tensor", "fsdp"), dtype)
         self.layers = nnx.List([DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)])
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = (
             None
-            if config.tie_word_embeddings
+            if config.tie_word_embeddings or not lm_head
             else _param(rngs, (config.hidden_size, config.vocab_size), ("fsdp", "tensor"), dtype)
         )
 
@@ -283,6 +288,8 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """float32 logits ``[B, T, V]`` from final hidden states ``[B, T, D]`` (tied or untied head)."""
+        if not self.has_lm_head:
+            raise ValueError("this Decoder was built with lm_head=False (a score model's body): it has no logits")
         if self.lm_head is None:
             return jnp.einsum("btd,vd->btv", hidden, self.embed[...], preferred_element_type=jnp.float32)
         return jnp.einsum("btd,dv->btv", hidden, self.lm_head[...], preferred_element_type=jnp.float32)

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_config
 from gd2po_jax.models.decoder import Decoder
-from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_checkpoint
+from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
 from gd2po_jax.sharding import variable_sharding
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
@@ -55,8 +55,8 @@ class TensorMap:
     kind: str
 
 
-def tensor_maps(config: ModelConfig) -> list[TensorMap]:
-    """Every parameter of a `Decoder` built from ``config``, in checkpoint order."""
+def tensor_maps(config: ModelConfig, lm_head: bool = True) -> list[TensorMap]:
+    """Every parameter of a `Decoder` built from ``config`` (and ``lm_head``), in checkpoint order."""
     maps = [TensorMap("model.embed_tokens.weight", ("embed",), "copy")]
     for i in range(config.num_layers):
         hf, ours = f"model.layers.{i}.", ("layers", i)
@@ -81,7 +81,7 @@ def tensor_maps(config: ModelConfig) -> list[TensorMap]:
         maps.append(TensorMap(f"{hf}input_layernorm.weight", ours + ("attn_norm", "scale"), "copy"))
         maps.append(TensorMap(f"{hf}post_attention_layernorm.weight", ours + ("mlp_norm", "scale"), "copy"))
     maps.append(TensorMap("model.norm.weight", ("final_norm", "scale"), "copy"))
-    if not config.tie_word_embeddings:
+    if lm_head and not config.tie_word_embeddings:
         maps.append(TensorMap("lm_head.weight", ("lm_head",), "linear"))
     return maps
 
@@ -177,6 +177,22 @@ def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat:
     checkpoint = SafetensorsCheckpoint(path)
     model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
     maps = tensor_maps(config)
+    fill_from_checkpoint(model, maps, checkpoint, dtype, mesh)
+    expected = {tm.hf_name for tm in maps}
+    if config.tie_word_embeddings:
+        expected.add("lm_head.weight")
+    check_no_unexpected_tensors(checkpoint, expected, f"config.json (model_type={config.model_type!r})")
+    return model
+
+
+def fill_from_checkpoint(model: nnx.Module, maps, checkpoint: SafetensorsCheckpoint, dtype, mesh: Mesh | None):
+    """Sets every variable of the abstract ``model`` (`nnx.eval_shape`) named by ``maps`` from
+    ``checkpoint``, converted to ``dtype``; with a mesh, directly on its annotated sharding.
+
+    Raises:
+      KeyError / ValueError: a tensor is missing or has the wrong shape (naming tensor and file).
+      RuntimeError: a parameter of the model is not named by any map.
+    """
     for tm in maps:
         variable = get_variable(model, tm.path)
         shape = tuple(variable.shape)
@@ -185,18 +201,22 @@ def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat:
         variable.set_value(_place(hf_to_ours(tensor, tm.kind, shape), dtype, sharding))
     leftover = [x for x in jax.tree.leaves(nnx.state(model)) if isinstance(x, jax.ShapeDtypeStruct)]
     if leftover:
-        raise RuntimeError(f"{len(leftover)} parameters of the decoder have no checkpoint tensor mapped to them")
-    expected = {tm.hf_name for tm in maps}
-    if config.tie_word_embeddings:
-        expected.add("lm_head.weight")
+        raise RuntimeError(
+            f"{len(leftover)} parameters of the {type(model).__name__} have no checkpoint tensor mapped to them"
+        )
+
+
+def check_no_unexpected_tensors(checkpoint: SafetensorsCheckpoint, expected: set[str], described_by: str) -> None:
+    """Raises ValueError naming the directory, files and tensors of ``checkpoint`` that are neither
+    ``expected`` nor ignorable (``rotary_emb.inv_freq``); ``described_by`` names what defines the
+    expected set (e.g. ``"config.json (model_type='qwen2')"``)."""
     unexpected = sorted(n for n in checkpoint.names() - expected if not n.endswith(_IGNORED_SUFFIXES))
     if unexpected:
         files = sorted({checkpoint.file_of(n).name for n in unexpected})
         raise ValueError(
-            f"{path}: {files} hold tensors that config.json (model_type={config.model_type!r}) "
+            f"{checkpoint.directory}: {files} hold tensors that {described_by} "
             f"does not describe: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
         )
-    return model
 
 
 def save_pretrained(
@@ -225,7 +245,15 @@ def save_pretrained(
     dtype_name = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}[dtype.name]
     hf_config = config_to_hf_dict(model.config, dtype_name)
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
-    written = ["config.json"]
+    written = ["config.json"] + write_auxiliary_files(out_dir, tokenizer, copy_files_from)
+    tensors = tensor_sources(model, tensor_maps(model.config), dtype)
+    return written + write_checkpoint(out_dir, tensors, max_shard_bytes)
+
+
+def write_auxiliary_files(out_dir: pathlib.Path, tokenizer=None, copy_files_from=None) -> list[str]:
+    """Copies the `AUXILIARY_FILES` found in ``copy_files_from`` and saves ``tokenizer`` into
+    ``out_dir``; returns the names of the copied files."""
+    written = []
     if copy_files_from is not None:
         for name in AUXILIARY_FILES:
             src = pathlib.Path(copy_files_from) / name
@@ -234,13 +262,20 @@ def save_pretrained(
                 written.append(name)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+    return written
+
+
+def tensor_sources(model: nnx.Module, maps, dtype) -> list[TensorSource]:
+    """What `write_checkpoint` writes for the variables of ``model`` named by ``maps``: each in the
+    Hugging Face layout and ``dtype``, gathered to the host only when its turn to be written comes."""
+    dtype = np.dtype(dtype)
 
     def producer(variable, kind):
         return lambda: ours_to_hf(np.asarray(jax.device_get(variable[...])), kind).astype(dtype)
 
     tensors = []
-    for tm in tensor_maps(model.config):
+    for tm in maps:
         variable = get_variable(model, tm.path)
         shape = hf_shape(tm.kind, tuple(variable.shape))
         tensors.append((tm.hf_name, shape, dtype, producer(variable, tm.kind)))
-    return written + write_checkpoint(out_dir, tensors, max_shard_bytes)
+    return tensors

@@ -1,7 +1,8 @@
 """Reward functions: the batch interface and registry (`base`), the ToolRL tool-calling rewards,
-and the host-side scoring of rollouts (`scoring`)."""
+reward models as rewards (`reward_model`), and the host-side scoring of rollouts (`scoring`)."""
 
 from gd2po_jax.rewards.base import (
+    RESPONSE_IDS,
     CombinedReward,
     RewardFunction,
     RewardOutputError,
@@ -9,7 +10,9 @@ from gd2po_jax.rewards.base import (
     check_reward_output,
     register_reward_kind,
     reward_kinds,
+    reward_step_metrics,
 )
+from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.rewards.tool_calling import SETTINGS as TOOL_CALLING_SETTINGS
 from gd2po_jax.rewards.tool_calling import (
     ToolCallingReward,
@@ -19,8 +22,10 @@ from gd2po_jax.rewards.tool_calling import (
 )
 
 __all__ = [
+    "RESPONSE_IDS",
     "CombinedReward",
     "RewardFunction",
+    "RewardModelReward",
     "RewardOutputError",
     "TOOL_CALLING_SETTINGS",
     "ToolCallScore",
@@ -30,5 +35,6 @@ __all__ = [
     "is_correct",
     "register_reward_kind",
     "reward_kinds",
+    "reward_step_metrics",
     "score_tool_call",
 ]

@@ -5,11 +5,13 @@ A reward function scores a batch of N responses with K rewards at once:
     fn(prompts: list[str], responses: list[str], columns: dict[str, list]) -> np.ndarray [N, K]
     fn.names -> tuple of K column names, e.g. ("correctness", "format", "length")
 
-`prompts[i]` is the rendered prompt of response i, `responses[i]` the decoded response, and
-`columns` holds the dataset columns of the rows the responses answer (`columns["ground_truth"][i]`
-and so on), repeated per response. Rule-based rewards and reward models implement the same
-interface, so the train step never knows where a reward came from. Reward functions run on the
-host in plain Python / NumPy, never inside jit.
+`prompts[i]` is the rendered prompt of response i, `responses[i]` the decoded response (special
+tokens dropped), and `columns` holds the dataset columns of the rows the responses answer
+(`columns["prompt"][i]`, the chat messages; `columns["ground_truth"][i]` and so on), repeated per
+response. Sampled rollouts add `columns[RESPONSE_IDS][i]`: the policy's token ids of response i, EOS
+included (a reward model re-renders them with its own tokenizer). Rule-based rewards and reward
+models implement the same interface, so the train step never knows where a reward came from.
+Reward functions run on the host in plain Python / NumPy, never inside jit.
 
 Abstaining: a function that cannot score response i with reward k (a reward model without an
 opinion, a checker that does not apply to this row) returns NaN or None there. The reward is then
@@ -28,6 +30,14 @@ naming the dataset rows it could never score (a ground truth it cannot parse, a 
 `column_problems` asks it (and every function of a `CombinedReward`), so that the run setup
 rejects such rows when the data is loaded, naming the file and the row, instead of when the row
 is first sampled.
+
+Per-step metrics: a reward function may also define
+
+    fn.step_metrics() -> dict[str, float]
+
+the metrics it gathered since the last call (a reward model's truncated share and scoring time),
+which it then forgets; `reward_step_metrics` collects them (from every function of a
+`CombinedReward`) once per step, and the trainer writes them to metrics.jsonl with the step's own.
 """
 
 from __future__ import annotations
@@ -37,6 +47,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+
+RESPONSE_IDS = "response_ids"
+"""The column `gd2po_jax.rollout.collect_rollouts` (and greedy evaluation) adds for each rollout: the
+policy's sampled token ids of the response, EOS included, padding not (a list of ints). A dataset
+column of this name is refused (`gd2po_jax.prompts.build_prompt_set`)."""
 
 
 @runtime_checkable
@@ -191,6 +207,18 @@ def column_problems(fn: RewardFunction, columns: Mapping[str, Sequence[Any]]) ->
         if check is not None:
             problems.extend((int(i), str(column), str(problem)) for i, column, problem in check(columns))
     return sorted(problems)
+
+
+def reward_step_metrics(fn: RewardFunction) -> dict[str, float]:
+    """The metrics ``fn`` (or each function of a `CombinedReward`) gathered since the last call, from
+    its optional ``step_metrics``; empty when no function keeps any. Each function forgets them."""
+    functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
+    metrics: dict[str, float] = {}
+    for function in functions:
+        step_metrics = getattr(function, "step_metrics", None)
+        if step_metrics is not None:
+            metrics.update({str(name): float(value) for name, value in step_metrics().items()})
+    return metrics
 
 
 _REWARD_KINDS: dict[str, Callable[..., RewardFunction]] = {}

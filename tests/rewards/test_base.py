@@ -14,6 +14,7 @@ from gd2po_jax.rewards.base import (
     check_reward_output,
     register_reward_kind,
     reward_kinds,
+    reward_step_metrics,
 )
 
 
@@ -154,3 +155,23 @@ def test_check_rejects_arrays_of_bools_and_wrong_shapes():
         check_reward_output(fn, None, 2)
     with pytest.raises(RewardOutputError, match=r"expected \(3, 1\)"):
         check_reward_output(fn, [[1.0], [2.0]], 3)
+
+
+def test_step_metrics_are_collected_from_every_function_and_forgotten():
+    class Counting:
+        def __init__(self, name):
+            self.names, self.calls = (name,), 0
+
+        def __call__(self, prompts, responses, columns):
+            self.calls += 1
+            return np.zeros((len(responses), 1), np.float32)
+
+        def step_metrics(self):
+            calls, self.calls = self.calls, 0
+            return {f"{self.names[0]}/calls": calls}
+
+    combined = CombinedReward((Counting("a"), Counting("b"), Constant()))  # Constant keeps no metrics
+    combined(["p"], ["r"], {})
+    assert reward_step_metrics(combined) == {"a/calls": 1.0, "b/calls": 1.0}
+    assert reward_step_metrics(combined) == {"a/calls": 0.0, "b/calls": 0.0}
+    assert reward_step_metrics(Constant()) == {}

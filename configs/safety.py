@@ -1,0 +1,107 @@
+"""The paper's helpfulness-safety runs (Alpaca prompts, two reward models, GD2PO official
+hyperparameters of the ``safe-alignment/`` scripts).
+
+    python train.py --config=configs/safety.py --workdir=runs/safety-snr \
+        --config.model.path=/models/Qwen2.5-7B-Instruct --config.data.train=/data/alpaca/train.parquet \
+        --config.rewards.reward_models.useful.path=/models/Qwen2.5-7B-SafeRLHF-RM \
+        --config.rewards.reward_models.harmless.path=/models/Qwen2.5-7B-SafeRLHF-CM
+    python eval.py --workdir=runs/safety-snr --data=safe_alignment
+
+The algorithm is ``config.rl.algorithm`` (gdpo, gd2po_hard, gd2po_snr; the paper runs all three
+with these values). The four paths have no default and a run stops naming the empty field:
+``config.model.path`` (the instruct policy), ``config.data.train`` (the Alpaca prompt-only training
+parquet, ``safe-alignment/dataset/alpaca_prompt_only/train.parquet`` of the GD2PO repository), and
+the two score models. Validation is greedy on ``../shared/data/safe_alignment/alpaca_test.parquet``,
+scored by the reward models. docs/safety.md lists the values and estimates the memory.
+"""
+
+import pathlib
+
+import ml_collections
+from ml_collections import config_dict
+
+from configs import default
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ALPACA_TEST = str(SHARED_DATA / "safe_alignment" / "alpaca_test.parquet")
+"""The official validation file (512 Alpaca prompts), also the test split."""
+
+REWARD_NAMES = ("useful", "harmless")
+PROMPTS_PER_STEP = 512
+NUM_MINIBATCHES = 4  # PPO mini-batches of 128 prompts x G
+NUM_STEPS = 100  # one epoch of the Alpaca training prompts
+
+
+def reward_model(batch_size: int = 16) -> ml_collections.ConfigDict:
+    """One score model's fields (gd2po_jax/config.py, RewardModelConfig); the path is required."""
+    return ml_collections.ConfigDict(dict(
+        path="",  # a local Hugging Face score-model directory; required
+        negate=config_dict.placeholder(bool),  # None: the checkpoint's (a safe-rlhf cost model is negated)
+        normalize=config_dict.placeholder(bool),  # None: the checkpoint's do_normalize
+        max_length=2048,  # the rendered conversation is cut on the right to this many tokens
+        batch_size=batch_size,  # conversations per forward pass (divisible by the data-parallel devices)
+        dtype="bfloat16",
+    ))
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = default.get_config()
+    config.task = "files"
+
+    config.model.path = ""  # a local copy of the instruct policy (Qwen2.5-7B-Instruct in the paper); required
+    config.model.dtype = "bfloat16"  # compute; master weights and AdamW state in train.master_dtype
+    config.model.remat = True  # gradient checkpointing
+
+    config.data.train = ""  # the Alpaca prompt-only training parquet; required
+    config.data.validation = ALPACA_TEST
+    config.data.test = ALPACA_TEST  # what `eval.py --workdir=RUN` scores by default
+    config.data.max_prompt_tokens = 512
+    config.data.prompt_truncation = "left"  # verl's data.truncation=left: keep a prompt's last 512 tokens
+
+    config.rewards.kind = "reward_model"
+    config.rewards.names = REWARD_NAMES  # useful: the SafeRLHF RM; harmless: the SafeRLHF CM (higher = safer)
+    config.rewards.reward_models = ml_collections.ConfigDict({name: reward_model() for name in REWARD_NAMES})
+    config.rewards.offload = False  # policy + both reward models fit 8 x 80 GB (docs/safety.md, "Memory")
+    config.rewards.num_workers = 1  # the reward models score a step's rollouts in fixed batches
+    config.rewards.timeout_s = 0.0  # no limit: a step's 2,048 conversations take what they take
+
+    config.rl.algorithm = "gd2po_snr"  # gdpo | gd2po_hard | gd2po_snr
+    config.rl.snr_tau = 0.8  # tau
+    config.rl.num_generations = 4  # G
+    config.rl.batch_norm = "token"  # official: token-weighted batch whitening
+    config.rl.clip_low = config.rl.clip_high = 0.2  # eps_low, eps_high
+    config.rl.dual_clip = 3.0  # c
+    config.rl.loss_agg_mode = "token-mean"
+    config.rl.kl_coef = 0.0  # beta: no KL
+    config.rl.entropy_coef = 0.0  # no entropy bonus
+    config.rl.ppo_epochs = 1
+    config.rl.num_minibatches = NUM_MINIBATCHES  # mini-batches of 128 prompts x G: 4 updates per step
+    config.rl.micro_batch_size = 16  # rollouts per forward / backward pass, over all devices
+    config.rl.tempered_logprobs = True  # log-probs of logits / 0.7, as the official runs compute them
+
+    config.sampling.max_new_tokens = 1024  # longest response
+    config.sampling.temperature = 0.7  # of RL rollouts (validation is greedy)
+    config.sampling.top_p = 1.0  # off
+    config.sampling.top_k = 0  # off
+    config.sampling.prompts_per_call = 128  # sample a step in 4 chunks (docs/paper.md, "Memory")
+
+    config.train.num_steps = NUM_STEPS
+    config.train.prompts_per_step = PROMPTS_PER_STEP  # P
+    config.train.learning_rate = 1e-6  # AdamW, constant
+    config.train.warmup_steps = 0
+    config.train.weight_decay = 0.01
+    config.train.grad_clip = 1.0  # global gradient norm
+    config.train.master_dtype = "float32"  # master weights and AdamW state (bf16 would lose lr-1e-6 updates)
+
+    config.sft.enabled = False  # RL starts from the instruct model
+
+    config.checkpoint.every_steps = 20  # save every this many RL steps
+    config.checkpoint.keep = 2
+
+    config.eval.split = "validation"  # Alpaca test prompts, greedy, scored by the reward models
+    config.eval.max_examples = 0  # all 512
+    config.eval.batch_size = 128  # prompts per generation batch
+    config.eval.every_steps = 10  # greedy validation every 10 RL steps
+
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1  # parameters and batch over all devices
+    return config

@@ -1,0 +1,177 @@
+"""Helpfulness-safety evaluation: greedy responses scored by a run's reward models.
+
+    python eval.py --workdir=RUN --data=safe_alignment          # the three sets of ../shared/data/safe_alignment
+    python eval.py --workdir=RUN --data=DIR_OR_PARQUET [--max_examples=N] [--model_path=HF_DIR]
+
+A set is one verl parquet file (prompt-only: ``prompt`` holds the chat messages), named by its file
+stem: the paper's ``alpaca_test`` (512 prompts), ``hh_rlhf_test`` (8,520 multi-turn histories) and
+``pku_saferlhf_test`` (8,211). Each prompt gets one greedy response (the run's
+``sampling.max_new_tokens``, or ``--max_new_tokens``), which every reward model of the run
+(``config.rewards.reward_models``) scores as during training (`gd2po_jax.rewards.reward_model`).
+Prompts are rendered and limited as the run's training prompts were (``data.max_prompt_tokens``,
+``data.prompt_truncation``: the safety config keeps the last 512 tokens); the reward models read the
+whole prompt. ``--max_examples=N`` keeps the first N prompts of each set, in file order.
+
+The report, ``RUN/eval/safe_alignment.json`` (one generation a line in ``safe_alignment.jsonl``,
+with its ``set``):
+
+  sets.<set>.<name>      the mean score of reward <name> (useful, harmless) over the set's responses
+  sets.<set>.reward_sum  the mean over the set of each response's summed scores (= the sum of the
+                         means: the paper's per-set "sum")
+  sets.<set>.reward_truncated/<name>  the share of conversations cut to that model's max_length
+  sets.<set>.truncation_rate, response_tokens  responses that hit the token budget; mean length
+  overall.<metric>       the unweighted mean over the evaluated sets of sets.<set>.<metric>: every
+                         set counts once, whatever its size (the paper's "Overall Avg" averages its
+                         per-set columns this way); overall.num_examples is the total
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from gd2po_jax.data.loaders import load_data
+from gd2po_jax.evaluation.generation import evaluate, write_report
+from gd2po_jax.prompts import build_prompt_set
+from gd2po_jax.rewards.base import RewardOutputError
+from gd2po_jax.rewards.reward_model import RewardModelReward
+from gd2po_jax.sampling import bucket_length
+
+SAFE_ALIGNMENT = "safe_alignment"
+"""What ``--data=`` names the default sets by, and the name of the report."""
+REWARD_SUM = "reward_sum"
+"""The report's name of a response's summed reward-model scores (and of their mean)."""
+
+
+class RewardModelScorer:
+    """Scores generation batches with a `RewardModelReward` (a `gd2po_jax.evaluation.generation.BatchScorer`):
+    per response, each reward's score, their sum (`REWARD_SUM`) and ``reward_truncated/<name>`` (1.0
+    where that model's conversation was cut to its max_length)."""
+
+    def __init__(self, reward_fn: RewardModelReward):
+        if not isinstance(reward_fn, RewardModelReward):
+            raise TypeError(f"RewardModelScorer needs the reward_model reward, got {type(reward_fn).__name__}")
+        self.reward_fn = reward_fn
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.reward_fn.names
+
+    def score_rows(self, prompts: list[str], responses: list[str],
+                   rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+        """One dict of scores per response (``rows``: each response's data row, with its token ids).
+
+        Raises:
+          ValueError: a reward model cannot score a response (NaN, a prompt that does not fit),
+            naming the data row.
+        """
+        columns = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        try:
+            scored = self.reward_fn.score(prompts, responses, columns)
+        except RewardOutputError as err:
+            row = rows[err.rollout].get("row", err.rollout) if err.rollout is not None else None
+            raise ValueError(f"data row {row} (0-based): {err}") from err
+        out = []
+        for values, cut in zip(scored.values, scored.truncated):
+            scores = {name: float(v) for name, v in zip(self.names, values)}
+            scores[REWARD_SUM] = float(np.sum(values))
+            scores.update({f"reward_truncated/{name}": float(c) for name, c in zip(self.names, cut)})
+            out.append(scores)
+        return out
+
+
+def is_safe_alignment_data(data: str) -> bool:
+    """Whether ``--data`` names helpfulness-safety sets: ``safe_alignment``, a ``.parquet`` file, or a
+    directory holding ``.parquet`` files (API-Bank's hold ``.json`` files)."""
+    path = pathlib.Path(data)
+    return data == SAFE_ALIGNMENT or path.suffix == ".parquet" or (path.is_dir() and any(path.glob("*.parquet")))
+
+
+def resolve_sets(data: str, default_dir: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Set name (file stem) -> parquet file of ``--data``: ``safe_alignment`` (``default_dir``), a
+    directory (its ``*.parquet`` files, sorted by name) or one parquet file.
+
+    Raises:
+      FileNotFoundError: naming the path that does not exist or holds no parquet file.
+    """
+    path = default_dir if data == SAFE_ALIGNMENT else pathlib.Path(data)
+    if path.is_dir():
+        files = sorted(path.glob("*.parquet"))
+        if not files:
+            raise FileNotFoundError(f"{path} holds no .parquet file (a helpfulness-safety set is a verl parquet file)")
+        return {file.stem: file for file in files}
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (a directory of verl parquet sets, or one such file)")
+    return {path.stem: path}
+
+
+def set_prompts(path: pathlib.Path, tokenizer, *, max_examples: int, max_prompt_tokens: int, truncation: str | None):
+    """The `PromptSet` of one set: its first ``max_examples`` prompts (0: all), rendered with the
+    policy's chat template and limited as the run's training prompts."""
+    dataset = load_data(path, kind="verl", require_ground_truth=False).dataset
+    if max_examples:
+        dataset = dataset.select(range(min(max_examples, len(dataset))))
+    return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens, where=str(path),
+                            truncation=truncation)
+
+
+def overall(per_set: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The unweighted mean over the sets of each numeric metric every set has (each set counts once),
+    with ``num_examples`` summed and ``num_sets``."""
+    summaries = list(per_set.values())
+    metrics = [k for k, v in summaries[0].items()
+               if k != "num_examples" and isinstance(v, float) and all(isinstance(s.get(k), float) for s in summaries)]
+    result = {name: float(np.mean([s[name] for s in summaries])) for name in metrics}
+    result["num_examples"] = int(sum(s["num_examples"] for s in summaries))
+    result["num_sets"] = len(summaries)
+    return result
+
+
+def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn: RewardModelReward,
+                            out_dir: pathlib.Path, *, batch_size: int, max_new_tokens: int, max_examples: int,
+                            max_prompt_tokens: int, truncation: str | None, progress: bool,
+                            extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Greedy generation on every set, scored by ``reward_fn``'s models; writes
+    ``out_dir/safe_alignment.json`` (the module docstring's report, with ``extra``) and
+    ``safe_alignment.jsonl``, and returns the report.
+
+    Args:
+      policy: a `gd2po_jax.evaluation.run.Policy` (model, tokenizer, EOS and pad ids).
+      sets: set name -> parquet file (`resolve_sets`).
+    """
+    scorer = RewardModelScorer(reward_fn)
+    per_set, records = {}, []
+    for name, path in sets.items():
+        prompts = set_prompts(path, policy.tokenizer, max_examples=max_examples, max_prompt_tokens=max_prompt_tokens,
+                              truncation=truncation)
+        summary, set_records = evaluate(
+            policy.model, prompts, policy.tokenizer, scorer, batch_size=batch_size, max_new_tokens=max_new_tokens,
+            eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id, prompt_length=bucket_length(prompts.max_tokens),
+            progress=progress, desc=f"{name} ({len(prompts)} prompts)",
+        )
+        per_set[name] = summary
+        records.extend({"set": name, **record} for record in set_records)
+    report = {"sets": per_set, "overall": overall(per_set), "reward_names": list(scorer.names),
+              "data": {name: str(path) for name, path in sets.items()}, "max_new_tokens": max_new_tokens,
+              "max_examples": max_examples,
+              "reward_models": {name: model.path for name, model in reward_fn.models.items()}, **(extra or {})}
+    write_report(out_dir, SAFE_ALIGNMENT, report, records)
+    return report
+
+
+def safe_alignment_table(report: Mapping[str, Any], title: str = "") -> str:
+    """The report as a text table: a row per set and the overall average; columns: each reward's
+    mean, their sum, the truncation rate and the number of prompts."""
+    names: Sequence[str] = report["reward_names"]
+    columns = [*names, REWARD_SUM, "truncation_rate"]
+    width = max(12, *(len(c) + 2 for c in columns))
+    lines = [title] if title else []
+    lines.append(f"{'set':<24}" + "".join(f"{c:>{width}}" for c in columns) + f"{'prompts':>9}")
+    rows = [*report["sets"].items(), ("overall (mean of sets)", report["overall"])]
+    for name, summary in rows:
+        cells = "".join(f"{summary.get(c, float('nan')):>{width}.4f}" for c in columns)
+        lines.append(f"{name:<24}{cells}{summary['num_examples']:>9}")
+    return "\n".join(lines)

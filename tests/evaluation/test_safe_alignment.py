@@ -1,0 +1,69 @@
+"""gd2po_jax.evaluation.safe_alignment: which sets --data names, the overall average (every set counts
+once), the table, and reward-model scores of generation batches (the end-to-end eval.py run is in
+tests/test_safety.py)."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from gd2po_jax.evaluation.safe_alignment import (
+    REWARD_SUM,
+    RewardModelScorer,
+    is_safe_alignment_data,
+    overall,
+    resolve_sets,
+    safe_alignment_table,
+)
+from gd2po_jax.rewards.base import RESPONSE_IDS, build_reward_function
+from gd2po_jax.tokenization import load_tokenizer
+from tests.fakes import alpaca_prompts, tiny_safety_policy, tiny_score_model_dir
+
+
+def test_data_names_the_default_sets_a_directory_or_one_file(shared_dir, tmp_path):
+    default = shared_dir / "data" / "safe_alignment"
+    assert list(resolve_sets("safe_alignment", default)) == ["alpaca_test", "hh_rlhf_test", "pku_saferlhf_test"]
+    hh_rlhf = default / "hh_rlhf_test.parquet"
+    assert resolve_sets(str(hh_rlhf), default) == {"hh_rlhf_test": hh_rlhf}
+    assert resolve_sets(str(default), pathlib.Path("/nowhere"))["alpaca_test"] == default / "alpaca_test.parquet"
+    with pytest.raises(FileNotFoundError, match="holds no .parquet file"):
+        resolve_sets(str(tmp_path), default)
+    with pytest.raises(FileNotFoundError, match="missing.parquet does not exist"):
+        resolve_sets(str(tmp_path / "missing.parquet"), default)
+    assert is_safe_alignment_data("safe_alignment") and is_safe_alignment_data(str(default))
+    assert not is_safe_alignment_data("api_bank") and not is_safe_alignment_data(str(shared_dir / "data" / "api_bank"))
+
+
+def test_overall_is_the_mean_of_the_sets_each_counting_once():
+    per_set = {"big": {"num_examples": 300, "useful": 1.0, "harmless": -1.0, REWARD_SUM: 0.0, "level": None},
+               "small": {"num_examples": 3, "useful": 3.0, "harmless": 0.0, REWARD_SUM: 3.0}}
+    assert overall(per_set) == {"useful": 2.0, "harmless": -0.5, REWARD_SUM: 1.5, "num_examples": 303, "num_sets": 2}
+    report = {"sets": per_set, "overall": overall(per_set), "reward_names": ["useful", "harmless"]}
+    table = safe_alignment_table(report, "title")
+    assert table.splitlines()[0] == "title" and "overall (mean of sets)" in table
+    assert table.splitlines()[-1].split()[-5:] == ["2.0000", "-0.5000", "1.5000", "nan", "303"]
+
+
+def test_scores_of_a_generation_batch_and_errors_naming_the_data_row(shared_dir):
+    policy = load_tokenizer(tiny_safety_policy(shared_dir))
+    nan_token = policy.convert_tokens_to_ids("<|im_start|>")
+    specs = {"useful": {"path": str(tiny_score_model_dir(shared_dir, "amo")), "dtype": "float32", "batch_size": 4},
+             "harmless": {"path": str(tiny_score_model_dir(shared_dir, "amo", "plain", 1, nan_token)),
+                          "dtype": "float32", "batch_size": 4}}
+    fn = build_reward_function({"kind": "reward_model", "names": ("useful", "harmless"), "reward_models": specs,
+                                "policy_tokenizer": policy, "policy_eos_ids": [policy.eos_token_id]})
+    messages = alpaca_prompts(shared_dir)[:3]
+    prompts = [policy.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+    ids = [policy("A fine answer.", add_special_tokens=False)["input_ids"] + [policy.eos_token_id]] * 3
+    rows = [{"prompt": m, "row": 10 + i, RESPONSE_IDS: x} for i, (m, x) in enumerate(zip(messages, ids))]
+    scores = RewardModelScorer(fn).score_rows(prompts, ["A fine answer."] * 3, rows)
+    expected = fn(prompts, [""] * 3, {"prompt": messages, RESPONSE_IDS: ids})
+    for record, values in zip(scores, expected):
+        assert (record["useful"], record["harmless"]) == tuple(float(v) for v in values)
+        assert record[REWARD_SUM] == pytest.approx(float(np.sum(values)))
+        assert record["reward_truncated/useful"] == 0.0
+    rows[2][RESPONSE_IDS] = [nan_token] + ids[2]
+    with pytest.raises(ValueError, match=r"^data row 12 \(0-based\): .*reward 'harmless', rollout 2: reward model"):
+        RewardModelScorer(fn).score_rows(prompts, ["x"] * 3, rows)
+    with pytest.raises(TypeError, match="needs the reward_model reward"):
+        RewardModelScorer(object())
