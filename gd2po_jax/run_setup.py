@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gd2po_jax import embedded
+from gd2po_jax import distributed, embedded
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import DataFormatError, load_data
 from gd2po_jax.models.pretrained import check_model_dir
@@ -109,9 +109,13 @@ def load_splits(config, workdir: pathlib.Path, reward_fn=None) -> tuple[dict[str
         _model_dir(config.model.tokenizer_path, "model.tokenizer_path")
     if config.task == "synthetic_tools":
         splits = dict(embedded.synthetic_splits(config.data.synthetic))
-        model_path = config.model.path or embedded.build_base_model(
-            RunDir(workdir).base_model, splits, config.model.tiny, config.data.synthetic.tokenizer_vocab_size
-        )
+        model_path = config.model.path
+        if not model_path:  # several processes: process 0 builds it, the others read it
+            model_path = RunDir(workdir).base_model
+            if distributed.is_primary():
+                embedded.build_base_model(model_path, splits, config.model.tiny,
+                                          config.data.synthetic.tokenizer_vocab_size)
+            distributed.barrier("base model built")
     else:
         if not config.model.path:
             raise ValueError("config.model.path: the files task needs a Hugging Face model directory")
