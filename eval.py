@@ -13,18 +13,28 @@ of verl parquet sets, or one such file) scores greedy responses with the reward 
 --workdir, --model_path reports go to runs/eval/<model directory name>. --habits generates nothing:
 it prints the habit breakdown of the saved generations of a synthetic_tools run,
 eval/before_rl.jsonl and eval/after_rl.jsonl (written by train.py), or with --split those of
-eval.py --split (eval/<split>.jsonl). See gd2po_jax/evaluation/run.py.
+eval.py --split (eval/<split>.jsonl). See gd2po_jax/evaluation/run.py. On several hosts, every
+host runs the same command with --config.distributed.coordinator_address=HOST:PORT
+--config.distributed.num_processes=N --config.distributed.process_id=I (docs/multihost.md).
 """
 
 import dataclasses
 
+import ml_collections
 from absl import app, flags
+from ml_collections import config_flags
 
-from gd2po_jax import cli
+from gd2po_jax import cli, distributed
+from gd2po_jax.config import ConfigError, DistributedConfig
 from gd2po_jax.evaluation.run import DEFAULT_API_BANK_DIR, EvalError, EvalOptions, run
 from gd2po_jax.run_dir import RunDirError
 
 _DEFAULTS = EvalOptions()
+# Only --config.distributed.* (the run's own config comes from WORKDIR/config.json): several hosts
+# evaluate together as they train (docs/multihost.md).
+config_flags.DEFINE_config_dict(
+    "config", ml_collections.ConfigDict({"distributed": DistributedConfig().to_dict()}),
+    "Only config.distributed: --config.distributed.coordinator_address=HOST:PORT ... on several hosts.")
 flags.DEFINE_string("workdir", "", "Training run directory (holds config.json); where eval/ reports go.")
 flags.DEFINE_enum("split", "test", ["test", "validation"], "Split of the run's data to evaluate.")
 flags.DEFINE_integer("checkpoint_step", None, "Checkpoint to restore (default: the latest).")
@@ -64,10 +74,13 @@ def options_from_flags() -> EvalOptions:
 
 def main(argv):
     cli.start(argv)
-    try:
-        run(options_from_flags())
-    except (EvalError, RunDirError) as err:  # a bad flag or file, a busy workdir, a damaged checkpoint
-        raise SystemExit(f"eval.py: {err}") from None
+    with distributed.stop_all_on_error():  # several processes: one's error stops them all
+        try:
+            distributed.initialize(FLAGS.config.distributed)  # before any other use of JAX
+            run(options_from_flags())
+        except (EvalError, RunDirError, ConfigError, distributed.DistributedError) as err:
+            # a bad flag or file, a busy workdir, a damaged checkpoint, processes that did not join
+            raise SystemExit(f"eval.py: {err}") from None
 
 
 if __name__ == "__main__":

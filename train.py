@@ -10,11 +10,15 @@ another config is refused, naming the fields: see gd2po_jax/run_dir.py's RESUMAB
 second process on a busy workdir stops at once, naming the holder of WORKDIR/.lock. With
 --warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
 config.sft.cache_dir) and stops; sweep.py does this once before its runs.
+
+On several hosts, every host runs the same command with the same --workdir (shared storage) and
+--config.distributed.coordinator_address=HOST:PORT --config.distributed.num_processes=N
+--config.distributed.process_id=I (docs/multihost.md).
 """
 
 from absl import app, flags
 
-from gd2po_jax import cli
+from gd2po_jax import cli, distributed
 from gd2po_jax.config import ConfigError
 from gd2po_jax.run_dir import NonFiniteError, RunDirError
 from gd2po_jax.trainer import train_and_evaluate
@@ -30,15 +34,20 @@ FLAGS = flags.FLAGS
 def main(argv):
     cli.start(argv)
     workdir = FLAGS.workdir or cli.default_workdir(FLAGS["config"])
-    try:
-        if FLAGS.warm_start_only:
-            print(f"warm start: {build_warm_start(FLAGS.config, workdir)}")
-        else:
-            train_and_evaluate(FLAGS.config, workdir)
-    except (ConfigError, RunDirError, NonFiniteError) as err:
-        # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
-        # checkpoint, parameters that became NaN: one line naming the field, file or arrays.
-        raise SystemExit(f"train.py: {err}") from None
+    with distributed.stop_all_on_error():  # several processes: one's error stops them all
+        try:
+            distributed.initialize(FLAGS.config.get("distributed"))  # before any other use of JAX
+            if FLAGS.warm_start_only:
+                path = build_warm_start(FLAGS.config, workdir)
+                if distributed.is_primary():
+                    print(f"warm start: {path}")
+            else:
+                train_and_evaluate(FLAGS.config, workdir)
+        except (ConfigError, RunDirError, NonFiniteError, distributed.DistributedError) as err:
+            # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
+            # checkpoint, parameters that became NaN, processes that did not join: one line naming
+            # the field, file, arrays or processes.
+            raise SystemExit(f"train.py: {err}") from None
 
 
 if __name__ == "__main__":

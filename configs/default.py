@@ -120,4 +120,10 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Devices per mesh axis; -1: all remaining. The batch is split over data x fsdp.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+    # Several hosts, one process each (docs/multihost.md): process 0's HOST:PORT ("auto": detected on
+    # TPU pods / SLURM; empty: one process), the number of processes and this one's index.
+    config.distributed = ml_collections.ConfigDict(dict(
+        coordinator_address="", num_processes=0, process_id=-1, initialization_timeout_s=300,
+        heartbeat_timeout_s=100))
     return config

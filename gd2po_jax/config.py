@@ -886,6 +886,52 @@ class MeshConfig(_Section):
                      f"must be a device count >= 1, or -1 (all remaining devices), got {value!r}")
 
 
+AUTO_COORDINATOR = "auto"
+"""``distributed.coordinator_address`` meaning: detected by `jax.distributed.initialize` (Cloud TPU
+pods, SLURM, Open MPI, Kubernetes JobSets)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig(_Section):
+    """``config.distributed``: one process per host on JAX's multi-controller runtime
+    (`gd2po_jax.distributed`; docs/multihost.md). Every process runs the same command with the same
+    ``--workdir`` (shared storage). How a run is launched, not what it computes: a rerun may change
+    any of these (`run_dir.RESUMABLE_FIELDS`).
+
+    Attributes:
+      coordinator_address: ``HOST:PORT`` of process 0's coordinator; ``"auto"``: detected from the
+        cluster (TPU pod, SLURM, Open MPI, Kubernetes); empty: one process, unless the environment
+        has ``JAX_COORDINATOR_ADDRESS`` (JAX's own variable), which then stands for it.
+      num_processes: how many processes (hosts) take part; 0: detected from the cluster.
+      process_id: this process's index in [0, num_processes); -1: detected from the cluster.
+      initialization_timeout_s: how long a process waits for the others to join.
+      heartbeat_timeout_s: a process not heard from for this long is dead, and the others stop
+        (JAX's coordination service).
+    """
+
+    _path: ClassVar[str] = "distributed"
+
+    coordinator_address: str = ""
+    num_processes: int = 0
+    process_id: int = -1
+    initialization_timeout_s: int = 300
+    heartbeat_timeout_s: int = 100
+
+    def __post_init__(self):
+        _text(self.coordinator_address, "distributed.coordinator_address",
+              f"HOST:PORT, {AUTO_COORDINATOR!r} or empty (one process)")
+        address = self.coordinator_address
+        _require(not address or address == AUTO_COORDINATOR or re.fullmatch(r"\S+:\d+", address) is not None,
+                 "distributed.coordinator_address",
+                 f"{address!r} is not HOST:PORT (process 0's host and a free port), {AUTO_COORDINATOR!r} or empty")
+        _int_at_least(self.num_processes, "distributed.num_processes", minimum=0)
+        _int_at_least(self.process_id, "distributed.process_id", minimum=-1)
+        _require(self.num_processes == 0 or self.process_id < self.num_processes, "distributed.process_id",
+                 f"{self.process_id} is not below distributed.num_processes={self.num_processes}")
+        _int_at_least(self.initialization_timeout_s, "distributed.initialization_timeout_s")
+        _int_at_least(self.heartbeat_timeout_s, "distributed.heartbeat_timeout_s")
+
+
 # ----------------------------------------------------------------------------------------------
 # The run.
 # ----------------------------------------------------------------------------------------------
@@ -914,6 +960,7 @@ class RunConfig(_Section):
         (``data.train`` ...) | safety_embedded (generated, ``data.safety``, with reward models
         trained on it: `gd2po_jax.safety_embedded`).
       model, data, rewards, rl, sampling, train, sft, checkpoint, eval, mesh: the sections.
+      distributed: how the processes of a multi-host run find each other (defaults: one process).
     """
 
     task: str
@@ -927,6 +974,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig
     eval: EvalConfig
     mesh: MeshConfig
+    distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
         _one_of(self.task, "task", TASKS)

@@ -14,10 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from gd2po_jax.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
 from gd2po_jax.prompts import PromptSet
-from gd2po_jax.rewards.base import RESPONSE_IDS, RewardFunction, reward_step_metrics
-from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, repeat_columns, score_batch
+from gd2po_jax.rewards.base import RESPONSE_IDS, RewardFunction, reward_step_metrics, scores_on_devices
+from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
 from gd2po_jax.sampling import GenerateOutput, completion_mask, generate
+from gd2po_jax.sharding import mesh_of
 from gd2po_jax.tokenization import decode_completions
 
 
@@ -49,7 +51,11 @@ class RolloutBatch:
 
 @dataclasses.dataclass
 class Rollouts:
-    """One step's rollouts: the device batch for the update, plus host-side texts for logging."""
+    """One step's rollouts: the device batch for the update, plus host-side texts for logging.
+
+    The host arrays are the whole step's on every process of a multi-host run; ``responses`` only
+    those of the rollouts this process decoded (its devices' rows; all of them in one process).
+    """
 
     batch: RolloutBatch
     responses: list[str]
@@ -115,23 +121,34 @@ def collect_rollouts(
         for i in range(0, num_prompts, chunk)
     ]
     out: GenerateOutput = parts[0] if len(parts) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-    tokens, lengths, finished = jax.device_get((out.tokens, out.lengths, out.finished))
+    # Several processes: each decodes and scores the rollouts its devices hold, then the scores are
+    # gathered (`gd2po_jax.distributed`); one process holds every row.
+    rows, tokens = addressable_rows(out.tokens)
+    lengths, finished = host_value((out.lengths, out.finished))
     sampled = time.perf_counter()
-    responses = decode_completions(tokenizer, tokens, lengths)
-    prompts = [t for t in prompt_set.texts for _ in range(num_generations)]
-    columns = repeat_columns(prompt_set.columns, num_generations)
-    columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), np.asarray(lengths))]
+    if scores_on_devices(reward_fn) and jax.process_count() > 1:
+        # Reward models run one program over every process's devices, fed the same rows by every
+        # process: each process scores all the rollouts.
+        rows, tokens = np.arange(len(lengths)), host_value(out.tokens)
+    responses = decode_completions(tokenizer, tokens, lengths[rows])
+    prompts = [prompt_set.texts[r // num_generations] for r in rows]
+    columns = {name: [values[r // num_generations] for r in rows] for name, values in prompt_set.columns.items()}
+    columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), lengths[rows])]
     scores = score_batch(
         reward_fn, prompts, responses, columns, on_error=on_error, num_workers=num_workers, timeout_s=timeout_s,
+        first_rollout=int(rows[0]),
     )
     reward_metrics = reward_step_metrics(reward_fn)
-    rewards = scores.rewards.reshape(num_prompts, num_generations, -1)
+    all_rewards, all_failed = gather_rows(rows, (scores.rewards, scores.failed), len(lengths))
+    first_failure = next((e for e in gather_texts(scores.first_error) if e is not None), None)
+    rewards = all_rewards.reshape(num_prompts, num_generations, -1)
     scored = time.perf_counter()
     valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
-    batch = rollout_batch(out, jnp.asarray(rewards), jnp.asarray(valid))
+    mesh = mesh_of(model)
+    batch = rollout_batch(out, replicated(rewards, mesh), replicated(valid, mesh))
     return Rollouts(batch=batch, responses=responses, rewards=rewards, abstained=abstained_fraction(rewards, valid),
-                    failed=failed_fraction(scores.failed.reshape(rewards.shape), valid),
-                    first_failure=scores.first_error,
+                    failed=failed_fraction(all_failed.reshape(rewards.shape), valid),
+                    first_failure=first_failure,
                     truncated=~np.asarray(finished),
                     generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
                     reward_seconds=scored - sampled, reward_metrics=reward_metrics)

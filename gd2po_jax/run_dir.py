@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from gd2po_jax import distributed
 from gd2po_jax.config import ConfigError, RunConfig, as_run_config
 
 logger = logging.getLogger(__name__)
@@ -265,14 +266,17 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int 
 # guarded, not what it computes (memory and device layout change float rounding at most; the
 # stopping rules and the reward timeout only decide whether to stop, or to count a hung reward
 # call as failed; runs made before the timeout existed load it as 0, no limit; where reward models
-# wait between steps changes nothing they compute). train.num_steps
-# extends a run (it may not go below the step already reached: the trainer checks that).
-# Everything else must equal config.json's.
+# wait between steps changes nothing they compute; the distributed settings say how the processes
+# of a multi-host run find each other, and differ between them). train.num_steps extends a run (it
+# may not go below the step already reached: the trainer checks that). Everything else must equal
+# config.json's.
 RESUMABLE_FIELDS = (
     "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
     "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
     "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
-    "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload",
+    "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload", "distributed.coordinator_address",
+    "distributed.num_processes", "distributed.process_id", "distributed.initialization_timeout_s",
+    "distributed.heartbeat_timeout_s",
 )
 
 
@@ -686,8 +690,15 @@ class Checkpoints:
             try:
                 state, meta = self.restore(step, abstract_state)
             except CorruptCheckpointError as err:
-                logger.warning("%s; falling back to the previous checkpoint", err)
-                damaged.append((step, err))
+                error = err
+            else:
+                error = None
+            # Several processes read their own parts of a checkpoint: damaged for one, for all.
+            if distributed.any_process(error is not None):
+                error = error or CorruptCheckpointError(f"checkpoint {self.step_dir(step)} is damaged "
+                                                        "(another process could not read its part)")
+                logger.warning("%s; falling back to the previous checkpoint", error)
+                damaged.append((step, error))
                 continue
             for bad, _ in damaged:
                 self._set_aside(bad)
@@ -700,11 +711,13 @@ class Checkpoints:
 
     def _set_aside(self, step: int) -> None:
         """Move checkpoint ``step`` to ``corrupt_checkpoints/<step>-<time>`` and forget it."""
-        aside = self.directory.parent / "corrupt_checkpoints"
-        aside.mkdir(parents=True, exist_ok=True)
-        target = aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        os.rename(self.step_dir(step), target)
-        logger.warning("moved the damaged checkpoint %s to %s", self.step_dir(step), target)
+        if distributed.is_primary():  # several processes: process 0 moves it
+            aside = self.directory.parent / "corrupt_checkpoints"
+            aside.mkdir(parents=True, exist_ok=True)
+            target = aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            os.rename(self.step_dir(step), target)
+            logger.warning("moved the damaged checkpoint %s to %s", self.step_dir(step), target)
+        distributed.barrier(f"checkpoint {step} set aside")
         self._manager.reload()
 
     def restore_params(self, step: int | None, target: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gd2po_jax import embedded, safety_embedded
+from gd2po_jax import distributed, embedded, safety_embedded
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import DataFormatError, detect_kind, load_data
 from gd2po_jax.models.pretrained import check_model_dir
@@ -119,12 +119,19 @@ def load_splits(config, workdir: pathlib.Path, reward_fn=None) -> tuple[dict[str
         _model_dir(config.model.tokenizer_path, "model.tokenizer_path")
     if config.task == "synthetic_tools":
         splits = dict(embedded.synthetic_splits(config.data.synthetic))
-        model_path = config.model.path or embedded.build_base_model(
-            RunDir(workdir).base_model, splits, config.model.tiny, config.data.synthetic.tokenizer_vocab_size
-        )
+        model_path = config.model.path
+        if not model_path:  # several processes: process 0 builds it, the others read it
+            model_path = RunDir(workdir).base_model
+            if distributed.is_primary():
+                embedded.build_base_model(model_path, splits, config.model.tiny,
+                                          config.data.synthetic.tokenizer_vocab_size)
+            distributed.barrier("base model built")
     elif config.task == "safety_embedded":  # its tokenizer is also the reward models' (built in base_model)
         splits = dict(safety_embedded.safety_splits(config.data.safety))
-        base_model = safety_embedded.build_base_model(RunDir(workdir).base_model, splits, config)
+        base_model = RunDir(workdir).base_model
+        if distributed.is_primary():
+            safety_embedded.build_base_model(base_model, splits, config)
+        distributed.barrier("base model built")
         model_path = config.model.path or base_model
     else:
         if not config.model.path:
@@ -202,7 +209,10 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     config.check_mesh(num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     splits, model_path = load_splits(config, workdir)
     if config.task == "safety_embedded":  # its reward models: trained once (or found), then loaded as any
-        config = safety_embedded.with_reward_models(config, workdir)
+        if distributed.is_primary():  # several processes: process 0 trains them, the others read them
+            safety_embedded.with_reward_models(config, workdir)
+        distributed.barrier("reward models built")
+        config = safety_embedded.with_reward_models(config, workdir, progress=False)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
     eos_ids = eos_token_ids(tokenizer, model_path)
     pad_id = pad_token_id(tokenizer, eos_ids)

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
+from gd2po_jax.distributed import batch_rows
 from gd2po_jax.models.decoder import Decoder, KVCache, init_cache
 from gd2po_jax.sharding import BATCH_AXES, mesh_of, named_sharding
 
@@ -332,13 +333,15 @@ def generate(
     if not len(prompts):
         raise ValueError("prompts is empty")
     length = prompt_length or bucket_length(max(len(p) for p in prompts))
-    ids, mask = left_pad(prompts, length, params.pad_token_id)
     rng = jax.random.key(0) if rng is None else rng
     graphdef, state = nnx.split(model)
     mesh = mesh_of(model)
-    dstate = prefill_fn(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), rng, params, num_samples, mesh)
+    # Each process pads only the prompts its devices hold (all of them in one process).
+    ids, mask = batch_rows(lambda rows: left_pad([prompts[i] for i in rows], length, params.pad_token_id),
+                           len(prompts), mesh)
+    dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, mesh)
     dstate = decode_fn(graphdef, state, dstate, params, mesh)
-    repeat = lambda x: jnp.repeat(jnp.asarray(x), num_samples, axis=0)  # noqa: E731
+    repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
     return GenerateOutput(
         tokens=dstate.tokens,
         logprobs=dstate.logprobs,

@@ -8,6 +8,7 @@ Rerunning in the same workdir resumes from the latest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pathlib
 import time
@@ -20,7 +21,7 @@ import optax
 import tqdm
 from flax import nnx
 
-from gd2po_jax import run_dir, safety_embedded
+from gd2po_jax import distributed, run_dir, safety_embedded
 from gd2po_jax.config import ConfigError, as_run_config
 from gd2po_jax.evaluation.run import evaluate_split
 from gd2po_jax.logprobs import merge_model, reference_logprobs_fn
@@ -119,7 +120,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
 
     The workdir is locked for the whole job (`run_dir.lock_workdir`: a second process stops at
     once), and a rerun whose config differs from the run's in more than `run_dir.RESUMABLE_FIELDS`
-    is refused (`run_dir.check_resume_config`).
+    is refused (`run_dir.check_resume_config`). On several hosts every process calls this
+    (`gd2po_jax.distributed`): process 0 holds the lock, writes the workdir and reports.
 
     Raises:
       ConfigError: an invalid config, or one the run in ``workdir`` was not made with.
@@ -130,20 +132,24 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, progress: bool = 
     config = as_run_config(config)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    with run_dir.lock_workdir(workdir, "train.py"):
-        return _train_and_evaluate(config, workdir, progress=progress)
+    primary = distributed.is_primary()  # several processes: process 0 locks, writes and reports
+    with run_dir.lock_workdir(workdir, "train.py") if primary else contextlib.nullcontext():
+        return _train_and_evaluate(config, workdir, progress=progress and primary)
 
 
 def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dict[str, Any]:
     files = RunDir(workdir)
-    for directory in (workdir, files.eval_dir):  # left by killed writes; no one else writes here now
-        run_dir.remove_stale_staging(directory, all_stale=True)
+    primary = distributed.is_primary()
+    if primary:
+        for directory in (workdir, files.eval_dir):  # left by killed writes; no one else writes here now
+            run_dir.remove_stale_staging(directory, all_stale=True)
     run_dir.check_resume_config(workdir, config)
     setup = build_setup(config, workdir)
     split = eval_split(config, setup)  # checked before the warm start
     checkpoints = Checkpoints(files.checkpoints, keep=config.checkpoint.keep)
     check_num_steps(config, checkpoints)
-    run_dir.write_config(workdir, config)
+    if primary:
+        run_dir.write_config(workdir, config)
 
     eval_dir = files.eval_dir
     sampler = EpochSampler(len(setup.train), config.train.seed)
@@ -154,8 +160,9 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
         graphdef, optimizer, state = init_state(config, setup, setup.model_path)
         state, start = resume(checkpoints, state, sampler)
     before_file = files.eval_report("before_rl")
+    evaluated_before = distributed.primary_decides(before_file.is_file())  # the same on every process
     initial_params = None  # the policy before RL: the warm start (or model.path without SFT)
-    if start == 0 or config.rl.kl_coef or (split is not None and not before_file.is_file()):
+    if start == 0 or config.rl.kl_coef or (split is not None and not evaluated_before):
         policy_path = warm_start(config, setup, workdir, progress=progress) if config.sft.enabled else setup.model_path
         if start == 0:
             graphdef, optimizer, state = init_state(config, setup, policy_path)
@@ -172,11 +179,11 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
 
     before = None
     if split is not None:
-        before = run_dir.read_json(before_file) if before_file.is_file() else evaluate_split(
+        before = run_dir.read_json(before_file) if evaluated_before else evaluate_split(
             config, setup, policy_of(initial_params), split, eval_dir, "before_rl", progress=progress)
     del initial_params
 
-    writer = MetricsWriter(workdir, resume_step=start if start else None)
+    writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
     train_step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig.from_config(config), setup.mesh),
                                 state_shardings)
     ref_logp_fn = reference_logprobs_fn(graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
@@ -216,7 +223,7 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
                                      progress=False)
             metrics.update({f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         skipped = metrics["update/skipped_updates"]
-        if done % config.train.log_every == 0 or done == config.train.num_steps or skipped:
+        if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
             writer.write(done, metrics)
         if skipped:
             logger.warning("step %d: %d optimizer update(s) skipped for a non-finite gradient", done, skipped)
@@ -226,7 +233,8 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
                         | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"})
         if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps:
             checkpoints.save(done, state, {"step": done, "data": sampler.state()})
-    writer.close()
+    if writer:
+        writer.close()
     checkpoints.close()
 
     run_dir.check_finite(state.params, f"the policy after RL step {config.train.num_steps}")  # not exported
@@ -234,13 +242,16 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
     after = evaluate_split(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
     staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
     # The master weights are exported (identical to `final` when compute and master dtypes agree):
-    # a bf16-compute run's export keeps its float32 precision.
+    # a bf16-compute run's export keeps its float32 precision. Several processes: each parameter is
+    # gathered in turn and process 0 writes it.
     save_pretrained(merge_model(graphdef, state.params, config.train.master_dtype), staging,
                     tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
-    run_dir.replace_dir(staging, files.policy)
     results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
                "before_rl": before, "after_rl": after}
-    run_dir.write_json(files.results, results)
+    if primary:
+        run_dir.replace_dir(staging, files.policy)
+        run_dir.write_json(files.results, results)
+    distributed.barrier("train.py: policy exported")  # the run is complete when every process returns
     if progress:
         print(results_table(results))
         if config.task == "safety_embedded":

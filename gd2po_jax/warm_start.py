@@ -12,6 +12,7 @@ complete one; staging directories of killed processes are removed by the next wa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ import optax
 import tqdm
 from flax import nnx
 
-from gd2po_jax import run_dir
+from gd2po_jax import distributed, run_dir
 from gd2po_jax.config import ConfigError, RunConfig, as_run_config
 from gd2po_jax.metrics_logging import MetricsWriter
 from gd2po_jax.models import load_pretrained, save_pretrained
@@ -116,15 +117,19 @@ def train_warm_start(config, setup: RunSetup, logs_dir: pathlib.Path, *, progres
     step_fn = jax.jit(make_sft_step(graphdef, optimizer, compute_dtype=config.model.dtype,
                                     chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
     order = sft_batches(len(data), config.sft.batch_size, config.sft.num_steps, config.sft.seed)
-    writer = MetricsWriter(logs_dir, tensorboard=False)
+    writer = MetricsWriter(logs_dir, tensorboard=False) if distributed.is_primary() else None
     bar = tqdm.tqdm(order, desc="warm start (SFT)", disable=not progress)
     for i, rows in enumerate(bar):
-        batch = (data.input_ids[rows], data.attention_mask[rows], data.loss_mask[rows])
-        state, metrics = step_fn(state, *(jnp.asarray(a) for a in batch))
-        if i % 10 == 0 or i == len(order) - 1:
+        # Several processes: each builds the rows of the batch its devices hold.
+        batch = distributed.batch_rows(
+            lambda local: (data.input_ids[rows[local]], data.attention_mask[rows[local]], data.loss_mask[rows[local]]),
+            len(rows), setup.mesh)
+        state, metrics = step_fn(state, *batch)
+        if writer and (i % 10 == 0 or i == len(order) - 1):
             record = writer.write(i + 1, jax.device_get(metrics))
             bar.set_postfix(loss=f"{record['sft/loss']:.3f}")
-    writer.close()
+    if writer:
+        writer.close()
     return graphdef, state.params
 
 
@@ -137,13 +142,19 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
     ``workdir/warm_start_logs`` of the run that trains it.
     """
     out_dir = warm_start_dir(config, workdir)
-    run_dir.remove_stale_staging(out_dir.parent)  # of killed processes (a shared cache: only those)
-    if (out_dir / "config.json").is_file():
+    primary = distributed.is_primary()  # several processes train it together; process 0 writes it
+    if primary:
+        run_dir.remove_stale_staging(out_dir.parent)  # of killed processes (a shared cache: only those)
+    if distributed.primary_decides((out_dir / "config.json").is_file()):
         check_warm_start_inputs(out_dir, config)
         logger.info("warm start: reusing %s", out_dir)
         return out_dir
     graphdef, params = train_warm_start(config, setup, RunDir(workdir).warm_start_logs, progress=progress)
     run_dir.check_finite(params, f"the warm start trained for {out_dir}")
+    if not primary:  # take part in gathering each parameter (writes nothing), wait until it is published
+        save_pretrained(nnx.merge(graphdef, params), out_dir)
+        distributed.barrier("warm start: published")
+        return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = run_dir.staging_name(out_dir)
     try:
@@ -154,6 +165,7 @@ def warm_start(config, setup: RunSetup, workdir: pathlib.Path, *, progress: bool
             logger.info("warm start: %s was written by another run meanwhile; using it", out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone after a rename; an exception's leftovers
+    distributed.barrier("warm start: published")
     return out_dir
 
 
@@ -170,9 +182,12 @@ def build_warm_start(config, workdir: str | pathlib.Path, *, progress: bool = Tr
         raise ConfigError("config.sft.enabled: is False, so there is no warm start to build")
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    with run_dir.lock_workdir(workdir, "train.py --warm_start_only"):
-        run_dir.remove_stale_staging(workdir, all_stale=True)
+    primary = distributed.is_primary()  # several processes: process 0 locks and writes
+    with run_dir.lock_workdir(workdir, "train.py --warm_start_only") if primary else contextlib.nullcontext():
+        if primary:
+            run_dir.remove_stale_staging(workdir, all_stale=True)
         run_dir.check_resume_config(workdir, config)
         setup = build_setup(config, workdir)
-        run_dir.write_config(workdir, config)
-        return warm_start(config, setup, workdir, progress=progress)
+        if primary:
+            run_dir.write_config(workdir, config)
+        return warm_start(config, setup, workdir, progress=progress and primary)

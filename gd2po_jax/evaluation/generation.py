@@ -12,11 +12,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import jax
 import numpy as np
 import tqdm
 
 from gd2po_jax import run_dir
+from gd2po_jax.distributed import host_value, is_primary
 from gd2po_jax.prompts import PromptSet, padded_batches
 from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.tool_calling import is_correct, score_tool_call
@@ -82,7 +82,8 @@ def evaluate(
             model, part.token_ids, max_new_tokens=max_new_tokens, temperature=0.0,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, prompt_length=prompt_length,
         )
-        tokens, lengths, finished = jax.device_get((out.tokens, out.lengths, out.finished))
+        # Whole on every process of a multi-host run, which all score every example alike.
+        tokens, lengths, finished = host_value((out.tokens, out.lengths, out.finished))
         responses = decode_completions(tokenizer, tokens[:real], lengths[:real])
         rows = [{name: values[i] for name, values in part.columns.items()} | {RESPONSE_IDS: tokens[i, :n].tolist()}
                 for i, n in enumerate(lengths[:real])]
@@ -102,7 +103,10 @@ def evaluate(
 
 def write_report(out_dir: pathlib.Path, name: str, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
     """``out_dir/<name>.jsonl`` (one record a line), then ``<name>.json`` (the summary), each written
-    atomically (`run_dir.write_text`): a summary on disk means its generations are complete."""
+    atomically (`run_dir.write_text`): a summary on disk means its generations are complete. Only
+    process 0 of a multi-host run writes (the others hold the same records)."""
+    if not is_primary():
+        return
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dir.write_text(out_dir / f"{name}.jsonl", "".join(json.dumps(record) + "\n" for record in records))
     run_dir.write_json(out_dir / f"{name}.json", summary)

@@ -39,6 +39,7 @@ from flax import nnx
 from gd2po_jax import run_dir, safety_embedded
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import load_data
+from gd2po_jax.distributed import is_primary
 from gd2po_jax.evaluation.api_bank import (
     DEFAULT_MAX_THINK_WORDS,
     ApiBankReport,
@@ -437,6 +438,8 @@ def run(options: EvalOptions) -> dict[str, Any]:
       RunDirError: the workdir is busy, or a checkpoint is damaged (naming it).
     """
     workdir = output_dir(options)
+    if not is_primary():  # several processes evaluate together; process 0 reports (and writes)
+        options = dataclasses.replace(options, progress=False)
     if options.habits:
         if options.model_path or options.data:
             raise EvalError("--habits reads a training run's saved generations: pass only --workdir=DIR")
@@ -446,7 +449,9 @@ def run(options: EvalOptions) -> dict[str, Any]:
         return result
     # Evaluations write into the workdir and read its checkpoints, which a running train.py
     # prunes: one process at a time (a workdir without config.json fails below, unlocked).
-    lock = run_dir.lock_workdir(workdir, "eval.py") if options.model_path or RunDir(workdir).config.is_file() else None
+    # Several processes: process 0 holds the lock for all.
+    locks = (options.model_path or RunDir(workdir).config.is_file()) and is_primary()
+    lock = run_dir.lock_workdir(workdir, "eval.py") if locks else None
     try:
         if lock is not None:
             run_dir.remove_stale_staging(RunDir(workdir).eval_dir, all_stale=True)

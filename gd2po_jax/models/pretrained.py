@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from gd2po_jax.distributed import host_value, is_primary
 from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_config
 from gd2po_jax.models.decoder import Decoder
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
@@ -238,7 +239,14 @@ def save_pretrained(
       tokenizer: if given, ``tokenizer.save_pretrained(out_dir)`` is called.
       copy_files_from: a checkpoint directory whose tokenizer / generation-config files are copied.
     Returns the names of the files written.
+
+    Several processes (a multi-host run) all call it: each parameter is gathered from every process
+    in turn (never the whole model at once), and only process 0 writes; the others return [].
     """
+    if not is_primary():
+        for tm in tensor_maps(model.config):
+            host_value(get_variable(model, tm.path)[...])  # the gathers process 0's writes need
+        return []
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = np.dtype(dtype or model.dtype)
@@ -271,7 +279,7 @@ def tensor_sources(model: nnx.Module, maps, dtype) -> list[TensorSource]:
     dtype = np.dtype(dtype)
 
     def producer(variable, kind):
-        return lambda: ours_to_hf(np.asarray(jax.device_get(variable[...])), kind).astype(dtype)
+        return lambda: ours_to_hf(np.asarray(host_value(variable[...])), kind).astype(dtype)
 
     tensors = []
     for tm in maps:

@@ -221,6 +221,15 @@ def reward_step_metrics(fn: RewardFunction) -> dict[str, float]:
     return metrics
 
 
+def scores_on_devices(fn: RewardFunction) -> bool:
+    """Whether ``fn`` (or a function of a `CombinedReward`) scores with device programs over the
+    run's mesh (reward models declare ``scores_on_devices = True``). With several processes each
+    process then scores every rollout, feeding such a program the same rows as the others
+    (`gd2po_jax.rollout.collect_rollouts`); host-only rewards score each process's own rows."""
+    functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
+    return any(getattr(function, "scores_on_devices", False) for function in functions)
+
+
 _REWARD_KINDS: dict[str, Callable[..., RewardFunction]] = {}
 
 

@@ -378,6 +378,8 @@ class RewardModelReward:
       ValueError: ``names`` and ``reward_models`` do not match, or a model cannot be used (`RewardModel`).
     """
 
+    scores_on_devices = True  # one program over the run's mesh: several processes score every rollout
+
     def __init__(self, names: Sequence[str], reward_models: Mapping[str, Mapping[str, Any]], *,
                  policy_tokenizer=None, policy_eos_ids: Sequence[int] = (), mesh: Mesh | None = None,
                  offload: bool = False):

@@ -211,6 +211,7 @@ def score_batch(
     on_error: str = "raise",
     num_workers: int = 1,
     timeout_s: float = 0.0,
+    first_rollout: int = 0,
 ) -> Scores:
     """The `Scores` of N responses: [N, K] rewards (NaN where a reward abstained) and the [N, K]
     failed values, scored in ``num_workers`` parallel chunks, each function of a `CombinedReward`
@@ -219,6 +220,8 @@ def score_batch(
     Args:
       timeout_s: the scoring of the whole batch (every function, every chunk) must end this many
         seconds after it starts; calls still running then fail (``on_error``). 0: no limit.
+      first_rollout: the step's number of the first response, for messages (a process of a
+        multi-host run scores the step's rollouts from there on).
 
     Raises:
       RewardError: a reward function raised on a rollout (with ``on_error='raise'``).
@@ -234,7 +237,7 @@ def score_batch(
     n = len(responses)
     bounds = np.linspace(0, n, min(num_workers, n) + 1).astype(int)
     chunks = [
-        (prompts[a:b], responses[a:b], {k: v[a:b] for k, v in columns.items()}, int(a))
+        (prompts[a:b], responses[a:b], {k: v[a:b] for k, v in columns.items()}, first_rollout + int(a))
         for a, b in zip(bounds[:-1], bounds[1:])
     ]
     rewards, failed, first_errors = [], [], []
