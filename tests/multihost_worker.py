@@ -5,7 +5,9 @@
 Joins the other process (`gd2po_jax.distributed.initialize`; 4 CPU devices each, from
 JAX_NUM_CPU_DEVICES), runs each helper of `gd2po_jax.distributed` on small arrays over the 8
 devices of both (mesh fsdp=8), exports a tiny policy whose parameters are split over the 8 devices
-to ``DIR/exported`` (`export_split_policy`), and writes what it saw to ``DIR/helpers.p<I>.json`` for the test to check.
+to ``DIR/exported`` (`export_split_policy`), scores conversations with a tiny reward model
+sharded over the 8 devices (`score_with_a_reward_model`), and writes what it saw to
+``DIR/helpers.p<I>.json`` for the test to check.
 Then process 0 fails on purpose (``SystemExit``), while process 1 waits at a barrier that process 0
 never reaches: process 1's watchdog must stop it with process 0's error. Tiny programs only.
 """
@@ -39,6 +41,7 @@ def main() -> None:
                             "process_id": args.process_id, "heartbeat_timeout_s": 10})
     with distributed.stop_all_on_error():
         seen = helpers()
+        seen["reward_model_scores"] = score_with_a_reward_model()
         export_split_policy(args.out / "exported")
         (args.out / f"helpers.p{args.process_id}.json").write_text(json.dumps(seen))
         distributed.barrier("helpers done")
@@ -81,6 +84,35 @@ def helpers() -> dict:
         "any_process": [distributed.any_process(index == 1), distributed.any_process(False)],
         "is_primary": distributed.is_primary(),
     }
+
+
+def reward_model_inputs() -> tuple[list, list[str]]:
+    """16 conversations: the first Alpaca test prompts' messages and short replies."""
+    from tests.fakes import SHARED, alpaca_prompts
+
+    return list(alpaca_prompts(SHARED)[:NUM_ROWS]), [f"Reply number {i}, short." for i in range(NUM_ROWS)]
+
+
+def reward_model_scores(mesh) -> list[float]:
+    """The scores of `reward_model_inputs` by the tiny align-anything-layout reward model of
+    tests/fakes.py, its parameters sharded over ``mesh`` (the reward-model reward kind)."""
+    from gd2po_jax.rewards import build_reward_function
+    from tests.fakes import SHARED, tiny_score_model_dir
+
+    messages, replies = reward_model_inputs()
+    spec = {"path": str(tiny_score_model_dir(SHARED, "amo")), "dtype": "float32", "batch_size": 8}
+    reward = build_reward_function({"kind": "reward_model", "names": ["useful"], "reward_models": {"useful": spec},
+                                    "mesh": mesh})
+    return np.asarray(reward([""] * NUM_ROWS, replies, {"prompt": messages}))[:, 0].tolist()
+
+
+def score_with_a_reward_model() -> list[float]:
+    """`reward_model_scores` over the 8 devices of both processes (fsdp=8: each process holds half of
+    every split parameter), every process passing the same rows, as `collect_rollouts` does for
+    reward models (`scores_on_devices`)."""
+    from gd2po_jax.sharding import make_mesh
+
+    return reward_model_scores(make_mesh(data=1, fsdp=8))
 
 
 def tiny_policy():

@@ -185,6 +185,18 @@ def test_each_process_builds_and_reads_its_rows_and_gathers_the_others(worker):
 
 
 @pytest.mark.slow
+def test_a_reward_model_split_over_processes_scores_as_on_one(worker):
+    """Both processes fed the same 16 conversations to a reward model whose parameters were split
+    over the devices of both: each got every score, as one process with 8 devices does."""
+    from gd2po_jax.sharding import make_mesh
+
+    expected = multihost_worker.reward_model_scores(make_mesh(data=1, fsdp=8))
+    for i in (0, 1):
+        seen = json.loads((worker.out / f"helpers.p{i}.json").read_text())
+        np.testing.assert_allclose(seen["reward_model_scores"], expected, rtol=1e-5, atol=1e-5, err_msg=f"process {i}")
+
+
+@pytest.mark.slow
 def test_an_export_gathers_parameters_split_over_processes(worker):
     """Each process held half of every split parameter; process 0 wrote them whole."""
     from safetensors.numpy import load_file

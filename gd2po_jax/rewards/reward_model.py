@@ -64,6 +64,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from gd2po_jax.distributed import host_value
 from gd2po_jax.models.score_model import load_score_model
 from gd2po_jax.rewards.base import RESPONSE_IDS, RewardOutputError, register_reward_kind
 from gd2po_jax.sharding import batch_sharding
@@ -291,7 +292,7 @@ class RewardModel:
         self._shardings = jax.tree.map(lambda x: x.sharding, state)
         self.batch_shapes: set[tuple[int, int]] = set()  # the [B, T] shapes scored: one program each
         self._state = None if offload else state
-        self._host_state = jax.device_get(state) if offload else None
+        self._host_state = host_value(state) if offload else None  # whole, on every process
         if offload:
             jax.tree.map(lambda x: x.delete(), state)
 
@@ -337,7 +338,7 @@ class RewardModel:
                     ids = jax.device_put(ids, batch_sharding(self.mesh, ids.shape))
                     mask = jax.device_put(mask, batch_sharding(self.mesh, mask.shape))
                 self.batch_shapes.add(ids.shape)
-                scores = np.asarray(jax.device_get(score_batch_jit(self._graphdef, params, ids, mask)), np.float32)
+                scores = np.asarray(host_value(score_batch_jit(self._graphdef, params, ids, mask)), np.float32)
                 out[list(batch.rows[:batch.num_real])] = scores[:batch.num_real]
         finally:
             if self._state is None:  # offloaded: free the device copy now
