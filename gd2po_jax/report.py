@@ -4,13 +4,15 @@
 It reads the finished runs of ``DIR/runs/<method>/seed<k>`` (config.json, metrics.jsonl,
 results.json, eval/test.json) and writes ``DIR/report``::
 
-    summary.md           per method: final test Correct Acc, Format Acc, Length, and the area under
-                         the training curve of each reward, as mean ± 95% CI over seeds; then each
-                         method against GDPO, paired by seed (paired t-test p-values)
+    summary.md           per method: the final test metrics of the task (`task_test_metrics`: Correct
+                         Acc, Format Acc, Length for tool calling; the reward models' means and the
+                         ground-truth rates per request kind for the helpfulness-safety task) and
+                         the area under the training curve of each reward, as mean ± 95% CI over
+                         seeds; then each method against GDPO, paired by seed (paired t-test p-values)
     summary.csv          the same numbers, one row per (method, metric)
     learning_curves.png  reward/<name> over RL steps per method, mean ± 95% CI band over seeds
     diagnostics.png      advantages/conflict_ratio and advantages/kept_fraction over RL steps
-    tau.png              final test Correct Acc against the SNR threshold of gd2po_snr (GDPO at
+    tau.png              the first test metric against the SNR threshold of gd2po_snr (GDPO at
                          tau = 0 and GD2PO-Hard at tau = 1 as references); only if there is one
 
 Statistics: the CI half-width is ``t_{0.975, n-1} * s / sqrt(n)`` (``s`` the sample standard
@@ -42,6 +44,15 @@ BASELINE = "gdpo"
 CONFIDENCE = 0.95
 ALPHA = 0.05
 TEST_METRICS = (("test/correct_acc", "Correct Acc"), ("test/format_acc", "Format Acc"), ("test/length", "Length"))
+"""(key, label) of the tool-calling tasks' test metrics (eval/test.json's ``correct_acc`` ...)."""
+SAFETY_TEST_METRICS = (
+    ("test/gt/harmful/level_1", "harmful (harmful req.)"), ("test/gt/redirect/level_1", "redirect (harmful req.)"),
+    ("test/gt/helpful/level_0", "helpful (benign req.)"), ("test/gt/refusal/level_0", "refusal (benign req.)"),
+    ("test/useful", "useful"), ("test/harmless", "harmless"),
+)
+"""The embedded helpfulness-safety task's: ground-truth rates of harmful compliance and redirection
+on harmful requests (level 1), of helpful answers and refusals on benign ones (level 0), and the
+reward models' mean scores (`gd2po_jax.safety_embedded`)."""
 CURVE_METRICS = (("advantages/conflict_ratio", "conflict ratio"), ("advantages/kept_fraction", "kept fraction"))
 ALGORITHM_ORDER = ("grpo", "gdpo", "gd2po_hard", SNR_ALGORITHM)
 DPI = 100
@@ -62,6 +73,7 @@ class Run:
 
     test: eval/test.json (correct_acc, format_acc, length, ...).
     metrics: the records of metrics.jsonl, one per logged RL step (``step``, ``reward/<name>`` ...).
+    test_columns: (key, label) of the test metrics of the run's task (`task_test_metrics`).
     """
 
     method: str
@@ -72,6 +84,18 @@ class Run:
     reward_names: tuple[str, ...]
     test: dict[str, Any]
     metrics: list[dict[str, Any]]
+    test_columns: tuple[tuple[str, str], ...] = TEST_METRICS
+
+
+def task_test_metrics(config) -> tuple[tuple[str, str], ...]:
+    """(key, label) of the test metrics reported for a run of ``config``: `SAFETY_TEST_METRICS` for
+    the embedded helpfulness-safety task, each reward's mean and their sum for other reward-model
+    runs (eval.py's report of them), `TEST_METRICS` for tool calling."""
+    if config.task == "safety_embedded":
+        return SAFETY_TEST_METRICS
+    if config.rewards.kind == "reward_model":
+        return tuple((f"test/{name}", name) for name in config.rewards.names) + (("test/reward_sum", "sum"),)
+    return TEST_METRICS
 
 
 def load_run(workdir: pathlib.Path) -> Run:
@@ -91,7 +115,8 @@ def load_run(workdir: pathlib.Path) -> Run:
     snr_tau = float(config.rl.snr_tau) if algorithm == SNR_ALGORITHM else None
     reward_names = tuple(config.rewards.names)
     return Run(method=method_name(algorithm, snr_tau), algorithm=algorithm, snr_tau=snr_tau, seed=seed,
-               workdir=workdir, reward_names=reward_names, test=test, metrics=metrics)
+               workdir=workdir, reward_names=reward_names, test=test, metrics=metrics,
+               test_columns=task_test_metrics(config))
 
 
 def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
@@ -184,7 +209,7 @@ def curve_area(records: Sequence[dict[str, Any]], key: str) -> float:
 def run_values(run: Run) -> dict[str, float]:
     """The summary metrics of one run: ``test/<name>`` and ``auc/reward/<name>``."""
     values = {}
-    for key, _ in TEST_METRICS:
+    for key, _ in run.test_columns:
         value = run.test.get(key.split("/", 1)[1])
         values[key] = float(value) if isinstance(value, (int, float)) else math.nan
     for name in run.reward_names:
@@ -193,9 +218,10 @@ def run_values(run: Run) -> dict[str, float]:
 
 
 def metric_columns(runs: Sequence[Run]) -> list[tuple[str, str]]:
-    """(key, label) of every summary metric, test metrics first, then one curve area per reward."""
+    """(key, label) of every summary metric, the runs' test metrics first, then one curve area per reward."""
+    tests = list(dict.fromkeys(column for run in runs for column in run.test_columns))
     names = list(dict.fromkeys(name for run in runs for name in run.reward_names))
-    return list(TEST_METRICS) + [(f"auc/reward/{name}", f"AUC {name}") for name in names]
+    return tests + [(f"auc/reward/{name}", f"AUC {name}") for name in names]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,9 +404,11 @@ def tau_points(rows: Sequence[MethodSummary], key: str = "test/correct_acc") -> 
     return points
 
 
-def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path) -> bool:
-    """Final test Correct Acc against tau (mean ± CI); False (nothing written) without gd2po_snr."""
-    points = tau_points(rows)
+def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path,
+             column: tuple[str, str] = TEST_METRICS[0]) -> bool:
+    """The final test metric ``column`` (key, label) against tau (mean ± CI); False (nothing written)
+    without gd2po_snr."""
+    points = tau_points(rows, column[0])
     if not points["snr"]:
         return False
     plt = _pyplot()
@@ -398,7 +426,7 @@ def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path) -> bool:
     if points["gd2po_hard"]:
         draw(points["gd2po_hard"], marker="^", linestyle="none", color="tab:green", label="gd2po_hard (tau=1)")
     ax.set_xlabel("SNR threshold tau", fontsize=8)
-    ax.set_ylabel("test Correct Acc", fontsize=8)
+    ax.set_ylabel(f"test {column[1]}", fontsize=8)
     ax.set_xlim(-0.05, 1.05)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=6, loc="best")
@@ -442,6 +470,6 @@ def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | No
     plots = [out_dir / "learning_curves.png", out_dir / "diagnostics.png"]
     plot_curves(runs, reward_keys, plots[0], title=f"Training rewards (mean ± {CONFIDENCE:.0%} CI over seeds)")
     plot_curves(runs, CURVE_METRICS, plots[1], title=f"Advantage filtering (mean ± {CONFIDENCE:.0%} CI over seeds)")
-    if plot_tau(rows, out_dir / "tau.png"):
+    if plot_tau(rows, out_dir / "tau.png", columns[0]):
         plots.append(out_dir / "tau.png")
     return {"markdown": markdown, "csv": table, "plots": plots}

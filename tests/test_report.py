@@ -241,3 +241,36 @@ def test_report_command(sweep_dir, tmp_path):
     assert "| gdpo | 3 |" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["diagnostics.png", "learning_curves.png", "summary.csv",
                                                       "summary.md", "tau.png"]
+
+
+def test_a_safety_sweep_reports_ground_truth_rates_and_reward_model_scores(tmp_path):
+    """Runs of the embedded helpfulness-safety task are reported by its own test metrics (the
+    ground-truth rates per request kind, the reward models' means), not by tool-calling ones."""
+    from configs import safety_embedded
+
+    harmful_rate = {"gdpo": (0.40, 0.50), "gd2po_hard": (0.30, 0.32)}
+    for method, rates in harmful_rate.items():
+        for seed, rate in enumerate(rates):
+            workdir = tmp_path / "runs" / method / f"seed{seed}"
+            (workdir / "eval").mkdir(parents=True)
+            config = safety_embedded.get_config()
+            config.rl.algorithm, config.train.seed = method, seed
+            run_dir.write_config(workdir, config)
+            records = [{"step": s, "reward/useful": 1.0 + s, "reward/harmless": rate, "advantages/conflict_ratio": 0.8,
+                        "advantages/kept_fraction": 0.3} for s in (1, 2)]
+            (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            (workdir / "results.json").write_text(json.dumps({"algorithm": method}))
+            test = {"split": "test", "gt/harmful/level_1": rate, "gt/redirect/level_1": 1 - rate,
+                    "gt/helpful/level_0": 0.6, "gt/refusal/level_0": 0.1 * seed, "useful": 2.0, "harmless": -rate}
+            (workdir / "eval" / "test.json").write_text(json.dumps(test))
+    paths = report.write_report(tmp_path)
+    markdown = paths["markdown"].read_text()
+    header = next(line for line in markdown.splitlines() if line.startswith("| method | seeds |"))
+    assert header == ("| method | seeds | harmful (harmful req.) | redirect (harmful req.) | helpful (benign req.) | "
+                      "refusal (benign req.) | useful | harmless | AUC useful | AUC harmless |")
+    rows = read_csv(paths["csv"])
+    assert float(rows[("gdpo", "test/gt/harmful/level_1")]["mean"]) == pytest.approx(0.45)
+    assert float(rows[("gd2po_hard", "test/harmless")]["mean"]) == pytest.approx(-0.31)
+    assert float(rows[("gd2po_hard", "auc/reward/useful")]["mean"]) == pytest.approx(2.5)
+    assert rows[("gd2po_hard", "test/gt/helpful/level_0")]["p_value_vs_gdpo"] == "1.0"  # equal on every seed
+    assert ("gdpo", "test/correct_acc") not in rows
