@@ -2,8 +2,9 @@
 
 The equations are those of docs/algorithm.md, restated from the official GD2PO code (built on
 verl); TRL's variants are available as options. Each method is one function (`grpo`, `gdpo`,
-`gd2po_hard`, `gd2po_snr`, registered in `ADVANTAGE_METHODS`); `compute_advantages` computes what
-they share, applies the masks and dispatches. Notation used throughout:
+`gd2po_hard`, `gd2po_snr`, and the paper's ablation `low_conflict_half`, `high_conflict_half`,
+registered in `ADVANTAGE_METHODS`); `compute_advantages` computes what they share, applies the
+masks and dispatches. Notation used throughout:
 
     P  prompts (queries) in the step batch        G  rollouts per prompt
     K  reward functions                            r[p, g, k]  reward k of rollout g of prompt p
@@ -28,6 +29,21 @@ they share, applies the masks and dispatches. Notation used throughout:
        keep     = not (conflict and |snr| < tau)                         (SNR, tau in [0, 1])
        kappa[p] = (kept rollouts of prompt p) / G                        (query reweighting)
        A_gd2po  = keep * batch_whiten(kappa * S, weights = L * keep)
+
+5. The SNR halves (the paper's appendix C.1, Table 6: "Low-Conflict Half" / "High-Conflict Half")
+   validate SNR as a ranking, not as a threshold. Each rollout's conflict score is the quantity the
+   SNR rule thresholds, ``c = |snr|`` for a rollout in conflict and ``c = 1`` for one without (a
+   rollout the SNR rule keeps at every tau). Per prompt, the n eligible rollouts are ordered by c,
+   highest first, ties by the lower rollout index first; ``low_conflict_half`` keeps the first
+   ``n // 2`` of that order, ``high_conflict_half`` the last ``n // 2`` (an odd n leaves the middle
+   rollout out of both, so the halves are always the same size; an even n makes them complementary,
+   ties included). Then the GD2PO batch step as above (kappa = (n // 2) / G, 1/2 for a full group).
+   The ranking is per prompt, not over the batch, so that both halves train on every prompt with the
+   same number of rollouts and kappa is the same for all prompts: the two arms differ only in which
+   rollouts of a group they learn from, not in which prompts (a batch-wide ranking could hand a
+   prompt whose rollouts all cancel wholly to the high-conflict half). The key is |snr|, not snr:
+   snr = -1 is a rollout that every reward agrees is bad, as reliable as +1. The official code has no
+   halves, and the paper's text we have does not say how they are cut: docs/algorithm.md#snr-halves.
 
 ``batch_whiten`` is the token-weighted whitening of verl (``batch_norm="token"``)::
 
@@ -55,7 +71,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-Method = Literal["grpo", "gdpo", "gd2po_hard", "gd2po_snr"]
+Method = Literal["grpo", "gdpo", "gd2po_hard", "gd2po_snr", "low_conflict_half", "high_conflict_half"]
 BatchNorm = Literal["token", "sequence", "none"]
 GroupScale = Literal["group", "batch", "none"]
 
@@ -367,11 +383,63 @@ def gd2po_snr(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tup
     return keep, _reweighted_batch_step(s, keep, o)
 
 
+def conflict_score(conflict: jax.Array, snr: jax.Array) -> jax.Array:
+    """[P, G] bool, [P, G] -> [P, G] c: ``|snr|`` of a rollout in conflict, 1 of one without (the
+    quantity GD2PO-SNR compares with tau: it keeps a rollout iff c >= tau). Higher: less conflict."""
+    return jnp.where(conflict, jnp.abs(snr), 1.0)
+
+
+def snr_halves(score: jax.Array, eligible: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The low- and high-conflict halves of each prompt's eligible rollouts (docs/algorithm.md#snr-halves).
+
+    Per prompt, the n eligible rollouts are ordered by ``score`` from highest to lowest, equal
+    scores by rollout index (lower first). The low-conflict half is the first ``n // 2`` of that
+    order, the high-conflict half the last ``n // 2``: equal in size, disjoint, and together every
+    eligible rollout when n is even (the middle one is in neither when n is odd).
+
+    Args:
+      score: [P, G] float32, higher = less conflict (`conflict_score`).
+      eligible: [P, G] bool.
+
+    Returns:
+      (low, high): [P, G] bool each.
+    """
+    group = score.shape[1]
+    ranked = jnp.where(eligible, score, -jnp.inf)  # ineligible rollouts come last
+    index = jnp.arange(group)
+    # ahead[p, g, h]: rollout h comes before rollout g in prompt p's order (an exact comparison: no
+    # sort, so -0.0 and 0.0 are equal and the order is the documented one).
+    ahead = (ranked[:, None, :] > ranked[:, :, None]) | (
+        (ranked[:, None, :] == ranked[:, :, None]) & (index[None, :] < index[:, None])[None]
+    )
+    position = jnp.sum(ahead, axis=-1)  # [P, G]: 0 .. G-1, eligible rollouts at 0 .. n-1
+    count = jnp.sum(eligible, axis=1, keepdims=True)
+    half = count // 2
+    return eligible & (position < half), eligible & (position >= count - half)
+
+
+def low_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
+    """The paper's "Low-Conflict Half" (appendix C.1, Table 6): keep the half of each prompt's
+    rollouts with the highest conflict score c (`snr_halves`), then GD2PO's batch step."""
+    keep, _ = snr_halves(conflict_score(s.conflict, s.snr), eligible)
+    return keep, _reweighted_batch_step(s, keep, o)
+
+
+def high_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
+    """The paper's "High-Conflict Half": keep the half of each prompt's rollouts with the lowest
+    conflict score c (`snr_halves`), then GD2PO's batch step."""
+    _, keep = snr_halves(conflict_score(s.conflict, s.snr), eligible)
+    return keep, _reweighted_batch_step(s, keep, o)
+
+
 #: method name -> ``fn(signals, eligible, options) -> (keep [P, G], advantages [P, G])``.
-ADVANTAGE_METHODS = {"grpo": grpo, "gdpo": gdpo, "gd2po_hard": gd2po_hard, "gd2po_snr": gd2po_snr}
+ADVANTAGE_METHODS = {"grpo": grpo, "gdpo": gdpo, "gd2po_hard": gd2po_hard, "gd2po_snr": gd2po_snr,
+                     "low_conflict_half": low_conflict_half, "high_conflict_half": high_conflict_half}
 METHODS: tuple[str, ...] = tuple(ADVANTAGE_METHODS)
+#: the paper's ablation of the SNR ranking (no official code: not in ../shared/reference/).
+SNR_HALF_METHODS: tuple[str, ...] = ("low_conflict_half", "high_conflict_half")
 #: the methods that filter rollouts and reweight prompts by kappa.
-FILTERING_METHODS: tuple[str, ...] = ("gd2po_hard", "gd2po_snr")
+FILTERING_METHODS: tuple[str, ...] = ("gd2po_hard", "gd2po_snr", *SNR_HALF_METHODS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,7 +461,7 @@ def compute_advantages(
     valid: jax.Array | None = None,
     drop_zero_variance_groups: bool = False,
 ) -> AdvantageOutput:
-    """Per-rollout advantages of GRPO, GDPO, GD2PO-Hard or GD2PO-SNR.
+    """Per-rollout advantages of GRPO, GDPO, GD2PO-Hard, GD2PO-SNR or an SNR half.
 
     Computes the statistics every method shares (the group-normalized rewards A_k, their weighted
     sum S, conflicts and SNR), applies the masks (padded prompts, missing rewards, the DAPO filter)
@@ -405,7 +473,8 @@ def compute_advantages(
     Args:
       rewards: [P, G, K] float (any float dtype; computed in float32). NaN marks a missing reward.
       lengths: [P, G] int, valid response tokens of each rollout.
-      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr".
+      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr" | "low_conflict_half" |
+        "high_conflict_half".
       snr_tau: SNR threshold of "gd2po_snr", clamped to [0, 1] (0 = GDPO, 1 = Hard). May be traced.
       reward_weights: [K] float weights w_k (default all ones, as in the official code).
       batch_norm: "token" (official, token-weighted whitening) | "sequence" (TRL) | "none". Not

@@ -609,7 +609,8 @@ class RLConfig(_Section):
     """``config.rl``: the advantage method and the policy loss (docs/algorithm.md).
 
     Attributes:
-      algorithm: grpo | gdpo | gd2po_hard | gd2po_snr (`gd2po_jax.advantages.METHODS`).
+      algorithm: grpo | gdpo | gd2po_hard | gd2po_snr, or the paper's SNR-ranking ablation
+        low_conflict_half | high_conflict_half (`gd2po_jax.advantages.METHODS`).
       snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (0: GDPO, 1: GD2PO-Hard).
       num_generations: G, rollouts sampled per prompt (>= 2: a group needs a spread).
       batch_norm: how GDPO / GD2PO normalize over the batch: token (official) | sequence (TRL) |

@@ -35,6 +35,7 @@ import numpy as np
 from scipy import stats
 
 from gd2po_jax import run_dir
+from gd2po_jax.advantages import SNR_HALF_METHODS
 from gd2po_jax.config import ConfigError
 from gd2po_jax.metrics_logging import read_metrics
 from gd2po_jax.run_dir import RunDir, RunDirError
@@ -54,7 +55,7 @@ SAFETY_TEST_METRICS = (
 on harmful requests (level 1), of helpful answers and refusals on benign ones (level 0), and the
 reward models' mean scores (`gd2po_jax.safety_embedded`)."""
 CURVE_METRICS = (("advantages/conflict_ratio", "conflict ratio"), ("advantages/kept_fraction", "kept fraction"))
-ALGORITHM_ORDER = ("grpo", "gdpo", "gd2po_hard", SNR_ALGORITHM)
+ALGORITHM_ORDER = ("grpo", "gdpo", "gd2po_hard", SNR_ALGORITHM, *SNR_HALF_METHODS)
 DPI = 100
 
 
@@ -138,7 +139,8 @@ def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
 
 
 def method_order(methods: Sequence[str]) -> list[str]:
-    """GRPO, GDPO, GD2PO-Hard, GD2PO-SNR by threshold, then anything else by name."""
+    """GRPO, GDPO, GD2PO-Hard, GD2PO-SNR by threshold, the low- then the high-conflict SNR half,
+    then anything else by name."""
     def key(method: str):
         algorithm, tau = parse_method(method)
         rank = ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER)

@@ -72,7 +72,8 @@ class StepConfig:
     `StepConfig.from_config`, which reads the fields named in `STEP_CONFIG_SOURCES`.
 
     Advantages (docs/algorithm.md#grpo .. #dapo-filter):
-      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr" (``rl.algorithm``).
+      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr" | "low_conflict_half" |
+        "high_conflict_half" (``rl.algorithm``).
       snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (``rl.snr_tau``).
       reward_names: the K reward names, in the order of the reward tensor's last axis
         (``rewards.names``); metrics are named ``reward/<name>``. Empty: the rewards' indices.

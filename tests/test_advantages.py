@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 
 from gd2po_jax.advantages import (
     METHODS,
+    SNR_HALF_METHODS,
     advantage_diagnostics,
     compute_advantages,
+    conflict_score,
+    snr_halves,
     token_whiten,
 )
 from tests.fakes import SHARED
@@ -83,10 +86,13 @@ def _tolerance(case_name, block):
 
 
 def test_official_vectors_cover_every_method(shared_dir):
+    """Every method of the official code has vectors; the SNR halves (the paper's ablation, no
+    official code) are tested by hand below."""
     cases = _official_cases(shared_dir)
     assert len(cases) == 4
     seen = {method for case in cases for _, method, _ in _method_blocks(case)}
-    assert seen == set(METHODS)
+    assert seen == set(METHODS) - set(SNR_HALF_METHODS)
+    assert set(SNR_HALF_METHODS) <= set(METHODS)
 
 
 @pytest.mark.parametrize("index", range(4))
@@ -354,6 +360,100 @@ def test_diagnostics_with_no_valid_prompt_are_finite():
 
 
 # ------------------------------------------------------------------------------------------------
+# The SNR halves (the paper's appendix C.1, Table 6).
+# ------------------------------------------------------------------------------------------------
+
+NAN = np.nan
+# Two rewards, G = 4. The conflict score c is |snr| in conflict, 1 without (from the group
+# advantages A_1, A_2 of each prompt, computed by hand from the rewards; snr does not depend on L).
+HALVES_REWARDS = np.asarray([
+    # A_1 = [-0.945 -0.567 0.189 1.323], A_2 = [1.025 0.439 -1.317 -0.146]: all four conflict,
+    # snr = [0.041 -0.127 -0.749 0.801]. Order by c: 3, 2, 1, 0 (by signed snr: 3, 0, 1, 2).
+    [[0, 4], [1, 3], [3, 0], [6, 2]],
+    # A_2 = [1.389 0 -0.463 -0.926]: rollout 1 has A_2 = 0 exactly, no conflict, c = 1 (snr = -1:
+    # the two rewards agree it is bad). c = [0.190 1 0.420 0.177]. Order: 1, 2, 0, 3 (signed: 0, 3, 2, 1).
+    [[0, 5], [1, 2], [3, 1], [6, 0]],
+    # Reward 2 constant: A_2 = 0, no conflict anywhere, c = 1 for all: ties, by index: 0, 1, 2, 3.
+    [[0, 1], [1, 1], [2, 1], [3, 1]],
+    # Rollout 2 unscored (all NaN): n = 3 eligible, n // 2 = 1. Over [0, 1, 6] and [4, 3, 2]:
+    # A_1 = [-0.726 -0.415 1.141], A_2 = [1 0 -1], c = [0.159 1 - 0.066]. Order: 1, 0, 3.
+    [[0, 4], [1, 3], [NAN, NAN], [6, 2]],
+    # Rollout 1 sits at both group means: A_1 = A_2 = 0, snr = 0 but no conflict, so c = 1 (not 0).
+    # A_1 = [-0.926 0 -0.463 1.389], A_2 = [1.414 0 -0.707 -0.707]: c = [0.209 1 1 0.325].
+    # Order: 1, 2, 3, 0 (by |snr| alone, 2, 3, 0, 1).
+    [[0, 3], [2, 1], [1, 0], [5, 0]],
+    # A padded prompt (valid = False): nothing is kept.
+    [[9, 0], [0, 9], [5, 5], [1, 2]],
+], np.float32)
+HALVES_LENGTHS = np.asarray([[3, 5, 2, 7], [4, 4, 6, 1], [2, 9, 3, 5], [6, 2, 8, 3], [1, 4, 2, 6], [5, 5, 5, 5]],
+                            np.int32)
+HALVES_VALID = np.asarray([True, True, True, True, True, False])
+LOW_HALF = [[0, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 0], [0, 1, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]]
+HIGH_HALF = [[1, 1, 0, 0], [1, 0, 0, 1], [0, 0, 1, 1], [0, 0, 0, 1], [1, 0, 0, 1], [0, 0, 0, 0]]
+
+
+def _group_norm64(x):
+    """The spec's group normalization in float64 over the present (non-NaN) values of a row."""
+    out = np.zeros_like(x, np.float64)
+    present = ~np.isnan(x)
+    values = x[present].astype(np.float64)
+    if np.ptp(values) > 0:
+        out[present] = (values - values.mean()) / (values.std(ddof=1) + 1e-6)
+    return out
+
+
+def _gd2po_batch_step64(rewards, lengths, valid, keep):
+    """``keep * batch_whiten(kappa * S, weights = L * keep)`` in float64 (docs/algorithm.md)."""
+    summed = np.zeros(rewards.shape[:2])
+    for p in np.flatnonzero(valid):
+        for k in range(rewards.shape[2]):
+            summed[p] += _group_norm64(rewards[p, :, k])
+    keep = np.asarray(keep, bool)
+    kappa = keep.sum(1, keepdims=True) / keep.shape[1]
+    values, weights = kappa * summed, lengths * keep
+    total = weights.sum()
+    mean = (weights * values).sum() / total
+    var = (weights * (values - mean) ** 2).sum() / total * total / (total - 1)
+    return np.where(keep, (values - mean) / np.sqrt(var + 1e-8), 0.0)
+
+
+@pytest.mark.parametrize("method,expected", [("low_conflict_half", LOW_HALF), ("high_conflict_half", HIGH_HALF)])
+def test_snr_halves_by_hand(method, expected):
+    out = compute_advantages(jnp.asarray(HALVES_REWARDS), jnp.asarray(HALVES_LENGTHS), method,
+                             valid=jnp.asarray(HALVES_VALID))
+    np.testing.assert_array_equal(out.keep, np.asarray(expected, bool))
+    # kappa = (n // 2) / G: 2 of 4 kept, 1 of 4 where one rollout is unscored, 0 for the padding.
+    np.testing.assert_array_equal(out.query_weight, [0.5, 0.5, 0.5, 0.25, 0.5, 0.0])
+    reference = _gd2po_batch_step64(HALVES_REWARDS, HALVES_LENGTHS, HALVES_VALID, expected)
+    np.testing.assert_allclose(out.advantages, reference, atol=1e-5)
+    assert np.all(np.asarray(out.advantages)[~np.asarray(expected, bool)] == 0.0)
+    # The unfiltered advantages are GDPO's, as for the other filtering methods.
+    gdpo = compute_advantages(jnp.asarray(HALVES_REWARDS), jnp.asarray(HALVES_LENGTHS), "gdpo",
+                              valid=jnp.asarray(HALVES_VALID))
+    np.testing.assert_array_equal(out.unfiltered_advantages, gdpo.advantages)
+    metrics = advantage_diagnostics(out, valid=jnp.asarray(HALVES_VALID))
+    assert float(metrics["kept_fraction"]) == pytest.approx(9 / 20)  # 2 + 2 + 2 + 1 + 2 of 20 real rollouts
+
+
+def test_snr_halves_rank_by_absolute_snr_and_break_ties_by_index():
+    score = jnp.asarray([[0.3, 0.9, 0.9, 0.1], [1.0, 1.0, 1.0, 0.5], [0.2, 0.2, 0.2, 0.2], [0.0, -0.0, 0.7, 0.0]])
+    eligible = jnp.asarray([[True] * 4, [True] * 4, [True] * 4, [True] * 4])
+    low, high = snr_halves(score, eligible)
+    np.testing.assert_array_equal(low, [[0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0]])
+    np.testing.assert_array_equal(high, [[1, 0, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 1, 0, 1]])
+    # Odd counts: the middle rollout of the order is in neither half; fewer than 2 keep nothing.
+    odd = jnp.asarray([[True, True, False, True], [False, True, False, False], [False] * 4, [True] * 4])
+    low, high = snr_halves(jnp.asarray([[0.5, 0.2, 0.9, 0.8]] * 4), odd)
+    np.testing.assert_array_equal(low, [[0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 1]])
+    np.testing.assert_array_equal(high, [[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
+    # The score is |snr| of a rollout in conflict, 1 of one without (whatever its snr).
+    out = compute_advantages(jnp.asarray(HALVES_REWARDS[:2]), jnp.asarray(HALVES_LENGTHS[:2]), "gdpo")
+    np.testing.assert_allclose(out.snr[1, 1], -1.0, atol=1e-6)
+    np.testing.assert_allclose(conflict_score(out.conflict, out.snr),
+                               [[0.041, 0.127, 0.749, 0.801], [0.190, 1.0, 0.420, 0.177]], atol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------
 # Properties (hypothesis).
 # ------------------------------------------------------------------------------------------------
 
@@ -380,7 +480,8 @@ def batches(draw, min_group=2, max_rewards=3):
 METHOD_KW = st.sampled_from(
     [("grpo", {}), ("gdpo", {}), ("gd2po_hard", {}), ("gd2po_snr", {"snr_tau": 0.5}),
      ("gd2po_snr", {"snr_tau": 0.8}), ("gdpo", {"batch_norm": "sequence"}),
-     ("gd2po_snr", {"snr_tau": 0.3, "batch_norm": "sequence"}), ("gd2po_hard", {"batch_norm": "none"})]
+     ("gd2po_snr", {"snr_tau": 0.3, "batch_norm": "sequence"}), ("gd2po_hard", {"batch_norm": "none"}),
+     ("low_conflict_half", {}), ("high_conflict_half", {"batch_norm": "sequence"})]
 )
 
 
@@ -395,6 +496,14 @@ def _filter_is_stable(out, tau, margin=1e-4):
     return not np.any(np.abs(snr - tau) < margin)
 
 
+def _ranking_is_stable(out, margin=1e-4):
+    """True when no two rollouts of a group have conflict scores within ``margin``: the SNR halves
+    break ties by rollout index, so only a batch without (near) ties is permutation-equivariant."""
+    score = np.asarray(conflict_score(out.conflict, out.snr))
+    gaps = np.abs(score[:, :, None] - score[:, None, :]) + np.eye(score.shape[1])[None] * 2 * margin
+    return not np.any(gaps < margin)
+
+
 @settings(max_examples=40, deadline=None)
 @given(batch=batches(), method_kw=METHOD_KW, data=st.data())
 def test_permutation_equivariance(batch, method_kw, data):
@@ -402,6 +511,8 @@ def test_permutation_equivariance(batch, method_kw, data):
     method, kwargs = method_kw
     out = _run(rewards, lengths, method, **kwargs)
     if not _filter_is_stable(out, kwargs.get("snr_tau", 2.0)):
+        return
+    if method in SNR_HALF_METHODS and not _ranking_is_stable(out):
         return
     num_prompts, group, _ = rewards.shape
     prompt_perm = np.asarray(data.draw(st.permutations(range(num_prompts))))
@@ -544,3 +655,28 @@ def test_bfloat16_inputs(method):
     full = compute_advantages(rewards.astype(jnp.float32), lengths, method, snr_tau=0.5)
     assert low.advantages.dtype == jnp.float32
     np.testing.assert_array_equal(low.advantages, full.advantages)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=batches(), discrete=st.booleans())
+def test_snr_halves_are_complementary_halves(batch, discrete):
+    rewards, lengths = batch
+    if discrete:  # many ties (equal rewards, rollouts without conflict)
+        rewards = np.round(rewards)
+    low = _run(rewards, lengths, "low_conflict_half")
+    high = _run(rewards, lengths, "high_conflict_half")
+    keep_low, keep_high = np.asarray(low.keep), np.asarray(high.keep)
+    group = rewards.shape[1]
+    assert not np.any(keep_low & keep_high)
+    np.testing.assert_array_equal(keep_low.sum(1), group // 2)
+    np.testing.assert_array_equal(keep_high.sum(1), group // 2)
+    if group % 2 == 0:
+        assert np.all(keep_low | keep_high)
+        assert float(advantage_diagnostics(low)["kept_fraction"]) == 0.5
+        assert float(advantage_diagnostics(high)["kept_fraction"]) == 0.5
+    # Every kept low-conflict rollout scores at least as high as every kept high-conflict one.
+    score = np.where(np.asarray(low.conflict), np.abs(np.asarray(low.snr)), 1.0)
+    for p in range(rewards.shape[0]):
+        assert score[p][keep_low[p]].min() >= score[p][keep_high[p]].max()
+    np.testing.assert_array_equal(low.query_weight, np.float32(group // 2) / np.float32(group))
+    np.testing.assert_array_equal(low.conflict, high.conflict)

@@ -13,7 +13,7 @@ import re
 import pytest
 from absl import flags
 
-from configs import default, safety, tiny, toolrl
+from configs import default, safety, safety_embedded, tiny, toolrl
 from gd2po_jax import cli
 from gd2po_jax.advantages import METHODS
 from gd2po_jax.config import ConfigError, RunConfig, as_run_config
@@ -438,6 +438,18 @@ def test_smoke_run_with_a_tiny_model_on_rlla(shared_dir, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # configs/safety.py: the paper's helpfulness-safety run.
 # ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["low_conflict_half", "high_conflict_half"])
+def test_the_snr_halves_validate_on_the_embedded_safety_task(algorithm):
+    source = safety_embedded.get_config()
+    source.rl.algorithm = algorithm
+    config = RunConfig.from_config_dict(source)
+    assert config.rl.algorithm == algorithm
+    assert RunConfig.from_config_dict(json.loads(config.to_json())) == config  # config.json reads back
+    source.rl.algorithm = "snr_low_half"
+    with pytest.raises(ConfigError, match=r"rl\.algorithm.*low_conflict_half.*high_conflict_half"):
+        RunConfig.from_config_dict(source)
 
 
 def _safety(**changes):

@@ -132,6 +132,9 @@ def test_curve_area_is_the_mean_over_logged_steps():
 def test_method_order():
     methods = ["gd2po_snr-tau0.8", "x", "gdpo", "gd2po_snr-tau0.2", "gd2po_hard", "grpo"]
     assert method_order(methods) == ["grpo", "gdpo", "gd2po_hard", "gd2po_snr-tau0.2", "gd2po_snr-tau0.8", "x"]
+    # The SNR halves (the paper's Table 6) follow GD2PO-SNR, the low-conflict half first.
+    methods = ["high_conflict_half", "a", "low_conflict_half", "gdpo", "gd2po_snr-tau0.5"]
+    assert method_order(methods) == ["gdpo", "gd2po_snr-tau0.5", "low_conflict_half", "high_conflict_half", "a"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from gd2po_jax import sweeps
+from gd2po_jax.config import as_run_config
 from gd2po_jax.metrics_logging import read_metrics
 from gd2po_jax.sweeps import (
     FAILED,
@@ -49,6 +50,19 @@ def test_grid_is_seed_major_and_tau_multiplies_snr_only():
     assert specs[-1] == RunSpec("gd2po_snr", 4, 0.8)
     assert len({s.name for s in specs}) == len(specs)
     assert all(s.snr_tau is None for s in specs if s.algorithm != "gd2po_snr")
+
+
+def test_grid_of_the_snr_halves_needs_no_threshold():
+    """The paper's Table 6 check: GDPO and the two SNR halves, no --snr_taus."""
+    specs = expand_grid(["gdpo", "low_conflict_half", "high_conflict_half"], [], ["0", "1"])
+    assert [s.name for s in specs] == ["gdpo/seed0", "low_conflict_half/seed0", "high_conflict_half/seed0",
+                                       "gdpo/seed1", "low_conflict_half/seed1", "high_conflict_half/seed1"]
+    assert all(s.snr_tau is None for s in specs)
+    for spec in specs:
+        assert parse_method(spec.method) == (spec.algorithm, None)
+    config = RunSpec("high_conflict_half", 2).apply(tiny_config())
+    assert (config.rl.algorithm, config.train.seed) == ("high_conflict_half", 2)
+    assert as_run_config(config).rl.algorithm == "high_conflict_half"  # the run config validates it
 
 
 def test_run_names_configs_and_workdirs(tmp_path):

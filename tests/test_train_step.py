@@ -399,6 +399,26 @@ def test_fully_filtered_batch_gives_no_policy_gradient(setup):
     assert np.abs(flat(snr) - before).max() > 1e-4
 
 
+def test_snr_halves_train_on_half_of_every_group(setup):
+    """The paper's Table 6 arms through the jitted update: on a batch where every rollout
+    conflicts (Hard keeps none), each half keeps 2 of every prompt's 4 rollouts, learns from them,
+    and the two halves (complementary) move the parameters differently."""
+    graphdef, params, _ = setup
+    batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
+    before = flat(params)
+    moved = {}
+    for method in ("low_conflict_half", "high_conflict_half"):
+        new_params, metrics, _ = run_step(setup, StepConfig(method=method), batch=batch)
+        assert metrics["advantages/conflict_ratio"] == 1.0
+        assert metrics["advantages/kept_fraction"] == 0.5
+        assert metrics["advantages/query_weight_min"] == metrics["advantages/query_weight_max"] == 0.5
+        assert metrics["advantages/dropped_ratio"] == 0.5
+        assert metrics["advantages/abs_advantage_mean"] > 0
+        moved[method] = flat(new_params) - before
+        assert np.abs(moved[method]).max() > 1e-4
+    assert np.abs(moved["low_conflict_half"] - moved["high_conflict_half"]).max() > 1e-4
+
+
 def test_kl_to_the_reference(setup):
     _, _, batch = setup
     same = batch.replace(ref_logp=batch.old_logp)  # the reference is the sampling policy
