@@ -6,7 +6,8 @@
 Prompts (ragged token-id lists) are left-padded to a length bucket (`bucket_length`), so a training
 run compiles one prefill and one decode program per bucket, not one per batch. The prefill runs the
 P prompts once and then repeats the cache G times; decoding is a single `jax.lax.while_loop` over
-the donated `DecodeState`, which stops as soon as every row has emitted an EOS token. Rows are
+the donated `DecodeState`, which stops as soon as every row has emitted an EOS token; each of its
+steps is `gd2po_jax.models.decode_step.decode_step` (feature-major weight products). Rows are
 prompt-major: row ``p * G + g`` is sample g of prompt p.
 
 ``out.logprobs`` are those of the policy at ``logprob_temperature`` (``log_softmax(logits / T)``;
@@ -28,6 +29,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from gd2po_jax.distributed import batch_rows
+from gd2po_jax.models.decode_step import decode_step, decode_weights
 from gd2po_jax.models.decoder import Decoder, KVCache, init_cache
 from gd2po_jax.sharding import BATCH_AXES, mesh_of, named_sharding
 
@@ -271,14 +273,14 @@ def _prefill(graphdef, params_state, input_ids, mask, rng, params: SamplingParam
 def _decode(graphdef, params_state, state: DecodeState, params: SamplingParams, mesh) -> DecodeState:
     """`jax.lax.while_loop` over single-token steps until M tokens or every row finished."""
     model: Decoder = nnx.merge(graphdef, params_state)
-    ones = jnp.ones((state.last.shape[0], 1), bool)
+    weights = decode_weights(model)  # [out, in] copies, made once before the loop
 
     def cond(s: DecodeState):
         return (s.step < params.max_new_tokens) & ~jnp.all(s.finished)
 
     def body(s: DecodeState):
-        logits, cache = model(s.last[:, None], ones, cache=s.cache)
-        return _constrain_state(_advance(s, logits[:, 0], cache, params), mesh)
+        logits, cache = decode_step(model.config, weights, s.last, s.cache)
+        return _constrain_state(_advance(s, logits.T, cache, params), mesh)
 
     return jax.lax.while_loop(cond, body, state)
 

@@ -45,6 +45,7 @@ from jax.sharding import Mesh
 from gd2po_jax import losses
 from gd2po_jax.advantages import advantage_diagnostics, compute_advantages
 from gd2po_jax.logprobs import completion_logprobs, merge_model
+from gd2po_jax.optimizer import make_optimizer  # noqa: F401  (the shared speed harness imports it from here)
 from gd2po_jax.rollout import RolloutBatch
 from gd2po_jax.sharding import batch_sharding
 

@@ -1,0 +1,207 @@
+"""One decoding step (one new token per row) in feature-major layout: the sampler's inner loop.
+
+    weights = decode_weights(model)                        # once per generate call
+    logits, cache = decode_step(model.config, weights, tokens, cache)   # [V, N] float32
+
+A decode step multiplies N rows (N = prompts x samples, 32 in the speed frame) by every weight
+matrix. With activations held as ``[N, D]`` each projection is an ``[N, K] @ [K, F]`` product whose
+output has only N rows; the same product computed as ``[F, K] @ [K, N]`` (an ``[out, in]`` weight
+times feature-major activations ``[K, N]``) has F rows, the shape matrix-multiply kernels are built
+for. On XLA:CPU (YNNPACK) the second form ran 1.3-3x faster for the small model's shapes at N = 32
+(bench/decode_layouts.py); for a GPU or TPU the two are the same product with transposed
+operands. So here the residual stream is ``h [D, N]``, every matrix is ``[out, in]``, and the
+products ``W @ h`` give ``[out, N]``.
+
+The parameters are stored ``[in, out]`` (`gd2po_jax.models.decoder`); `decode_weights` makes the
+``[out, in]`` copies once per `gd2po_jax.sampling.generate` call, before the decode loop: a second
+copy of the matrices lives while the loop runs. q, k and v are one ``[(H + 2 KV) hd, D]`` matrix
+and gate and up one ``[2 F, D]``: fewer, larger products.
+
+Attention stays batch-major: queries ``[N, KV, G, hd]`` against the cache ``[N, KV, S, hd]``
+(`gd2po_jax.models.decoder.KVCache`, the layout prefill writes), as batched products over
+(row, kv head); only the step's own q/k/v/output vectors are transposed, ``[hd, N]``-sized.
+
+The step computes what ``Decoder.__call__(tokens[:, None], ones, cache=cache)`` computes (tested to
+give the same logits within float tolerance and the same greedy tokens): positions continue from
+the number of valid cache slots, the new token's key and value go to slot ``cache.index``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from gd2po_jax.models.config import ModelConfig, rope_inv_freq
+from gd2po_jax.models.decoder import _MASK_VALUE, Decoder, KVCache
+
+
+@struct.dataclass
+class LayerWeights:
+    """One layer's matrices ``[out, in]`` and vectors ``[dim, 1]`` (None where absent).
+
+    qkv: [(H + 2 KV) hd, D]; qkv_bias: [(H + 2 KV) hd, 1]; o: [D, H hd]; o_bias: [D, 1];
+    gate_up: [2 F, D]; gate_up_bias: [2 F, 1]; down: [D, F]; down_bias: [D, 1];
+    attn_norm, mlp_norm: [D, 1]; q_norm, k_norm: [hd, 1].
+    """
+
+    qkv: jax.Array
+    qkv_bias: jax.Array | None
+    o: jax.Array
+    o_bias: jax.Array | None
+    gate_up: jax.Array
+    gate_up_bias: jax.Array | None
+    down: jax.Array
+    down_bias: jax.Array | None
+    attn_norm: jax.Array
+    mlp_norm: jax.Array
+    q_norm: jax.Array | None
+    k_norm: jax.Array | None
+
+
+@struct.dataclass
+class DecodeWeights:
+    """Every weight of a decode step. embed: [V, D] (the token table, also the tied output matrix);
+    unembed: [V, D] untied output matrix or None; final_norm: [D, 1]; layers: one `LayerWeights` each."""
+
+    embed: jax.Array
+    unembed: jax.Array | None
+    final_norm: jax.Array
+    layers: tuple[LayerWeights, ...]
+
+
+def _column(param) -> jax.Array | None:
+    return None if param is None else param[...].reshape(-1, 1)
+
+
+def _rows(*kernels) -> jax.Array:
+    """``[in, ...out]`` kernels -> one ``[sum out, in]`` matrix (each flattened to 2-D, transposed)."""
+    return jnp.concatenate([k[...].reshape(k.shape[0], -1).T for k in kernels], axis=0)
+
+
+def _concat_bias(*biases) -> jax.Array | None:
+    if all(b is None for b in biases):
+        return None
+    return jnp.concatenate([b[...].reshape(-1) for b in biases])[:, None]
+
+
+def decode_weights(model: Decoder) -> DecodeWeights:
+    """The ``[out, in]`` copies of ``model``'s weights that `decode_step` multiplies by (inside a
+    jitted program: computed once, before the decode loop)."""
+    layers = []
+    for layer in model.layers:
+        attn, mlp = layer.attn, layer.mlp
+        h, hd, d = attn.o_kernel.shape
+        if (mlp.gate_bias is None) != (mlp.up_bias is None):
+            raise ValueError("the MLP has a bias on one of gate / up only")
+        layers.append(LayerWeights(
+            qkv=_rows(attn.q_kernel, attn.k_kernel, attn.v_kernel),
+            qkv_bias=None if attn.q_bias is None else _concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
+            o=attn.o_kernel[...].reshape(h * hd, d).T,
+            o_bias=_column(attn.o_bias),
+            gate_up=_rows(mlp.gate_kernel, mlp.up_kernel),
+            gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias) if mlp.gate_bias is not None else None,
+            down=mlp.down_kernel[...].T,
+            down_bias=_column(mlp.down_bias),
+            attn_norm=_column(layer.attn_norm.scale),
+            mlp_norm=_column(layer.mlp_norm.scale),
+            q_norm=None if attn.q_norm is None else _column(attn.q_norm.scale),
+            k_norm=None if attn.k_norm is None else _column(attn.k_norm.scale),
+        ))
+    if not model.has_lm_head:
+        raise ValueError("this Decoder was built with lm_head=False (a score model's body): it cannot decode")
+    return DecodeWeights(
+        embed=model.embed[...],
+        unembed=None if model.lm_head is None else model.lm_head[...].T,
+        final_norm=_column(model.final_norm.scale),
+        layers=tuple(layers),
+    )
+
+
+def rms_norm_columns(x: jax.Array, scale: jax.Array, eps: float, axis: int = 0) -> jax.Array:
+    """RMSNorm over ``axis`` (the feature axis of feature-major ``x``), in float32, as
+    `gd2po_jax.models.decoder.RMSNorm` computes it; ``scale`` broadcasts against ``x``."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
+    return scale * normed.astype(x.dtype)
+
+
+def _rope_columns(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates ``x [n, hd, N]`` ("rotate half", as `gd2po_jax.models.decoder.apply_rope`) with
+    ``cos, sin [hd/2, N]``."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1).astype(x.dtype)
+
+
+def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array) -> jax.Array:
+    """q: [N, KV, G, hd]; keys, values: [N, KV, S, hd]; key_mask: [N, S]. Returns [N, KV, G, hd]."""
+    hd = q.shape[-1]
+    scores = jnp.einsum("bkgd,bksd->bkgs", q, keys, preferred_element_type=jnp.float32) * (hd**-0.5)
+    scores = jnp.where(key_mask[:, None, None, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    return jnp.einsum("bkgs,bksd->bkgd", probs, values)
+
+
+def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
+                cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """Feeds one token per row and returns the next-token logits.
+
+    Args:
+      config: the model's architecture.
+      weights: `decode_weights` of the model.
+      tokens: [N] int32, the token each row feeds (its last sampled one).
+      cache: `KVCache` of N rows; slot ``cache.index`` receives this step's keys and values.
+
+    Returns:
+      logits ``[V, N]`` float32 (feature-major: transpose for per-row sampling) and the new cache.
+    """
+    h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    groups = h_heads // kv_heads
+    n = tokens.shape[0]
+    index = cache.index
+    past = jnp.sum(cache.valid, axis=-1, dtype=jnp.int32)  # [N] the new token's position
+    key_valid = jax.lax.dynamic_update_slice(cache.valid, jnp.ones((n, 1), bool), (0, index))
+    key_mask = key_valid & (jnp.arange(cache.max_length) <= index)[None, :]
+    angles = jnp.asarray(rope_inv_freq(config))[:, None] * past.astype(jnp.float32)[None, :]  # [hd/2, N]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    eps = config.rms_norm_eps
+
+    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, N]
+    keys, values = [], []
+    for i, layer in enumerate(weights.layers):
+        x = rms_norm_columns(h, layer.attn_norm, eps)
+        qkv = layer.qkv @ x
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
+        q = qkv[: h_heads * hd].reshape(h_heads, hd, n)
+        k = qkv[h_heads * hd : (h_heads + kv_heads) * hd].reshape(kv_heads, hd, n)
+        v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, n)
+        if layer.q_norm is not None:
+            q = rms_norm_columns(q, layer.q_norm, eps, axis=1)
+            k = rms_norm_columns(k, layer.k_norm, eps, axis=1)
+        q, k = _rope_columns(q, cos, sin), _rope_columns(k, cos, sin)
+        cache_k, cache_v = cache.keys[i], cache.values[i]
+        start = (0, 0, index, 0)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k.transpose(2, 0, 1)[:, :, None].astype(cache_k.dtype), start)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v.transpose(2, 0, 1)[:, :, None].astype(cache_v.dtype), start)
+        keys.append(cache_k)
+        values.append(cache_v)
+        q_rows = q.reshape(kv_heads, groups, hd, n).transpose(3, 0, 1, 2)  # [N, KV, G, hd]
+        out = _attend(q_rows, cache_k.astype(q.dtype), cache_v.astype(q.dtype), key_mask)
+        h = h + _affine(layer.o, out.reshape(n, h_heads * hd).T, layer.o_bias)
+        x = rms_norm_columns(h, layer.mlp_norm, eps)
+        gate_up = _affine(layer.gate_up, x, layer.gate_up_bias)
+        gate, up = jnp.split(gate_up, 2, axis=0)
+        h = h + _affine(layer.down, jax.nn.silu(gate) * up, layer.down_bias)
+    h = rms_norm_columns(h, weights.final_norm, eps)
+    unembed = weights.embed if weights.unembed is None else weights.unembed
+    logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, N]
+    # Keeps the product [V, N]-shaped: without the barrier XLA folds the caller's transpose into it,
+    # and an [N, V] output is the slow orientation again.
+    logits = jax.lax.optimization_barrier(logits)
+    return logits, KVCache(tuple(keys), tuple(values), key_valid, index + 1)
+
+
+def _affine(matrix: jax.Array, x: jax.Array, bias: jax.Array | None) -> jax.Array:
+    y = matrix @ x
+    return y if bias is None else y + bias
