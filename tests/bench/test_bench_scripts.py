@@ -97,3 +97,36 @@ def test_anchor_workloads_names_an_unknown_workload(tmp_path):
     proc = subprocess.run([sys.executable, "bench/anchor_workloads.py", f"--hf_dir={directory}", "--workloads=W,X"],
                           cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "--workloads: unknown ['X']" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_decode_layouts_on_small_shapes():
+    out = run_bench("bench/decode_layouts.py", "--hidden=64", "--intermediate=128", "--heads=4", "--kv_heads=2",
+                    "--head_dim=16", "--vocab=256", "--rows=4", "--repeats=3", "--peak_size=128")
+    assert re.search(r"^device: cpu x8, N = 4 rows, float32$", out, re.MULTILINE), out
+    shapes = {"qkv": (64, 128), "o": (64, 64), "gate_up": (64, 256), "down": (128, 64), "lm_head": (64, 256)}
+    for name, (k, f) in shapes.items():
+        slow, fast, ratio = line(rf"{name} +K= +{k} F= +{f}: x @ W +{NUMBER} GFLOP/s \| W\^T @ x\^T +{NUMBER} GFLOP/s "
+                                 rf"\| ratio +{NUMBER}", out)
+        assert slow > 0 and fast > 0 and ratio > 0
+    assert line(rf"matmul peak \(128\^3\): {NUMBER} GFLOP/s", out)[0] > 0
+
+
+@pytest.mark.slow
+def test_the_shared_harness_drives_the_project(tmp_path, shared_dir):
+    """../shared/bench/anchors/bench_project.py (the head-to-head harness's project side, which imports
+    the project's public API) runs both workloads on a tiny checkpoint: an API rename breaks this."""
+    harness = shared_dir / "bench" / "anchors" / "bench_project.py"
+    directory, _ = tiny_checkpoint("qwen2", tie=True)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tiny-qwen2").symlink_to(directory)
+    env = subprocess_env(PROJECT_DIR=str(REPO), BENCH_MODELS=str(models), BENCH_OUT=str(tmp_path / "out"))
+    proc = subprocess.run([sys.executable, str(harness), "tiny"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "out" / "project_tiny.json").read_text())
+    by_workload = {row["workload"]: row for row in rows}
+    assert sorted(by_workload) == ["T_train_step", "W_generate", "matmul_peak"]
+    assert by_workload["W_generate"]["compiles_in_2_more_generate_calls"] == 0
+    assert by_workload["T_train_step"]["compiles_after_first_step"] == 0
+    assert all(by_workload[w]["tok_s"] > 0 for w in ("W_generate", "T_train_step"))
