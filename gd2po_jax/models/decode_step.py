@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
-from gd2po_jax.models.decoder import _MASK_VALUE, Decoder, KVCache
+from gd2po_jax.models.decoder import _MASK_VALUE, Decoder, KVCache, apply_rope, rms_norm
 
 
 @struct.dataclass
@@ -80,7 +80,8 @@ def _rows(*kernels) -> jax.Array:
 
 
 def _concat_bias(*biases) -> jax.Array | None:
-    if all(b is None for b in biases):
+    """One ``[sum dims, 1]`` column of the biases (a layer has all of them or none)."""
+    if biases[0] is None:
         return None
     return jnp.concatenate([b[...].reshape(-1) for b in biases])[:, None]
 
@@ -92,15 +93,13 @@ def decode_weights(model: Decoder) -> DecodeWeights:
     for layer in model.layers:
         attn, mlp = layer.attn, layer.mlp
         h, hd, d = attn.o_kernel.shape
-        if (mlp.gate_bias is None) != (mlp.up_bias is None):
-            raise ValueError("the MLP has a bias on one of gate / up only")
         layers.append(LayerWeights(
             qkv=_rows(attn.q_kernel, attn.k_kernel, attn.v_kernel),
-            qkv_bias=None if attn.q_bias is None else _concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
+            qkv_bias=_concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
             o=attn.o_kernel[...].reshape(h * hd, d).T,
             o_bias=_column(attn.o_bias),
             gate_up=_rows(mlp.gate_kernel, mlp.up_kernel),
-            gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias) if mlp.gate_bias is not None else None,
+            gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias),
             down=mlp.down_kernel[...].T,
             down_bias=_column(mlp.down_bias),
             attn_norm=_column(layer.attn_norm.scale),
@@ -116,21 +115,6 @@ def decode_weights(model: Decoder) -> DecodeWeights:
         final_norm=_column(model.final_norm.scale),
         layers=tuple(layers),
     )
-
-
-def rms_norm_columns(x: jax.Array, scale: jax.Array, eps: float, axis: int = 0) -> jax.Array:
-    """RMSNorm over ``axis`` (the feature axis of feature-major ``x``), in float32, as
-    `gd2po_jax.models.decoder.RMSNorm` computes it; ``scale`` broadcasts against ``x``."""
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
-    return scale * normed.astype(x.dtype)
-
-
-def _rope_columns(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotates ``x [n, hd, N]`` ("rotate half", as `gd2po_jax.models.decoder.apply_rope`) with
-    ``cos, sin [hd/2, N]``."""
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1).astype(x.dtype)
 
 
 def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array) -> jax.Array:
@@ -169,7 +153,7 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
     h = jnp.take(weights.embed, tokens, axis=0).T  # [D, N]
     keys, values = [], []
     for i, layer in enumerate(weights.layers):
-        x = rms_norm_columns(h, layer.attn_norm, eps)
+        x = rms_norm(h, layer.attn_norm, eps, axis=0)
         qkv = layer.qkv @ x
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
@@ -177,9 +161,9 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
         k = qkv[h_heads * hd : (h_heads + kv_heads) * hd].reshape(kv_heads, hd, n)
         v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, n)
         if layer.q_norm is not None:
-            q = rms_norm_columns(q, layer.q_norm, eps, axis=1)
-            k = rms_norm_columns(k, layer.k_norm, eps, axis=1)
-        q, k = _rope_columns(q, cos, sin), _rope_columns(k, cos, sin)
+            q = rms_norm(q, layer.q_norm, eps, axis=1)
+            k = rms_norm(k, layer.k_norm, eps, axis=1)
+        q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
         cache_k, cache_v = cache.keys[i], cache.values[i]
         start = (0, 0, index, 0)
         cache_k = jax.lax.dynamic_update_slice(cache_k, k.transpose(2, 0, 1)[:, :, None].astype(cache_k.dtype), start)
@@ -189,11 +173,11 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
         q_rows = q.reshape(kv_heads, groups, hd, n).transpose(3, 0, 1, 2)  # [N, KV, G, hd]
         out = _attend(q_rows, cache_k.astype(q.dtype), cache_v.astype(q.dtype), key_mask)
         h = h + _affine(layer.o, out.reshape(n, h_heads * hd).T, layer.o_bias)
-        x = rms_norm_columns(h, layer.mlp_norm, eps)
+        x = rms_norm(h, layer.mlp_norm, eps, axis=0)
         gate_up = _affine(layer.gate_up, x, layer.gate_up_bias)
         gate, up = jnp.split(gate_up, 2, axis=0)
         h = h + _affine(layer.down, jax.nn.silu(gate) * up, layer.down_bias)
-    h = rms_norm_columns(h, weights.final_norm, eps)
+    h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
     logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, N]
     # Keeps the product [V, N]-shaped: without the barrier XLA folds the caller's transpose into it,

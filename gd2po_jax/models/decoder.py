@@ -89,10 +89,11 @@ def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, 
     return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotates ``x [B, T, N, hd]`` in the "rotate half" convention used by transformers."""
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, axis: int = -1) -> jax.Array:
+    """Rotates ``x [B, T, N, hd]`` in the "rotate half" convention used by transformers; ``axis`` is
+    the head-dimension axis (``cos``, ``sin`` broadcast against ``x`` with half of it there)."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=axis)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=axis)
     return out.astype(x.dtype)
 
 
@@ -128,9 +129,15 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.scale[...] * normed.astype(x.dtype)
+        return rms_norm(x, self.scale[...], self.eps)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, axis: int = -1) -> jax.Array:
+    """``scale * x / sqrt(mean(x^2) + eps)`` over ``axis``, normalised in float32; ``scale``
+    broadcasts against ``x``."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
+    return scale * normed.astype(x.dtype)
 
 
 class Attention(nnx.Module):

@@ -16,7 +16,8 @@ import pathlib
 
 import numpy as np
 from absl import app, flags
-from scipy import stats
+
+from gd2po_jax.report import mean_ci, paired_test
 
 flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
 FLAGS = flags.FLAGS
@@ -33,9 +34,8 @@ PAIRS = (("low_conflict_half", "gdpo"), ("high_conflict_half", "gdpo"), ("low_co
 
 
 def estimate(values) -> str:
-    values = np.asarray(values, float)
-    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return f"{values.mean():.3f} ± {half:.3f}"
+    e = mean_ci(values)
+    return f"{e.mean:.3f} ± {e.half_width:.3f}"
 
 
 def main(argv):
@@ -60,7 +60,7 @@ def main(argv):
         cells = []
         for key, _ in METRICS:
             diff = np.mean(values[a][key]) - np.mean(values[b][key])
-            p = stats.ttest_rel(values[a][key], values[b][key]).pvalue
+            p = paired_test(dict(enumerate(values[a][key])), dict(enumerate(values[b][key]))).p_value
             cells.append(f"{diff:+.3f} (p = {p:.2g})")
         print(f"| {a} − {b} | " + " | ".join(cells) + " |")
     print("\nEvery run (harmful rate on harmful requests / helpful rate on benign requests / useful + harmless):\n")
