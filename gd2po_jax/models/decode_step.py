@@ -7,8 +7,9 @@ A decode step multiplies N rows (N = prompts x samples, 32 in the speed frame) b
 matrix. With activations held as ``[N, D]`` each projection is an ``[N, K] @ [K, F]`` product whose
 output has only N rows; the same product computed as ``[F, K] @ [K, N]`` (an ``[out, in]`` weight
 times feature-major activations ``[K, N]``) has F rows, the shape matrix-multiply kernels are built
-for. On XLA:CPU (YNNPACK) the second form ran 1.3-3x faster for the small model's shapes at N = 32
-(bench/decode_layouts.py); for a GPU or TPU the two are the same product with transposed
+for. On XLA:CPU (YNNPACK) the second form was faster for most of the small model's shapes at N = 32
+(up to ~2x, not for every shape in every run: bench/decode_layouts.py) and 1.4x faster over a whole
+loop of the step's products; for a GPU or TPU the two are the same product with transposed
 operands. So here the residual stream is ``h [D, N]``, every matrix is ``[out, in]``, and the
 products ``W @ h`` give ``[out, N]``.
 
