@@ -1,4 +1,5 @@
-"""The two orientations of a decode step's weight products, timed on this machine.
+"""The two orientations of a decode step's weight products, and the two key-cache layouts of its
+attention, timed on this machine.
 
 A decode step multiplies N rows by every weight matrix. `gd2po_jax.models.decode_step` computes
 each product as ``W^T [F, K] @ x^T [K, N]`` (feature-major, F output rows) instead of
@@ -9,8 +10,12 @@ each product as ``W^T [F, K] @ x^T [K, N]`` (feature-major, F output rows) inste
     python bench/decode_layouts.py --rows=64 --repeats=50
 
 Each product feeds an elementwise op (as in the model, so XLA cannot fold a transpose into it) and
-is timed as the 10th-percentile of ``--repeats`` calls; GFLOP/s = 2 N K F / time. The fp32 matmul
-peak (2048^3) is measured after them for scale.
+is timed as the 10th-percentile of ``--repeats`` calls; GFLOP/s = 2 N K F / time.
+
+Then one decode step's attention (scores, softmax, the values' product) over a full cache of
+``--cache_len`` slots, for every layer (``--layers``), with the keys stored ``[N, KV, S, hd]``
+or ``[N, KV, hd, S]`` (`gd2po_jax.models.decoder.KVCache` keeps the second); values
+``[N, KV, S, hd]`` in both. The fp32 matmul peak (2048^3) is measured last, for scale.
 """
 
 from __future__ import annotations
@@ -40,6 +45,21 @@ def matrix_shapes(hidden: int, intermediate: int, heads: int, kv_heads: int, hea
             ("gate_up", hidden, 2 * intermediate), ("down", intermediate, hidden), ("lm_head", hidden, vocab)]
 
 
+def attention_fn(keys_transposed: bool):
+    """One decode step's attention over every layer's cache: ``q [N, KV, G, hd]`` against keys
+    ``[N, KV, S, hd]`` (or ``[N, KV, hd, S]``) and values ``[N, KV, S, hd]``; each layer's output
+    is the next layer's query, so the layers run one after another, as in the model."""
+    key_spec = "nkds" if keys_transposed else "nksd"
+
+    def attend(q, keys, values):
+        for k, v in zip(keys, values):
+            scores = jnp.einsum(f"nkgd,{key_spec}->nkgs", q, k) * q.shape[-1] ** -0.5
+            q = jnp.einsum("nkgs,nksd->nkgd", jax.nn.softmax(scores, axis=-1), v)
+        return q
+
+    return jax.jit(attend)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=512)
@@ -49,6 +69,8 @@ def main(argv=None) -> None:
     parser.add_argument("--head_dim", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--rows", type=int, default=32, help="N, rows decoded at once")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--cache_len", type=int, default=128, help="S, cache slots (prompt + completion)")
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--peak_size", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -65,6 +87,16 @@ def main(argv=None) -> None:
         rm = flops / percentile_time(row_major, x, w, repeats=args.repeats) / 1e9
         fm = flops / percentile_time(feature_major, w_t, x_t, repeats=args.repeats) / 1e9
         print(f"{name:8s} K={k:6d} F={f:7d}: x @ W {rm:7.1f} GFLOP/s | W^T @ x^T {fm:7.1f} GFLOP/s | ratio {fm / rm:4.2f}")
+    groups = args.heads // args.kv_heads
+    q = jax.random.normal(key, (args.rows, args.kv_heads, groups, args.head_dim), jnp.float32)
+    cache_shape = (args.rows, args.kv_heads, args.cache_len, args.head_dim)
+    keys = [jax.random.normal(jax.random.fold_in(key, i), cache_shape, jnp.float32) for i in range(args.layers)]
+    values = [jax.random.normal(jax.random.fold_in(key, 1000 + i), cache_shape, jnp.float32) for i in range(args.layers)]
+    keys_t = [jnp.asarray(k.swapaxes(-1, -2)) for k in keys]
+    slots_last = percentile_time(attention_fn(True), q, keys_t, values, repeats=args.repeats)
+    slots_major = percentile_time(attention_fn(False), q, keys, values, repeats=args.repeats)
+    print(f"attention {args.layers} layers, S={args.cache_len}: keys [N, KV, S, hd] {slots_major * 1e3:7.2f} ms | "
+          f"keys [N, KV, hd, S] {slots_last * 1e3:7.2f} ms | ratio {slots_major / slots_last:4.2f}")
     a = jax.random.normal(key, (args.peak_size, args.peak_size), jnp.float32)
     peak = 2 * args.peak_size**3 / percentile_time(jax.jit(lambda m: m @ m), a, repeats=5) / 1e9
     print(f"matmul peak ({args.peak_size}^3): {peak:.1f} GFLOP/s")

@@ -73,7 +73,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.entropy_coef = 0.0  # entropy bonus
     config.rl.ppo_epochs = 1  # passes over each step's rollouts
     config.rl.num_minibatches = 1  # optimizer updates per pass
-    config.rl.micro_batch_size = 0  # rollouts per forward / backward pass; 0: the whole minibatch
+    config.rl.micro_batch_size = 8  # rollouts per forward / backward pass; 0: the whole minibatch
+    config.rl.length_bucket = 16  # micro-batches cut left padding in steps of this many tokens; 0: off
     config.rl.tempered_logprobs = False  # True: log-probs at sampling.temperature (verl); False: at 1
 
     config.sampling = ml_collections.ConfigDict()

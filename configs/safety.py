@@ -77,6 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.ppo_epochs = 1
     config.rl.num_minibatches = NUM_MINIBATCHES  # mini-batches of 128 prompts x G: 4 updates per step
     config.rl.micro_batch_size = 16  # rollouts per forward / backward pass, over all devices
+    config.rl.length_bucket = 0  # off: each length is a compiled branch of the update; not measured at this scale
     config.rl.tempered_logprobs = True  # log-probs of logits / 0.7, as the official runs compute them
 
     config.sampling.max_new_tokens = 1024  # longest response

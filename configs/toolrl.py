@@ -88,6 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rl.ppo_epochs = 1  # one pass over each step's rollouts
     config.rl.num_minibatches = NUM_MINIBATCHES  # mini-batches of 128 prompts x G
     config.rl.micro_batch_size = micro_batch_size  # rollouts per forward / backward pass (MODELS)
+    config.rl.length_bucket = 0  # off: each length is a compiled branch of the update; not measured at this scale
     config.rl.tempered_logprobs = True  # verl: log-probs at the rollout temperature (1 here: the same)
 
     config.sampling.max_new_tokens = 1024  # longest response

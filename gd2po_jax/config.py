@@ -635,6 +635,15 @@ class RLConfig(_Section):
         sampling temperature, ``softmax(logits / sampling.temperature)``, as verl computes them;
         False: of the temperature-1 policy (the raw logits). The same at temperature 1. Absent from
         older runs' config.json: False.
+      length_bucket: > 0: the update cuts left padding in steps of this many tokens. Each
+        minibatch's rollouts are sorted by prompt length before they split into micro-batches
+        (``micro_batch_size``), and each micro-batch runs at the shortest multiple of
+        ``length_bucket`` that holds its longest prompt (exact: the cut slots are masked out).
+        The update is compiled once, with a branch per length from the training data's shortest
+        prompt up to the padded length (`gd2po_jax.train_step.prompt_window_lengths`); the metrics
+        ``update/prompt_padding`` and ``update/padding`` say what share of the update's token slots
+        is left padding (and padding after the response). 0: every micro-batch at the padded
+        length. Absent from older runs' config.json: 0.
     """
 
     _path: ClassVar[str] = "rl"
@@ -657,6 +666,7 @@ class RLConfig(_Section):
     num_minibatches: int
     micro_batch_size: int
     tempered_logprobs: bool = False
+    length_bucket: int = 0
 
     def __post_init__(self):
         _one_of(self.algorithm, "rl.algorithm", METHODS)
@@ -681,6 +691,7 @@ class RLConfig(_Section):
         _int_at_least(self.num_minibatches, "rl.num_minibatches")
         _int_at_least(self.micro_batch_size, "rl.micro_batch_size", minimum=0)
         _flag(self.tempered_logprobs, "rl.tempered_logprobs")
+        _int_at_least(self.length_bucket, "rl.length_bucket", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,10 @@ class PromptSet:
     def max_tokens(self) -> int:
         return max((len(ids) for ids in self.token_ids), default=0)
 
+    @property
+    def min_tokens(self) -> int:
+        return min((len(ids) for ids in self.token_ids), default=0)
+
     def select(self, indices: Sequence[int]) -> PromptSet:
         """The prompts at ``indices`` (repeats allowed), in that order."""
         return PromptSet(

@@ -107,6 +107,12 @@ class StepConfig:
         (``rl.num_minibatches``).
       micro_batch_size: rows per gradient-accumulation micro-batch; 0: the whole minibatch
         (``rl.micro_batch_size``).
+      prompt_windows: prompt lengths below the padded one (``Lp``) at which a micro-batch may run
+        (static; see `prompt_window_lengths`). With any, each minibatch's rows are sorted by
+        prompt length before they split into micro-batches, and each micro-batch runs on its
+        shortest window that holds its longest prompt: its left padding beyond the window is cut
+        (exact: those slots are masked out). One compiled branch per window (`jax.lax.switch`);
+        empty: every micro-batch at ``Lp``. Set by the trainer from ``rl.length_bucket``.
       logit_chunk_size: positions per chunk of the vocabulary projection
         (``train.logit_chunk_size``; see `gd2po_jax.logprobs.chunked_token_logprobs`).
       compute_dtype: dtype of the forward pass, "float32" | "bfloat16" (``model.dtype``); the
@@ -139,6 +145,7 @@ class StepConfig:
     ppo_epochs: int = 1
     num_minibatches: int = 1
     micro_batch_size: int = 0
+    prompt_windows: tuple[int, ...] = ()
     logit_chunk_size: int = 128
     compute_dtype: str = "float32"
     logprob_temperature: float = 1.0
@@ -177,7 +184,8 @@ def logprob_temperature(config) -> float:
 
 #: StepConfig field -> dotted path of its value in the run config (the fields not named here,
 #: ``norm_length``, ``log_entropy``, ``skip_nonfinite_updates`` and ``logprob_temperature``, which
-#: `StepConfig.from_config` derives, keep their defaults).
+#: `StepConfig.from_config` derives, keep their defaults; ``prompt_windows`` depends on the data
+#: too, and the trainer sets it with `prompt_window_lengths`).
 STEP_CONFIG_SOURCES: dict[str, str] = {
     "method": "rl.algorithm",
     "snr_tau": "rl.snr_tau",
@@ -200,6 +208,33 @@ STEP_CONFIG_SOURCES: dict[str, str] = {
     "logit_chunk_size": "train.logit_chunk_size",
     "compute_dtype": "model.dtype",
 }
+
+
+def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_length: int) -> tuple[int, ...]:
+    """`StepConfig.prompt_windows` for a run: the multiples of ``length_bucket`` from the first
+    that holds ``shortest_prompt`` up to, not including, the padded ``prompt_length`` (Lp).
+
+    E.g. (16, 108, 192) -> (112, 128, 144, 160, 176). ``length_bucket`` 0: none.
+
+    Raises:
+      ValueError: naming ``rl.length_bucket``, when that makes more than `MAX_PROMPT_WINDOWS`
+        windows (each is a compiled branch of the update).
+    """
+    if length_bucket <= 0:
+        return ()
+    first = -(-max(shortest_prompt, 1) // length_bucket) * length_bucket
+    windows = tuple(range(first, prompt_length, length_bucket))
+    if len(windows) > MAX_PROMPT_WINDOWS:
+        raise ValueError(
+            f"rl.length_bucket: {length_bucket} tokens make {len(windows)} prompt lengths between the shortest "
+            f"training prompt ({shortest_prompt} tokens) and the padded length ({prompt_length}), each a compiled "
+            f"branch of the update; at most {MAX_PROMPT_WINDOWS}: use a larger bucket (or 0: off)"
+        )
+    return windows
+
+
+#: The most prompt windows (compiled branches of the update) `prompt_window_lengths` makes.
+MAX_PROMPT_WINDOWS = 16
 
 
 def _config_value(config, dotted: str):
@@ -299,6 +334,31 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
+    def windowed_grad_fn(windows: tuple[int, ...], prompt_length: int):
+        """``fn(params, micro_batch, denominator) -> (grad_fn's value and gradients, window)``: the
+        micro-batch runs on the shortest of ``windows`` (ascending, the last ``prompt_length``) that
+        holds its longest prompt, with the left padding before the window cut."""
+        if len(windows) == 1:
+            return lambda *args: (grad_fn(*args), jnp.int32(prompt_length))
+
+        def on_window(window):
+            def run(params, micro_batch, denominator):
+                cut = prompt_length - window
+                trimmed = dict(micro_batch, input_ids=micro_batch["input_ids"][:, cut:],
+                               attention_mask=micro_batch["attention_mask"][:, cut:])
+                return grad_fn(params, trimmed, denominator)
+            return run
+
+        branches = [on_window(w) for w in windows]
+        window_array = jnp.asarray(windows, jnp.int32)
+
+        def run(params, micro_batch, denominator):
+            longest = jnp.max(micro_batch["prompt_lengths"])
+            branch = jnp.minimum(jnp.searchsorted(window_array, longest), len(windows) - 1)
+            return jax.lax.switch(branch, branches, params, micro_batch, denominator), window_array[branch]
+
+        return run
+
     def step(state: TrainState, batch: RolloutBatch):
         num_prompts, group, _ = batch.rewards.shape
         rows_total = num_prompts * group
@@ -310,6 +370,10 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             batch_norm=config.batch_norm, group_eps=config.group_eps, valid=batch.valid,
             drop_zero_variance_groups=config.drop_zero_variance_groups,
         )
+        prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
+        windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
+        micro_grad_fn = windowed_grad_fn(windows, prompt_length)
+        prompt_lengths = jnp.sum(batch.attention_mask[:, :prompt_length], axis=-1, dtype=jnp.int32)
         row_valid = jnp.repeat(batch.valid, group)
         loss_mask = batch.response_mask & row_valid[:, None]
         if not config.filtered_in_denominator:
@@ -317,11 +381,15 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         rows = {
             "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "old_logp": batch.old_logp, "ref_logp": batch.ref_logp,
-            "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask,
+            "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
+            "response_mask": batch.response_mask,
         }
 
         def update_minibatch(carry, indices):
             params, opt_state, loss_sums = carry
+            if len(windows) > 1 and minibatch_rows > micro_rows:
+                # Micro-batches of similar prompt lengths, so that each runs on a short window.
+                indices = indices[jnp.argsort(rows["prompt_lengths"][indices], stable=True)]
             minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
             _, denominator = losses.aggregate_loss(
                 jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.loss_agg_mode,
@@ -333,18 +401,19 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
             def accumulate_micro(acc, micro_batch):
                 grads, sums = acc
-                (_, out), micro_grads = grad_fn(params, _constrain_rows(micro_batch, mesh), denominator)
-                return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), None
+                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh), denominator)
+                padding = _padding_slots(micro_batch, window)
+                return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), padding
 
             zero_grads = jax.tree.map(jnp.zeros_like, params)
-            (grads, sums), _ = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()), micro)
+            (grads, sums), padding = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()), micro)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             grad_norm = optax.global_norm(grads)
             apply = jnp.isfinite(grad_norm) if config.skip_nonfinite_updates else jnp.bool_(True)
             params, opt_state = updated_if(apply, (new_params, new_opt_state), (params, opt_state))
             loss_sums = losses.accumulate(loss_sums, sums)
-            return (params, opt_state, loss_sums), (grad_norm, ~apply)
+            return (params, opt_state, loss_sums), (grad_norm, ~apply, jax.tree.map(jnp.sum, padding))
 
         def update_epoch(carry, epoch_key):
             params, opt_state, loss_sums = carry
@@ -355,15 +424,29 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         rng, shuffle_key = jax.random.split(state.rng)
         epoch_keys = jax.random.split(shuffle_key, config.ppo_epochs)
         init_sums = losses.empty_policy_loss()
-        (params, opt_state, loss_sums), (grad_norms, skipped) = jax.lax.scan(
+        (params, opt_state, loss_sums), (grad_norms, skipped, padding) = jax.lax.scan(
             update_epoch, (state.params, state.opt_state, init_sums), epoch_keys
         )
         metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
         metrics["update/skipped_updates"] = jnp.sum(skipped.astype(jnp.int32))
+        slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
+        metrics["update/prompt_padding"] = prompt_pads / slots
+        metrics["update/padding"] = (prompt_pads + completion_pads) / slots
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         return new_state, metrics
 
     return step
+
+
+def _padding_slots(micro_batch: dict, window: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(token slots, prompt-padding slots, completion slots after the response) of a micro-batch run
+    on a prompt ``window``: the update's metrics ``update/prompt_padding`` and ``update/padding``
+    are their sums' ratios."""
+    rows, completion = micro_batch["old_logp"].shape
+    slots = rows * (window + completion)
+    prompt_pads = jnp.sum(window - micro_batch["prompt_lengths"])
+    completion_pads = rows * completion - jnp.sum(micro_batch["response_mask"], dtype=jnp.int32)
+    return slots, prompt_pads, completion_pads
 
 
 def updated_if(condition: jax.Array, updated, current):

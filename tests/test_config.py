@@ -143,7 +143,11 @@ def test_tiny_is_the_default_shrunk():
     small, full = RunConfig.from_config_dict(tiny.get_config()), RunConfig.from_config_dict(default.get_config())
     assert small.model.tiny.hidden_size < full.model.tiny.hidden_size
     assert small.sft.num_steps < full.sft.num_steps and small.train.num_steps < full.train.num_steps
-    assert small.rl == full.rl and small.task == full.task == "synthetic_tools"
+    # The algorithm is the default's; the update runs unbucketed, in one micro-batch (configs/tiny.py).
+    assert (small.rl.micro_batch_size, small.rl.length_bucket) == (0, 0)
+    same_update = dict(micro_batch_size=full.rl.micro_batch_size, length_bucket=full.rl.length_bucket)
+    assert dataclasses.replace(small.rl, **same_update) == full.rl
+    assert small.task == full.task == "synthetic_tools"
     task = small.data.synthetic.task_config()
     assert (task.num_candidates, task.multi_call_fraction, task.num_train) == (1, 0.0, 64)
 
@@ -215,6 +219,8 @@ INVALID = [
     ({"rl.micro_batch_size": -1}, "rl.micro_batch_size"),
     ({"rl.micro_batch_size": 3}, "rl.micro_batch_size"),  # does not divide the minibatch of 32
     ({"rl.tempered_logprobs": "yes"}, "rl.tempered_logprobs"),
+    ({"rl.length_bucket": -1}, "rl.length_bucket"),
+    ({"rl.length_bucket": 2.5}, "rl.length_bucket"),
     ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens"),
     ({"sampling.temperature": 0.0}, "sampling.temperature"),
     ({"sampling.top_p": 0.0}, "sampling.top_p"),
@@ -351,8 +357,9 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     del old["data"]["synthetic"]["num_candidates"], old["data"]["synthetic"]["habit_rate"]
     del old["rewards"]["timeout_s"], old["rewards"]["max_failed_fraction"]
     del old["rl"]["tempered_logprobs"], old["train"]["max_consecutive_skipped_steps"]
-    del old["rewards"]["reward_models"], old["rewards"]["offload"]
+    del old["rewards"]["reward_models"], old["rewards"]["offload"], old["rl"]["length_bucket"]
     config = RunConfig.from_config_dict(old)
+    assert config.rl.length_bucket == 0  # every micro-batch at the padded length, as then
     assert (config.rewards.reward_models, config.rewards.offload, config.data.prompt_truncation) == ({}, False, None)
     assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
     assert (config.sft.seed, config.sft.cache_dir, config.sampling.prompts_per_call) == (0, "", 0)

@@ -32,6 +32,7 @@ from gd2po_jax.train_step import (
     jit_train_step,
     logprob_temperature,
     make_train_step,
+    prompt_window_lengths,
 )
 from tests.fakes import tiny_model_config
 from tests.tolerances import ulps
@@ -358,6 +359,90 @@ def test_micro_batches_give_the_same_update(setup, mode):
 
 
 # ----------------------------------------------------------------------------------------------
+# Prompt windows (rl.length_bucket): micro-batches cut their left padding.
+# ----------------------------------------------------------------------------------------------
+
+
+def expected_padding(batch: RolloutBatch, windows: tuple[int, ...], micro_rows: int) -> tuple[float, float]:
+    """(update/prompt_padding, update/padding) of one minibatch by hand: rows sorted by prompt length,
+    micro-batches of ``micro_rows``, each at the shortest window (or PROMPT_LEN) holding its longest."""
+    prompt = np.sort(np.asarray(batch.attention_mask[:, :PROMPT_LEN]).sum(-1))
+    response = np.asarray(batch.response_mask).sum(-1)
+    slots = prompt_pads = 0
+    for start in range(0, len(prompt), micro_rows):
+        chunk = prompt[start:start + micro_rows]
+        window = min([w for w in windows if w >= chunk.max()] + [PROMPT_LEN])
+        slots += len(chunk) * (window + MAX_NEW)
+        prompt_pads += int(np.sum(window - chunk))
+    completion_pads = len(prompt) * MAX_NEW - int(response.sum())
+    return prompt_pads / slots, (prompt_pads + completion_pads) / slots
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_prompt_windows_give_the_same_update_on_fewer_slots(setup, mode):
+    optimizer = ("sgd", 1.0)
+    _, params, batch = setup
+    lengths = np.asarray(batch.attention_mask[:, :PROMPT_LEN]).sum(-1)
+    assert lengths.max() < 12 < PROMPT_LEN and lengths.min() <= 8, "the fixture should leave windows to cut"
+    base = flat(params)
+    plain = StepConfig(loss_agg_mode=mode, micro_batch_size=4)
+    windowed = StepConfig(loss_agg_mode=mode, micro_batch_size=4, prompt_windows=(4, 8, 12))
+    (plain_params, plain_metrics, _), (windowed_params, windowed_metrics, _) = (
+        run_step(setup, config, optimizer=optimizer) for config in (plain, windowed))
+    np.testing.assert_allclose(flat(windowed_params) - base, flat(plain_params) - base, rtol=1e-4, atol=ulps(base, 4))
+    for name in ("loss/loss", "loss/pg_loss", "loss/entropy", "loss/ratio_mean", "loss/tokens"):
+        assert windowed_metrics[name] == pytest.approx(plain_metrics[name], rel=1e-5, abs=ulps(1.0, 8)), name
+    # The padding metrics, by hand: every row at PROMPT_LEN without windows; sorted micro-batches of 4 at
+    # the windows with them.
+    for config, metrics in ((plain, plain_metrics), (windowed, windowed_metrics)):
+        prompt_padding, padding = expected_padding(batch, config.prompt_windows, 4)
+        assert metrics["update/prompt_padding"] == pytest.approx(prompt_padding, rel=1e-6)
+        assert metrics["update/padding"] == pytest.approx(padding, rel=1e-6)
+    assert windowed_metrics["update/prompt_padding"] < 0.6 * plain_metrics["update/prompt_padding"]
+
+
+def test_prompt_windows_with_minibatches_and_epochs_match_the_plain_update(setup):
+    """Sorting happens inside each shuffled minibatch: the minibatches (hence the optimizer steps)
+    stay those of the plain update."""
+    optimizer = ("adamw", 1e-3, 0.0)
+    _, params, batch = setup
+    plain = StepConfig(num_minibatches=2, ppo_epochs=2, micro_batch_size=2)
+    windowed = StepConfig(num_minibatches=2, ppo_epochs=2, micro_batch_size=2, prompt_windows=(6, 10))
+    (plain_params, plain_metrics, _), (windowed_params, windowed_metrics, _) = (
+        run_step(setup, config, optimizer=optimizer) for config in (plain, windowed))
+    # Four Adam steps: reassociated gradient sums (other micro-batches) move an entry near Adam's
+    # epsilon by up to ~1e-5, as on the mesh (test_sharded_step_equals_single_device_and_compiles_once).
+    np.testing.assert_allclose(flat(windowed_params), flat(plain_params), atol=1e-5, rtol=0)
+    assert windowed_metrics["loss/loss"] == pytest.approx(plain_metrics["loss/loss"], rel=1e-5, abs=1e-7)
+    assert windowed_metrics["update/prompt_padding"] < plain_metrics["update/prompt_padding"]
+
+
+def test_a_window_shorter_than_a_prompt_is_never_chosen(setup):
+    """Windows shorter than every prompt are compiled but never run: every micro-batch runs at the
+    padded length (the padding metric says so), and the update is the plain one (its rows sorted
+    into other micro-batches, so equal up to the summation order)."""
+    optimizer = ("sgd", 1.0)
+    _, params, batch = setup
+    plain, padded = StepConfig(micro_batch_size=4), StepConfig(micro_batch_size=4, prompt_windows=(1, 2))
+    assert int(np.asarray(batch.attention_mask[:, :PROMPT_LEN]).sum(-1).min()) > 2
+    (plain_params, plain_metrics, _), (padded_params, padded_metrics, _) = (
+        run_step(setup, config, optimizer=optimizer) for config in (plain, padded))
+    base = flat(params)
+    np.testing.assert_allclose(flat(padded_params) - base, flat(plain_params) - base, rtol=1e-4, atol=ulps(base, 4))
+    assert padded_metrics["update/prompt_padding"] == plain_metrics["update/prompt_padding"]
+
+
+def test_prompt_window_lengths():
+    assert prompt_window_lengths(16, 108, 192) == (112, 128, 144, 160, 176)
+    assert prompt_window_lengths(16, 112, 192) == (112, 128, 144, 160, 176)
+    assert prompt_window_lengths(8, 180, 192) == (184,)
+    assert prompt_window_lengths(16, 190, 192) == ()
+    assert prompt_window_lengths(0, 3, 192) == ()
+    with pytest.raises(ValueError, match=r"^rl.length_bucket: 4 tokens make 46 prompt lengths"):
+        prompt_window_lengths(4, 5, 192)
+
+
+# ----------------------------------------------------------------------------------------------
 # The advantage filter reaches the loss; KL to a reference.
 # ----------------------------------------------------------------------------------------------
 
@@ -452,7 +537,8 @@ def test_sharded_step_equals_single_device_and_compiles_once(setup, tmp_path):
     if jax.device_count() < 8:
         pytest.skip("needs the 8 simulated host devices of tests/conftest.py")
     graphdef, _, batch = setup
-    config = StepConfig(num_minibatches=2, micro_batch_size=4)
+    # With prompt windows: the switch between them runs on the mesh too.
+    config = StepConfig(num_minibatches=2, micro_batch_size=4, prompt_windows=(8, 12))
     optimizer = ("adamw", 1e-3, 0.0)
     single, single_metrics, single_state = run_step(setup, config, optimizer=optimizer)
 

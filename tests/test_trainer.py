@@ -302,6 +302,26 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(reference, t
     assert_tensorboard_shows_the_metrics(workdir)
 
 
+@pytest.mark.slow
+def test_length_buckets_train_as_the_padded_update(reference, tmp_path, train_env):
+    """rl.length_bucket through the trainer: the reference's first step (same warm start, same
+    rollouts) on micro-batches of 8 that cut their left padding gives the same metrics within float
+    tolerance, on fewer padded slots."""
+    workdir = tmp_path / "run"
+    copy_warm_start(reference, workdir)
+    config_file = write_config_file(tmp_path, rl__length_bucket=8, rl__micro_batch_size=8, train__num_steps=1,
+                                    eval__split="none", checkpoint__every_steps=100)
+    run_train(workdir, config_file, train_env)
+    (got,), expected = stable_metrics(workdir), stable_metrics(reference)[0]
+    assert got.keys() == expected.keys()
+    for name in ("generated_tokens", "reward/correctness", "reward/format", "truncation_rate", "response_length"):
+        assert got[name] == expected[name], name
+    for name in ("loss/loss", "loss/pg_loss", "loss/entropy", "loss/grad_norm", "loss/ratio_mean"):
+        assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+    assert got["update/prompt_padding"] < expected["update/prompt_padding"]
+    assert got["update/padding"] < expected["update/padding"]
+
+
 # ----------------------------------------------------------------------------------------------
 # Sharding.
 # ----------------------------------------------------------------------------------------------

@@ -18,9 +18,10 @@ The parameters are stored ``[in, out]`` (`gd2po_jax.models.decoder`); `decode_we
 copy of the matrices lives while the loop runs. q, k and v are one ``[(H + 2 KV) hd, D]`` matrix
 and gate and up one ``[2 F, D]``: fewer, larger products.
 
-Attention stays batch-major: queries ``[N, KV, G, hd]`` against the cache ``[N, KV, S, hd]``
-(`gd2po_jax.models.decoder.KVCache`, the layout prefill writes), as batched products over
-(row, kv head); only the step's own q/k/v/output vectors are transposed, ``[hd, N]``-sized.
+Attention stays batch-major: queries ``[N, KV, G, hd]`` against the cache's keys ``[N, KV, hd, S]``
+and values ``[N, KV, S, hd]`` (`gd2po_jax.models.decoder.KVCache`, the layouts prefill writes), as
+batched products over (row, kv head); only the step's own q/k/v/output vectors are transposed,
+``[hd, N]``-sized.
 
 The step computes what ``Decoder.__call__(tokens[:, None], ones, cache=cache)`` computes (tested to
 give the same logits within float tolerance and the same greedy tokens): positions continue from
@@ -119,9 +120,10 @@ def decode_weights(model: Decoder) -> DecodeWeights:
 
 
 def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array) -> jax.Array:
-    """q: [N, KV, G, hd]; keys, values: [N, KV, S, hd]; key_mask: [N, S]. Returns [N, KV, G, hd]."""
+    """q: [N, KV, G, hd]; keys: [N, KV, hd, S]; values: [N, KV, S, hd] (`KVCache`'s layouts);
+    key_mask: [N, S]. Returns [N, KV, G, hd]."""
     hd = q.shape[-1]
-    scores = jnp.einsum("bkgd,bksd->bkgs", q, keys, preferred_element_type=jnp.float32) * (hd**-0.5)
+    scores = jnp.einsum("bkgd,bkds->bkgs", q, keys, preferred_element_type=jnp.float32) * (hd**-0.5)
     scores = jnp.where(key_mask[:, None, None, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
     return jnp.einsum("bkgs,bksd->bkgd", probs, values)
@@ -166,9 +168,10 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
             k = rms_norm(k, layer.k_norm, eps, axis=1)
         q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
         cache_k, cache_v = cache.keys[i], cache.values[i]
-        start = (0, 0, index, 0)
-        cache_k = jax.lax.dynamic_update_slice(cache_k, k.transpose(2, 0, 1)[:, :, None].astype(cache_k.dtype), start)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, v.transpose(2, 0, 1)[:, :, None].astype(cache_v.dtype), start)
+        cache_k = jax.lax.dynamic_update_slice(
+            cache_k, k.transpose(2, 0, 1)[..., None].astype(cache_k.dtype), (0, 0, 0, index))
+        cache_v = jax.lax.dynamic_update_slice(
+            cache_v, v.transpose(2, 0, 1)[:, :, None].astype(cache_v.dtype), (0, 0, index, 0))
         keys.append(cache_k)
         values.append(cache_v)
         q_rows = q.reshape(kv_heads, groups, hd, n).transpose(3, 0, 1, 2)  # [N, KV, G, hd]

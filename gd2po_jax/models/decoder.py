@@ -47,8 +47,10 @@ def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") 
 class KVCache:
     """Preallocated key/value cache.
 
-    keys, values: one ``[B, KV, S, hd]`` array per layer (heads before slots, so attention reads
-      the cache without a transpose).
+    keys: one ``[B, KV, hd, S]`` array per layer: slots last, so that a query's scores are a plain
+      ``[G, hd] x [hd, S]`` product per row and head (on XLA:CPU the ``[S, hd]`` layout made a
+      decode step's attention 1.3-1.8x slower; `bench/decode_layouts.py` measures both).
+    values: one ``[B, KV, S, hd]`` array per layer (the layout of the probabilities' product).
     valid: ``[B, S]`` bool, slots that hold a real (non-pad) token.
     index: ``[]`` int32, the next slot to write; every row writes the same slot (left padding).
     """
@@ -65,11 +67,11 @@ class KVCache:
 
 def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32) -> KVCache:
     """An empty cache for ``batch`` rows of at most ``max_length`` tokens (prompt + completion)."""
-    shape = (batch, config.num_kv_heads, max_length, config.head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    key_shape = (batch, config.num_kv_heads, config.head_dim, max_length)
+    value_shape = (batch, config.num_kv_heads, max_length, config.head_dim)
     return KVCache(
-        keys=zeros,
-        values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        keys=tuple(jnp.zeros(key_shape, dtype) for _ in range(config.num_layers)),
+        values=tuple(jnp.zeros(value_shape, dtype) for _ in range(config.num_layers)),
         valid=jnp.zeros((batch, max_length), bool),
         index=jnp.zeros((), jnp.int32),
     )
@@ -105,15 +107,18 @@ def attention_mask_3d(key_valid: jax.Array, index: jax.Array, num_queries: int) 
     return key_valid[:, None, :] & causal[None]
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
+                          keys_transposed: bool = False) -> jax.Array:
     """Grouped-query attention, softmax in float32.
 
-    q: [B, T, H, hd]; k, v: [B, KV, S, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
+    q: [B, T, H, hd]; k: [B, KV, S, hd], or [B, KV, hd, S] with ``keys_transposed`` (the cache's
+    layout); v: [B, KV, S, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
     """
     b, t, h, hd = q.shape
     kv = k.shape[1]
     q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    key_spec = "bkds" if keys_transposed else "bksd"
+    scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (hd**-0.5)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -168,17 +173,22 @@ class Attention(nnx.Module):
 
     def __call__(self, x, cos, sin, mask, kv_cache, index):
         """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
-        kv_cache: None or (keys, values) [B, KV, S, hd] to write at slot ``index``.
-        Returns (out [B, T, D], (keys, values)) where keys/values are [B, KV, S, hd]."""
+        kv_cache: None or (keys [B, KV, hd, S], values [B, KV, S, hd]) (`KVCache`'s layouts) to
+        write at slot ``index``.
+        Returns (out [B, T, D], (keys, values)): the updated cache's, or without a cache this
+        call's keys [B, KV, T, hd] and values [B, KV, T, hd]."""
         q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm), cos, sin)
         k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm), cos, sin)
         v = self._project(x, self.v_kernel, self.v_bias, None)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        if kv_cache is not None:
-            start = (0, 0, index, 0)
-            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), start)
-        out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+        v = v.transpose(0, 2, 1, 3)
+        if kv_cache is None:
+            k = k.transpose(0, 2, 1, 3)
+        else:
+            k = jax.lax.dynamic_update_slice(kv_cache[0], k.transpose(0, 2, 3, 1).astype(kv_cache[0].dtype),
+                                             (0, 0, 0, index))
+            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, index, 0))
+        out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask,
+                                    keys_transposed=kv_cache is not None)
         h, hd, d = self.o_kernel.shape
         out = out.reshape(*out.shape[:2], h * hd) @ self.o_kernel[...].reshape(h * hd, d)
         if self.o_bias is not None:

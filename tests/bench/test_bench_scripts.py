@@ -101,13 +101,17 @@ def test_anchor_workloads_names_an_unknown_workload(tmp_path):
 
 def test_decode_layouts_on_small_shapes():
     out = run_bench("bench/decode_layouts.py", "--hidden=64", "--intermediate=128", "--heads=4", "--kv_heads=2",
-                    "--head_dim=16", "--vocab=256", "--rows=4", "--repeats=3", "--peak_size=128")
+                    "--head_dim=16", "--vocab=256", "--rows=4", "--repeats=3", "--peak_size=128", "--layers=2",
+                    "--cache_len=24")
     assert re.search(r"^device: cpu x8, N = 4 rows, float32$", out, re.MULTILINE), out
     shapes = {"qkv": (64, 128), "o": (64, 64), "gate_up": (64, 256), "down": (128, 64), "lm_head": (64, 256)}
     for name, (k, f) in shapes.items():
         slow, fast, ratio = line(rf"{name} +K= +{k} F= +{f}: x @ W +{NUMBER} GFLOP/s \| W\^T @ x\^T +{NUMBER} GFLOP/s "
                                  rf"\| ratio +{NUMBER}", out)
         assert slow > 0 and fast > 0 and ratio > 0
+    slots_major, slots_last, ratio = line(rf"attention 2 layers, S=24: keys \[N, KV, S, hd\] +{NUMBER} ms \| "
+                                          rf"keys \[N, KV, hd, S\] +{NUMBER} ms \| ratio +{NUMBER}", out)
+    assert slots_major > 0 and slots_last > 0 and ratio > 0
     assert line(rf"matmul peak \(128\^3\): {NUMBER} GFLOP/s", out)[0] > 0
 
 
