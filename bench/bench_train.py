@@ -42,7 +42,7 @@ from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  
 from gd2po_jax.optimizer import make_optimizer  # noqa: E402
 from gd2po_jax.rollout import collect_rollouts  # noqa: E402
 from gd2po_jax.run_setup import build_setup  # noqa: E402
-from gd2po_jax.train_step import StepConfig, TrainState, jit_train_step, make_train_step  # noqa: E402
+from gd2po_jax.train_step import TrainState, jit_train_step, make_train_step, run_step_config  # noqa: E402
 
 from anchor_workloads import update_workload  # noqa: E402  (bench/, next to this script)
 
@@ -72,7 +72,8 @@ def bench_default(config, workdir: pathlib.Path) -> None:
                                grad_clip=config.train.grad_clip)
     state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
                                    jax.random.PRNGKey(0)))
-    step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig.from_config(config), setup.mesh),
+    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     rows = []
     for i in range(FLAGS.warmup + FLAGS.steps):
@@ -92,7 +93,9 @@ def bench_default(config, workdir: pathlib.Path) -> None:
         trained = int(np.sum(np.asarray(batch.attention_mask)[:, : -batch.response_mask.shape[1]])) + int(
             np.sum(np.asarray(batch.response_mask)))
         rows.append(dict(rollout=rollouts.sampling_seconds, rewards=rollouts.reward_seconds, update=update,
-                         generated=rollouts.generated_tokens, trained=trained, padded=int(batch.input_ids.size)))
+                         generated=rollouts.generated_tokens, trained=trained, padded=int(batch.input_ids.size),
+                         prompt_padding=float(metrics["update/prompt_padding"]),
+                         padding=float(metrics["update/padding"])))
         label = "warm-up" if i < FLAGS.warmup else "step"
         print(f"{label} {i + 1}: sampling {rows[-1]['rollout']:.2f} s, rewards {rows[-1]['rewards']:.3f} s, "
               f"update {update:.2f} s", flush=True)
@@ -101,7 +104,10 @@ def bench_default(config, workdir: pathlib.Path) -> None:
     total = mean["rollout"] + mean["rewards"] + mean["update"]
     print(f"\ndevice: {jax.devices()[0].device_kind} x{jax.device_count()}, mesh {dict(setup.mesh.shape)}")
     print(f"batch: {config.train.prompts_per_step} prompts x {config.rl.num_generations} rollouts, prompt "
-          f"length {setup.prompt_length}, max_new_tokens {config.sampling.max_new_tokens}")
+          f"length {setup.prompt_length}, max_new_tokens {config.sampling.max_new_tokens}, micro-batches of "
+          f"{config.rl.micro_batch_size or 'all'} rollouts, prompt windows {step_config.prompt_windows or 'none'}")
+    print(f"update slots that are padding: prompt {mean['prompt_padding']:.1%}, prompt + after the response "
+          f"{mean['padding']:.1%}")
     print(f"compile (first step - mean step): sampling {rows[0]['rollout'] - mean['rollout']:.1f} s, "
           f"update {rows[0]['update'] - mean['update']:.1f} s")
     print(f"step {total:.2f} s = sampling {mean['rollout']:.2f} s ({mean['rollout'] / total:.0%}) + rewards "

@@ -237,6 +237,14 @@ def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_lengt
 MAX_PROMPT_WINDOWS = 16
 
 
+def run_step_config(config, shortest_prompt: int, prompt_length: int) -> StepConfig:
+    """The `StepConfig` of a run: `StepConfig.from_config`, with the prompt windows of
+    ``rl.length_bucket`` for its training prompts (``shortest_prompt`` tokens at least, padded to
+    ``prompt_length``; `prompt_window_lengths`)."""
+    windows = prompt_window_lengths(_config_value(config, "rl.length_bucket"), shortest_prompt, prompt_length)
+    return dataclasses.replace(StepConfig.from_config(config), prompt_windows=windows)
+
+
 def _config_value(config, dotted: str):
     """``config.<dotted>`` by attribute access; raises naming the missing field."""
     try:

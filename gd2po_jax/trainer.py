@@ -9,7 +9,6 @@ Rerunning in the same workdir resumes from the latest checkpoint.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import pathlib
 import time
@@ -34,8 +33,8 @@ from gd2po_jax.rewards.scoring import check_failures
 from gd2po_jax.rollout import collect_rollouts
 from gd2po_jax.run_dir import Checkpoints, RunDir
 from gd2po_jax.run_setup import RunSetup, build_setup, eval_split
-from gd2po_jax.train_step import (StepConfig, TrainState, count_skipped_steps, jit_train_step, logprob_temperature,
-                                  make_train_step, prompt_window_lengths)
+from gd2po_jax.train_step import (TrainState, count_skipped_steps, jit_train_step, logprob_temperature,
+                                  make_train_step, run_step_config)
 from gd2po_jax.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
@@ -185,8 +184,7 @@ def _train_and_evaluate(config, workdir: pathlib.Path, *, progress: bool) -> dic
     del initial_params
 
     writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
-    step_config = dataclasses.replace(StepConfig.from_config(config), prompt_windows=prompt_window_lengths(
-        config.rl.length_bucket, setup.train.min_tokens, setup.prompt_length))
+    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length)
     train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh), state_shardings)
     ref_logp_fn = reference_logprobs_fn(graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
                                         temperature=logprob_temperature(config))

@@ -35,14 +35,20 @@ def line(pattern: str, out: str) -> tuple[float, ...]:
 
 @pytest.mark.slow
 def test_bench_train_on_the_tiny_config():
-    out = run_bench("bench/bench_train.py", "--config=configs/tiny.py", "--warmup=1", "--steps=1")
+    # With the default's micro-batches and length buckets (configs/tiny.py turns them off).
+    out = run_bench("bench/bench_train.py", "--config=configs/tiny.py", "--warmup=1", "--steps=1",
+                    "--config.rl.micro_batch_size=8", "--config.rl.length_bucket=8")
     config = tiny_config()
     seconds = rf"sampling {NUMBER} s, rewards {NUMBER} s, update {NUMBER} s"
     line(rf"warm-up 1: {seconds}", out)
     line(rf"step 2: {seconds}", out)
     assert re.search(r"^device: cpu x8, mesh \{'data': 8, 'fsdp': 1, 'tensor': 1\}$", out, re.MULTILINE), out
     line(rf"batch: {config.train.prompts_per_step} prompts x {config.rl.num_generations} rollouts, prompt length "
-         rf"{NUMBER}, max_new_tokens {config.sampling.max_new_tokens}", out)
+         rf"{NUMBER}, max_new_tokens {config.sampling.max_new_tokens}, micro-batches of 8 rollouts, prompt windows "
+         rf"\(\d+(?:, \d+)*,?\)", out)
+    prompt_padding, padding = line(rf"update slots that are padding: prompt {NUMBER}%, prompt \+ after the response "
+                                   rf"{NUMBER}%", out)
+    assert 0 <= prompt_padding <= padding < 100
     total, sampling, _, rewards, _, update, _ = line(
         rf"step {NUMBER} s = sampling {NUMBER} s \({NUMBER}%\) \+ rewards {NUMBER} s \({NUMBER}%\) \+ update "
         rf"{NUMBER} s \({NUMBER}%\)", out)
