@@ -12,6 +12,8 @@ One call of the step function does, inside a single XLA program::
         rows   = permutation(B)                       (shuffle, from the state's RNG)
         for minibatch in split(rows, num_minibatches):                  (lax.scan)
             den    = aggregation denominator of the minibatch (independent of the parameters)
+            (with prompt windows: rows sorted by prompt length; each micro-batch's left padding
+             cut to its window, a lax.switch branch)
             grads  = sum over micro-batches of grad(numerator_micro / den)   (lax.scan)
             params = optax update(grads)      only if |grads| is finite, else skipped
 

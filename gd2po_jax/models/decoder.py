@@ -107,18 +107,15 @@ def attention_mask_3d(key_valid: jax.Array, index: jax.Array, num_queries: int) 
     return key_valid[:, None, :] & causal[None]
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
-                          keys_transposed: bool = False) -> jax.Array:
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention, softmax in float32.
 
-    q: [B, T, H, hd]; k: [B, KV, S, hd], or [B, KV, hd, S] with ``keys_transposed`` (the cache's
-    layout); v: [B, KV, S, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
+    q: [B, T, H, hd]; k, v: [B, KV, S, hd]; mask: [B, T, S] bool. Returns [B, T, H, hd].
     """
     b, t, h, hd = q.shape
     kv = k.shape[1]
     q = q.reshape(b, t, kv, h // kv, hd)
-    key_spec = "bkds" if keys_transposed else "bksd"
-    scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (hd**-0.5)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -187,8 +184,12 @@ class Attention(nnx.Module):
             k = jax.lax.dynamic_update_slice(kv_cache[0], k.transpose(0, 2, 3, 1).astype(kv_cache[0].dtype),
                                              (0, 0, 0, index))
             v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, index, 0))
-        out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask,
-                                    keys_transposed=kv_cache is not None)
+        # The cache's keys are [B, KV, hd, S]; a call with the cache (prefill, a chunk of tokens)
+        # attends with them as [B, KV, S, hd], the training forward's layout, materialized (the
+        # barrier) so that XLA does not fold the transpose into the product: folded, XLA:CPU turned
+        # the product into one its bf16 x bf16 -> f32 dot kernel does not support.
+        keys = k if kv_cache is None else jax.lax.optimization_barrier(k.swapaxes(-1, -2))
+        out = dot_product_attention(q, keys.astype(q.dtype), v.astype(q.dtype), mask)
         h, hd, d = self.o_kernel.shape
         out = out.reshape(*out.shape[:2], h * hd) @ self.o_kernel[...].reshape(h * hd, d)
         if self.o_bias is not None:
