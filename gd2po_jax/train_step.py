@@ -392,7 +392,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "old_logp": batch.old_logp, "ref_logp": batch.ref_logp,
             "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
-            "response_mask": batch.response_mask,
+            "response_lengths": lengths.reshape(-1),
         }
 
         def update_minibatch(carry, indices):
@@ -455,7 +455,7 @@ def _padding_slots(micro_batch: dict, window: jax.Array) -> tuple[jax.Array, jax
     rows, completion = micro_batch["old_logp"].shape
     slots = rows * (window + completion)
     prompt_pads = jnp.sum(window - micro_batch["prompt_lengths"])
-    completion_pads = rows * completion - jnp.sum(micro_batch["response_mask"], dtype=jnp.int32)
+    completion_pads = rows * completion - jnp.sum(micro_batch["response_lengths"])
     return slots, prompt_pads, completion_pads
 
 
