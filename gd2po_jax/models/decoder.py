@@ -15,8 +15,9 @@ the number of tokens already in the cache), as Hugging Face ``generate`` does.
 Weight layout (``in`` before ``out``; heads kept as their own axis so they can be sharded):
 ``q_kernel [D, H, hd]``, ``k_kernel``/``v_kernel [D, KV, hd]``, ``o_kernel [H, hd, D]``,
 ``gate_kernel``/``up_kernel [D, F]``, ``down_kernel [F, D]``, ``embed [V, D]``, ``lm_head [D, V]``.
-Every parameter carries an ``out_sharding`` annotation over the mesh axes "fsdp" and "tensor"
-(see `gd2po_jax.sharding`).
+Every projection is `linear` (the plain product, with a backward pass that reads both operands of
+the weight gradient in their natural layouts). Every parameter carries an ``out_sharding``
+annotation over the mesh axes "fsdp" and "tensor" (see `gd2po_jax.sharding`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,35 @@ def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float
         valid=jnp.zeros((batch, max_length), bool),
         index=jnp.zeros((), jnp.int32),
     )
+
+
+@jax.custom_vjp
+def linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x [..., K] @ kernel [K, F] -> [..., F]``, with a backward pass that takes the weight
+    gradient as ``x^T [K, R] @ dy [R, F]`` over the R = prod(...) rows.
+
+    The gradient is the plain product's; only its program differs. Left to itself, XLA (on CPU)
+    computes ``dkernel`` as ``(dy^T x)^T`` and fuses the transpose of ``dy``, the larger operand of
+    an MLP, into the elementwise work that produces it, a strided write that cost more than the
+    product. Here ``x^T`` is materialized (the barrier keeps XLA from folding it back into the
+    product's dimensions), so the product reads both operands in their natural layouts.
+    """
+    return x @ kernel
+
+
+def _linear_fwd(x, kernel):
+    return x @ kernel, (x, kernel)
+
+
+def _linear_bwd(residuals, dy):
+    x, kernel = residuals
+    rows_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
+    dkernel = rows_t @ dy.reshape(-1, dy.shape[-1]).astype(rows_t.dtype)
+    dx = dy @ kernel.T.astype(dy.dtype)
+    return dx.astype(x.dtype), dkernel.astype(kernel.dtype)
+
+
+linear.defvjp(_linear_fwd, _linear_bwd)
 
 
 def default_positions(attention_mask: jax.Array, past_tokens: jax.Array | int = 0) -> jax.Array:
@@ -163,7 +193,7 @@ class Attention(nnx.Module):
     def _project(self, x, kernel, bias, norm):
         """``x [B, T, D] -> [B, T, N, hd]``; the kernel is used as a [D, N*hd] matrix (free reshape)."""
         d, n, hd = kernel.shape
-        y = (x @ kernel[...].reshape(d, n * hd)).reshape(*x.shape[:-1], n, hd)
+        y = linear(x, kernel[...].reshape(d, n * hd)).reshape(*x.shape[:-1], n, hd)
         if bias is not None:
             y = y + bias[...]
         return norm(y) if norm is not None else y
@@ -191,7 +221,7 @@ class Attention(nnx.Module):
         keys = k if kv_cache is None else jax.lax.optimization_barrier(k.swapaxes(-1, -2))
         out = dot_product_attention(q, keys.astype(q.dtype), v.astype(q.dtype), mask)
         h, hd, d = self.o_kernel.shape
-        out = out.reshape(*out.shape[:2], h * hd) @ self.o_kernel[...].reshape(h * hd, d)
+        out = linear(out.reshape(*out.shape[:2], h * hd), self.o_kernel[...].reshape(h * hd, d))
         if self.o_bias is not None:
             out = out + self.o_bias[...]
         return out, (k, v)
@@ -212,7 +242,7 @@ class MLP(nnx.Module):
 
     @staticmethod
     def _linear(x, kernel, bias):
-        y = x @ kernel[...]
+        y = linear(x, kernel[...])
         return y + bias[...] if bias is not None else y
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -20,6 +20,8 @@ from gd2po_jax.models import (
     load_pretrained,
     save_pretrained,
 )
+from gd2po_jax.models.decoder import linear
+from gd2po_jax.models.pretrained import get_variable, ours_to_hf, tensor_maps
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
 from tests.fakes import (
     VOCAB,
@@ -236,3 +238,65 @@ def test_remat_gives_identical_loss_and_gradients():
     for a, b in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=ulps(b, 8))
     assert float(jnp.abs(grad_a.layers[0].attn.q_kernel[...]).max()) > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("x_shape", [(7, 5), (2, 3, 5)], ids=["2d", "3d"])
+def test_linear_has_the_plain_products_value_and_gradients(x_shape, dtype):
+    rs = np.random.RandomState(0)
+    x = jnp.asarray(rs.normal(size=x_shape), dtype)
+    kernel = jnp.asarray(rs.normal(size=(5, 4)), dtype)
+    cotangent = jnp.asarray(rs.normal(size=x_shape[:-1] + (4,)), dtype)
+
+    def value_and_vjp(fn):
+        value, vjp = jax.vjp(fn, x, kernel)
+        return (value, *vjp(cotangent))
+
+    got = jax.jit(lambda: value_and_vjp(linear))()
+    want = jax.jit(lambda: value_and_vjp(lambda a, b: a @ b))()
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        # bf16: one rounding of the same sums, summed in another order.
+        np.testing.assert_allclose(g, w, rtol=0, atol=8 * float(jnp.finfo(dtype).eps) * np.abs(w).max())
+
+
+def _hf_grads(model, ids, mask, weights):
+    """Gradients (by tensor name) of ``sum(weights * log p(next token))`` in transformers."""
+    model.zero_grad()
+    positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+    logits = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                   position_ids=torch.tensor(positions)).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, torch.tensor(ids[:, 1:])[..., None])[..., 0]
+    (logp * torch.tensor(weights)).sum().backward()
+    return {name: param.grad.numpy().copy() for name, param in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family,tie", [("qwen2", True), ("qwen3", False), ("llama3", False)])
+def test_gradients_match_transformers(family, tie):
+    """The backward pass (incl. `linear`'s) gives transformers' gradients for every tensor."""
+    path, hf_model = tiny_checkpoint(family, tie)
+    ids, mask = ragged_batch()
+    # Only the log-probs of real tokens after a real token (left-padded rows).
+    weights = (mask[:, :-1] * mask[:, 1:]).astype(np.float32)
+    weights *= np.random.RandomState(1).uniform(0.5, 1.5, size=weights.shape).astype(np.float32)
+    model = load_pretrained(path)
+
+    @nnx.jit
+    def grads(model):
+        def objective(m):
+            logp = jax.nn.log_softmax(m(ids, attention_mask=mask)[:, :-1], axis=-1)
+            return jnp.sum(jnp.take_along_axis(logp, ids[:, 1:, None], -1)[..., 0] * weights)
+
+        return nnx.grad(objective)(model)
+
+    ours = grads(model)
+    want = _hf_grads(hf_model, ids, mask, weights)
+    for tm in tensor_maps(model.config):
+        got = ours_to_hf(np.asarray(get_variable(ours, tm.path)[...]), tm.kind)
+        expected = want[tm.hf_name]
+        assert got.shape == expected.shape, tm.hf_name
+        # float32 sums over 4 rows x 11 positions, in different orders: a bound relative to the
+        # tensor's largest gradient.
+        np.testing.assert_allclose(got, expected, rtol=0, atol=ulps(expected, 64), err_msg=tm.hf_name)
+    assert float(np.abs(want["model.layers.0.mlp.gate_proj.weight"]).max()) > 0
