@@ -252,18 +252,26 @@ def ragged_batch(seed: int = 0, lengths=(9, 4, 12, 1), width: int = 12):
     return ids, mask
 
 
-def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """transformers logits ``[B, T, V]`` with generate's positions (cumsum(mask) - 1)."""
+def hf_forward_logits(model, ids: np.ndarray, mask: np.ndarray):
+    """transformers logits as a torch tensor ``[B, T, V]`` (float32, autograd on) with generate's
+    positions (cumsum(mask) - 1)."""
     import torch
 
     positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+    out = model(
+        input_ids=torch.tensor(ids),
+        attention_mask=torch.tensor(mask),
+        position_ids=torch.tensor(positions),
+    )
+    return out.logits.float()
+
+
+def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """transformers logits ``[B, T, V]`` (numpy) with generate's positions."""
+    import torch
+
     with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            position_ids=torch.tensor(positions),
-        )
-    return out.logits.float().numpy()
+        return hf_forward_logits(model, ids, mask).numpy()
 
 
 @nnx.jit

@@ -26,6 +26,7 @@ from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, 
 from tests.fakes import (
     VOCAB,
     build_hf_model,
+    hf_forward_logits,
     hf_logits,
     logits_of,
     ragged_batch,
@@ -264,10 +265,7 @@ def test_linear_has_the_plain_products_value_and_gradients(x_shape, dtype):
 def _hf_grads(model, ids, mask, weights):
     """Gradients (by tensor name) of ``sum(weights * log p(next token))`` in transformers."""
     model.zero_grad()
-    positions = np.clip(mask.cumsum(-1) - 1, 0, None)
-    logits = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                   position_ids=torch.tensor(positions)).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, torch.tensor(ids[:, 1:])[..., None])[..., 0]
+    logp = torch.log_softmax(hf_forward_logits(model, ids, mask)[:, :-1], -1).gather(-1, torch.tensor(ids[:, 1:])[..., None])[..., 0]
     (logp * torch.tensor(weights)).sum().backward()
     return {name: param.grad.numpy().copy() for name, param in model.named_parameters()}
 
