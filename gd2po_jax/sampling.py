@@ -5,9 +5,12 @@
 
 Prompts (ragged token-id lists) are left-padded to a length bucket (`bucket_length`), so a training
 run compiles one prefill and one decode program per bucket, not one per batch. The prefill runs the
-P prompts once and then repeats the cache G times; decoding is a single `jax.lax.while_loop` over
-the donated `DecodeState`, which stops as soon as every row has emitted an EOS token; each of its
-steps is `gd2po_jax.models.decode_step.decode_step` (feature-major weight products). Rows are
+P prompts once into a cache of the prompt's slots and then repeats it G times; decoding runs over
+the donated `DecodeState` in a few segments (`decode_segments`), each a `jax.lax.while_loop` that
+writes its own chunk of the completion's cache and attends over the prompt's slots and the chunks
+written so far, not over slots it has not reached (with 64 + 64 tokens the first half of the
+steps attends over 96 slots, not 128); it stops as soon as every row has emitted an EOS token.
+Each step is `gd2po_jax.models.decode_step.decode_step` (feature-major weight products). Rows are
 prompt-major: row ``p * G + g`` is sample g of prompt p.
 
 ``out.logprobs`` are those of the policy at ``logprob_temperature`` (``log_softmax(logits / T)``;
@@ -86,11 +89,12 @@ class GenerateOutput:
 class DecodeState:
     """Loop state of the decoder (donated between prefill and decode).
 
-    cache: `KVCache` for N rows; tokens, logprobs: [N, M]; last: [N] token fed next;
+    caches: the cache of N rows in segments, in slot order (`KVCache` each): the prompt's, then
+    the completion's chunks written so far; tokens, logprobs: [N, M]; last: [N] token fed next;
     lengths: [N]; finished: [N]; step: [] tokens sampled so far; rng: base key (folded with step).
     """
 
-    cache: KVCache
+    caches: tuple[KVCache, ...]
     tokens: jax.Array
     logprobs: jax.Array
     last: jax.Array
@@ -106,6 +110,24 @@ def bucket_length(length: int, *, min_length: int = 16, multiple: int = 64) -> i
     if length <= multiple:
         return max(min_length, 1 << max(0, length - 1).bit_length())
     return -(-length // multiple) * multiple
+
+
+def decode_segments(max_new_tokens: int, *, max_segments: int = 4, granule: int = 32) -> tuple[int, ...]:
+    """Where the decode loop's segments end, in completion slots written (cumulative).
+
+    Decoding M tokens writes M - 1 completion slots (token 0 comes from the prefill). The segments
+    end at about M/8, M/4, M/2 (rounded up to ``granule``) and M - 1, dropping ends under
+    ``granule`` or repeated: each segment is one more loop in the decode program (compiled once),
+    and each of its steps attends over the prompt's slots and the completion's slots up to its end.
+    E.g. M = 24 -> (23,); 64 -> (32, 63); 256 -> (32, 64, 128, 255); 1024 -> (128, 256, 512, 1023).
+    """
+    slots = max_new_tokens - 1
+    ends: list[int] = []
+    for shift in range(max_segments - 1, 0, -1):
+        end = -(-(slots >> shift) // granule) * granule
+        if granule <= end < slots and (not ends or end > ends[-1]):
+            ends.append(end)
+    return (*ends, slots) if slots > 0 else ()
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -209,24 +231,27 @@ def _constrain(x: jax.Array, mesh: Mesh | None, spec) -> jax.Array:
 def _constrain_state(state: DecodeState, mesh: Mesh | None) -> DecodeState:
     """Rows over the batch axes, cache heads over "tensor" (where the sizes divide)."""
     kv_spec = (BATCH_AXES, "tensor", None, None)
-    cache = state.cache
-    cache = cache.replace(
-        keys=tuple(_constrain(k, mesh, kv_spec) for k in cache.keys),
-        values=tuple(_constrain(v, mesh, kv_spec) for v in cache.values),
-        valid=_constrain(cache.valid, mesh, (BATCH_AXES,)),
+    caches = tuple(
+        cache.replace(
+            keys=tuple(_constrain(k, mesh, kv_spec) for k in cache.keys),
+            values=tuple(_constrain(v, mesh, kv_spec) for v in cache.values),
+            valid=_constrain(cache.valid, mesh, (BATCH_AXES,)),
+        )
+        for cache in state.caches
     )
     row_fields = ("tokens", "logprobs", "last", "lengths", "finished")
     rows = {f: _constrain(getattr(state, f), mesh, (BATCH_AXES,)) for f in row_fields}
-    return state.replace(cache=cache, **rows)
+    return state.replace(caches=caches, **rows)
 
 
-def _advance(state: DecodeState, logits: jax.Array, cache: KVCache, params: SamplingParams) -> DecodeState:
+def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...],
+             params: SamplingParams) -> DecodeState:
     """Samples token ``state.step`` from ``logits [N, V]`` and records it (pad after EOS)."""
     tokens, logp = sample_logits(logits, jax.random.fold_in(state.rng, state.step), params)
     tokens = jnp.where(state.finished, params.pad_token_id, tokens)
     logp = jnp.where(state.finished, 0.0, logp)
     return state.replace(
-        cache=cache,
+        caches=caches,
         tokens=jax.lax.dynamic_update_slice(state.tokens, tokens[:, None], (0, state.step)),
         logprobs=jax.lax.dynamic_update_slice(state.logprobs, logp[:, None], (0, state.step)),
         last=tokens,
@@ -244,12 +269,13 @@ def activation_dtype(model: Decoder) -> jnp.dtype:
 
 
 def _prefill(graphdef, params_state, input_ids, mask, rng, params: SamplingParams, num_samples: int, mesh):
-    """Runs the P prompts ``[P, Lp]``, repeats the cache G times, samples token 0 of N = P*G rows."""
+    """Runs the P prompts ``[P, Lp]`` into a cache of Lp slots, repeats it G times, samples token 0
+    of N = P*G rows."""
     model: Decoder = nnx.merge(graphdef, params_state)
     p, lp = input_ids.shape
     n, m = p * num_samples, params.max_new_tokens
     input_ids = _constrain(input_ids, mesh, (BATCH_AXES,))
-    cache = init_cache(model.config, p, lp + m, activation_dtype(model))
+    cache = init_cache(model.config, p, lp, activation_dtype(model))
     hidden, cache = model.hidden_states(input_ids, mask, cache=cache)
     logits = model.logits(hidden[:, -1:])[:, 0]
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
@@ -257,7 +283,7 @@ def _prefill(graphdef, params_state, input_ids, mask, rng, params: SamplingParam
         keys=tuple(map(repeat, cache.keys)), values=tuple(map(repeat, cache.values)), valid=repeat(cache.valid)
     )
     state = DecodeState(
-        cache=cache,
+        caches=(cache,),
         tokens=jnp.full((n, m), params.pad_token_id, jnp.int32),
         logprobs=jnp.zeros((n, m), jnp.float32),
         last=jnp.zeros((n,), jnp.int32),
@@ -267,22 +293,32 @@ def _prefill(graphdef, params_state, input_ids, mask, rng, params: SamplingParam
         rng=rng,
     )
     state = _constrain_state(state, mesh)
-    return _advance(state, repeat(logits), state.cache, params)
+    return _advance(state, repeat(logits), state.caches, params)
 
 
 def _decode(graphdef, params_state, state: DecodeState, params: SamplingParams, mesh) -> DecodeState:
-    """`jax.lax.while_loop` over single-token steps until M tokens or every row finished."""
+    """Single-token steps until M tokens or every row finished: one `jax.lax.while_loop` per
+    `decode_segments` segment, each appending an empty chunk of the completion's cache that its
+    steps fill (a finished loop skips the later ones: their conditions are false at once)."""
     model: Decoder = nnx.merge(graphdef, params_state)
     weights = decode_weights(model)  # [out, in] copies, made once before the loop
+    rows = state.last.shape[0]
+    start = 0
+    for end in decode_segments(params.max_new_tokens):
+        chunk = init_cache(model.config, rows, end - start, activation_dtype(model))
+        state = _constrain_state(state.replace(caches=(*state.caches, chunk)), mesh)
 
-    def cond(s: DecodeState):
-        return (s.step < params.max_new_tokens) & ~jnp.all(s.finished)
+        def cond(s: DecodeState, end=end):
+            # The step that samples token t writes the key and value of token t - 1: slot t - 1.
+            return (s.step <= end) & ~jnp.all(s.finished)
 
-    def body(s: DecodeState):
-        logits, cache = decode_step(model.config, weights, s.last, s.cache)
-        return _constrain_state(_advance(s, logits.T, cache, params), mesh)
+        def body(s: DecodeState):
+            logits, caches = decode_step(model.config, weights, s.last, s.caches)
+            return _constrain_state(_advance(s, logits.T, caches, params), mesh)
 
-    return jax.lax.while_loop(cond, body, state)
+        state = jax.lax.while_loop(cond, body, state)
+        start = end
+    return state
 
 
 prefill_fn = jax.jit(_prefill, static_argnums=(0, 5, 6, 7))

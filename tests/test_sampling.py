@@ -15,6 +15,7 @@ from gd2po_jax.sampling import (
     categorical,
     completion_mask,
     decode_fn,
+    decode_segments,
     generate,
     left_pad,
     prefill_fn,
@@ -62,6 +63,41 @@ def test_greedy_matches_transformers_generate_with_eos_at_different_steps(family
     assert len(set(lengths[finished].tolist())) >= 2, "test needs rows finishing at different steps"
     for row, n, done in zip(np.asarray(out.tokens), lengths, finished):
         assert (row[n - 1] in eos) == done and np.all(row[n:] == pad)
+
+
+def test_several_decode_segments_match_transformers_and_the_full_forward():
+    # 100 new tokens decode in three segments (32, 64, 99 completion slots): chunk boundaries,
+    # positions across them, and rows whose EOS comes in different segments.
+    path, hf = tiny_checkpoint("qwen2", True)
+    model = load_pretrained(path)
+    prompts, new = _prompts(), 100
+    assert decode_segments(new) == (32, 64, 99)
+    free = np.asarray(generate(model, prompts, max_new_tokens=new, temperature=0.0).tokens)
+    np.testing.assert_array_equal(free, _hf_greedy(hf, prompts, new))
+    eos = sorted({int(free[0, 20]), int(free[1, 70])} - set(free[2:, :new].ravel().tolist()) or {int(free[0, 20])})
+    pad = next(t for t in range(VOCAB) if t not in eos)
+    out = generate(model, prompts, max_new_tokens=new, temperature=0.0, eos_token_ids=eos, pad_token_id=pad)
+    np.testing.assert_array_equal(np.asarray(out.tokens), _hf_greedy(hf, prompts, new, eos=eos, pad=pad))
+    sampled = generate(model, prompts, max_new_tokens=new, rng=jax.random.key(4))
+    prompt_len = sampled.prompt_tokens.shape[1]
+    ids = np.concatenate([sampled.prompt_tokens, sampled.tokens], axis=1)
+    mask = np.concatenate([sampled.prompt_mask, np.ones_like(sampled.tokens)], axis=1)
+    logits = logits_of(model, ids, mask)[:, prompt_len - 1 : -1]
+    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits, -1)), np.asarray(sampled.tokens)[..., None], -1)
+    np.testing.assert_allclose(np.asarray(sampled.logprobs), ref[..., 0], atol=1e-5)
+
+
+def test_decode_segments():
+    assert decode_segments(1) == ()  # the prefill samples the only token
+    assert decode_segments(2) == (1,)
+    assert decode_segments(24) == (23,)
+    assert decode_segments(64) == (32, 63)
+    assert decode_segments(256) == (32, 64, 128, 255)
+    assert decode_segments(1024) == (128, 256, 512, 1023)
+    for m in range(1, 3000, 7):
+        ends = decode_segments(m)
+        assert len(ends) <= 4 and list(ends) == sorted(set(ends)) and (ends[-1] == m - 1 if m > 1 else not ends)
+        assert all(e % 32 == 0 and e >= 32 for e in ends[:-1])
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,logprob_temperature",
@@ -214,7 +250,8 @@ def test_kv_cache_is_in_the_compute_dtype(compute_dtype):
     graphdef, state = nnx.split(policy)
     ids, mask = left_pad([[1, 2, 3]], 16, 0)
     dstate = prefill_fn(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0), sampling, 2, None)
-    for cache in dstate.cache.keys + dstate.cache.values:
+    (prompt_cache,) = dstate.caches
+    for cache in prompt_cache.keys + prompt_cache.values:
         assert cache.dtype == jnp.dtype(compute_dtype)
 
 

@@ -21,11 +21,14 @@ and gate and up one ``[2 F, D]``: fewer, larger products.
 Attention stays batch-major: queries ``[N, KV, G, hd]`` against the cache's keys ``[N, KV, hd, S]``
 and values ``[N, KV, S, hd]`` (`gd2po_jax.models.decoder.KVCache`, the layouts prefill writes), as
 batched products over (row, kv head); only the step's own q/k/v/output vectors are transposed,
-``[hd, N]``-sized.
+``[hd, N]``-sized. The cache may come in segments (a tuple of `KVCache`, in slot order): the
+scores of all segments go through one softmax, and the output sums each segment's product, so a
+sampler can attend over only the chunks it has written (`gd2po_jax.sampling`).
 
 The step computes what ``Decoder.__call__(tokens[:, None], ones, cache=cache)`` computes (tested to
 give the same logits within float tolerance and the same greedy tokens): positions continue from
-the number of valid cache slots, the new token's key and value go to slot ``cache.index``.
+the number of valid cache slots (of all segments), the new token's key and value go to slot
+``index`` of the last segment.
 """
 
 from __future__ import annotations
@@ -119,36 +122,53 @@ def decode_weights(model: Decoder) -> DecodeWeights:
     )
 
 
-def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array) -> jax.Array:
-    """q: [N, KV, G, hd]; keys: [N, KV, hd, S]; values: [N, KV, S, hd] (`KVCache`'s layouts);
-    key_mask: [N, S]. Returns [N, KV, G, hd]."""
+def _attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
+            key_masks: list[jax.Array]) -> jax.Array:
+    """Attention over a cache held in segments (one softmax over all of their slots).
+
+    q: [N, KV, G, hd]; keys[j]: [N, KV, hd, S_j]; values[j]: [N, KV, S_j, hd] (`KVCache`'s
+    layouts); key_masks[j]: [N, S_j]. Returns [N, KV, G, hd] in the values' dtype.
+    """
     hd = q.shape[-1]
-    scores = jnp.einsum("bkgd,bkds->bkgs", q, keys, preferred_element_type=jnp.float32) * (hd**-0.5)
-    scores = jnp.where(key_mask[:, None, None, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    return jnp.einsum("bkgs,bksd->bkgd", probs, values)
+    scores = [jnp.where(mask[:, None, None, :],
+                        jnp.einsum("bkgd,bkds->bkgs", q, k, preferred_element_type=jnp.float32) * (hd**-0.5),
+                        _MASK_VALUE)
+              for k, mask in zip(keys, key_masks)]
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(values[0].dtype)
+    out, start = None, 0
+    for v in values:
+        part = jnp.einsum("bkgs,bksd->bkgd", probs[..., start : start + v.shape[2]], v,
+                          preferred_element_type=jnp.float32)
+        out = part if out is None else out + part
+        start += v.shape[2]
+    return out.astype(values[0].dtype)
 
 
 def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
-                cache: KVCache) -> tuple[jax.Array, KVCache]:
+                caches: tuple[KVCache, ...]) -> tuple[jax.Array, tuple[KVCache, ...]]:
     """Feeds one token per row and returns the next-token logits.
 
     Args:
       config: the model's architecture.
       weights: `decode_weights` of the model.
       tokens: [N] int32, the token each row feeds (its last sampled one).
-      cache: `KVCache` of N rows; slot ``cache.index`` receives this step's keys and values.
+      caches: the rows' cache in segments, in slot order (`KVCache` each, of N rows; e.g. the
+        prompt's, then the completion's chunks so far: `gd2po_jax.sampling`); the step attends over
+        the valid slots of all of them, and slot ``index`` of the last one receives its keys and
+        values. A one-segment tuple is the plain cache.
 
     Returns:
-      logits ``[V, N]`` float32 (feature-major: transpose for per-row sampling) and the new cache.
+      logits ``[V, N]`` float32 (feature-major: transpose for per-row sampling) and the new caches
+      (only the last one changed).
     """
     h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
     groups = h_heads // kv_heads
     n = tokens.shape[0]
+    *done, cache = caches
     index = cache.index
-    past = jnp.sum(cache.valid, axis=-1, dtype=jnp.int32)  # [N] the new token's position
+    past = sum(jnp.sum(c.valid, axis=-1, dtype=jnp.int32) for c in caches)  # [N] the new token's position
     key_valid = jax.lax.dynamic_update_slice(cache.valid, jnp.ones((n, 1), bool), (0, index))
-    key_mask = key_valid & (jnp.arange(cache.max_length) <= index)[None, :]
+    key_masks = [c.valid for c in done] + [key_valid & (jnp.arange(cache.max_length) <= index)[None, :]]
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * past.astype(jnp.float32)[None, :]  # [hd/2, N]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     eps = config.rms_norm_eps
@@ -175,7 +195,8 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
         keys.append(cache_k)
         values.append(cache_v)
         q_rows = q.reshape(kv_heads, groups, hd, n).transpose(3, 0, 1, 2)  # [N, KV, G, hd]
-        out = _attend(q_rows, cache_k.astype(q.dtype), cache_v.astype(q.dtype), key_mask)
+        out = _attend(q_rows, [c.keys[i].astype(q.dtype) for c in done] + [cache_k.astype(q.dtype)],
+                      [c.values[i].astype(q.dtype) for c in done] + [cache_v.astype(q.dtype)], key_masks)
         h = h + _affine(layer.o, out.reshape(n, h_heads * hd).T, layer.o_bias)
         x = rms_norm(h, layer.mlp_norm, eps, axis=0)
         gate_up = _affine(layer.gate_up, x, layer.gate_up_bias)
@@ -187,7 +208,7 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
     # Keeps the product [V, N]-shaped: without the barrier XLA folds the caller's transpose into it,
     # and an [N, V] output is the slow orientation again.
     logits = jax.lax.optimization_barrier(logits)
-    return logits, KVCache(tuple(keys), tuple(values), key_valid, index + 1)
+    return logits, (*done, KVCache(tuple(keys), tuple(values), key_valid, index + 1))
 
 
 def _affine(matrix: jax.Array, x: jax.Array, bias: jax.Array | None) -> jax.Array:

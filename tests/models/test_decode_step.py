@@ -1,6 +1,8 @@
 """gd2po_jax.models.decode_step: the feature-major decode step computes what the decoder's cache
 path computes, for every family and option (biases, per-head q/k norms, untied head, bf16, a mesh)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,8 +38,8 @@ def _two_ways(model, cache, tokens):
     @nnx.jit
     def stepwise(m, c, t):
         weights = decode_weights(m)
-        first, c = decode_step(m.config, weights, t, c)
-        second, c = decode_step(m.config, weights, jnp.argmax(first, 0).astype(jnp.int32), c)
+        first, (c,) = decode_step(m.config, weights, t, (c,))
+        second, (c,) = decode_step(m.config, weights, jnp.argmax(first, 0).astype(jnp.int32), (c,))
         return jnp.stack([first.T, second.T]), c
 
     return reference(model, cache, tokens), stepwise(model, cache, tokens)
@@ -53,6 +55,47 @@ def test_decode_step_equals_the_decoder_cache_call(family, tie):
     for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache)):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=ulps(b, 64))
     assert int(got_cache.index) == int(cache.index) + 2
+
+
+def test_a_cache_in_segments_gives_the_one_cache_steps():
+    """The sampler's layout: the prompt's cache (exactly its slots), then chunks of the completion's
+    cache; two steps write the first chunk, two more a second one, attending over all of them."""
+    directory, _ = tiny_checkpoint("qwen2", tie=True)
+    model = load_pretrained(directory, dtype=jnp.float32)
+    ids, mask = ragged_batch(2)
+    n, lp = ids.shape
+    dtype = model.embed[...].dtype
+
+    def prefill(m, size):
+        return nnx.jit(lambda m: m(jnp.asarray(ids), jnp.asarray(mask), cache=init_cache(m.config, n, size, dtype))[1])(m)
+
+    @functools.partial(nnx.jit, static_argnums=3)
+    def four_steps(m, caches, tokens, chunked):
+        weights, logits = decode_weights(m), []
+        for step in range(4):
+            if chunked and step in (0, 2):  # a new chunk of two slots
+                caches = (*caches, init_cache(m.config, n, 2, dtype))
+            out, caches = decode_step(m.config, weights, tokens, caches)
+            logits.append(out.T)
+            tokens = jnp.argmax(out, 0).astype(jnp.int32)
+        return jnp.stack(logits), caches
+
+    tokens = jnp.asarray(np.random.RandomState(2).randint(0, model.config.vocab_size, n), jnp.int32)
+    want, (one,) = four_steps(model, (prefill(model, lp + 4),), tokens, False)
+    got, segments = four_steps(model, (prefill(model, lp),), tokens, True)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ulps(want, 64))
+    assert [s.max_length for s in segments] == [lp, 2, 2] and int(segments[-1].index) == 2
+    valid = np.concatenate([s.valid for s in segments], 1)
+    np.testing.assert_array_equal(valid, one.valid)
+    # The same keys and values, slot for slot, where a token is (a left-pad slot's key depends on
+    # the cache size, through its fully masked attention row, and is never attended).
+    for i in range(model.config.num_layers):
+        keys = np.concatenate([s.keys[i] for s in segments], -1).transpose(0, 3, 1, 2)[valid]
+        values = np.concatenate([s.values[i] for s in segments], 2).transpose(0, 2, 1, 3)[valid]
+        want_keys, want_values = (np.asarray(one.keys[i]).transpose(0, 3, 1, 2)[valid],
+                                  np.asarray(one.values[i]).transpose(0, 2, 1, 3)[valid])
+        np.testing.assert_allclose(keys, want_keys, rtol=0, atol=ulps(want_keys, 64))
+        np.testing.assert_allclose(values, want_values, rtol=0, atol=ulps(want_values, 64))
 
 
 @pytest.mark.parametrize("options", [dict(o_bias=True, mlp_bias=True, qkv_bias=True),
