@@ -8,8 +8,8 @@ run compiles one prefill and one decode program per bucket, not one per batch. T
 P prompts once into a cache of the prompt's slots and then repeats it G times; decoding runs over
 the donated `DecodeState` in a few segments (`decode_segments`), each a `jax.lax.while_loop` that
 writes its own chunk of the completion's cache and attends over the prompt's slots and the chunks
-written so far, not over slots it has not reached (with 64 + 64 tokens the first half of the
-steps attends over 96 slots, not 128); it stops as soon as every row has emitted an EOS token.
+written so far, not over slots it has not reached (with 64 + 256 tokens the steps attend over 236
+slots on average, not 320); it stops as soon as every row has emitted an EOS token.
 Each step is `gd2po_jax.models.decode_step.decode_step` (feature-major weight products). Rows are
 prompt-major: row ``p * G + g`` is sample g of prompt p.
 
@@ -112,14 +112,15 @@ def bucket_length(length: int, *, min_length: int = 16, multiple: int = 64) -> i
     return -(-length // multiple) * multiple
 
 
-def decode_segments(max_new_tokens: int, *, max_segments: int = 4, granule: int = 32) -> tuple[int, ...]:
+def decode_segments(max_new_tokens: int, *, max_segments: int = 4, granule: int = 64) -> tuple[int, ...]:
     """Where the decode loop's segments end, in completion slots written (cumulative).
 
     Decoding M tokens writes M - 1 completion slots (token 0 comes from the prefill). The segments
     end at about M/8, M/4, M/2 (rounded up to ``granule``) and M - 1, dropping ends under
-    ``granule`` or repeated: each segment is one more loop in the decode program (compiled once),
-    and each of its steps attends over the prompt's slots and the completion's slots up to its end.
-    E.g. M = 24 -> (23,); 64 -> (32, 63); 256 -> (32, 64, 128, 255); 1024 -> (128, 256, 512, 1023).
+    ``granule`` or repeated: each segment is one more loop in the decode program (compiled once,
+    1-3 s more on a small model), and each of its steps attends over the prompt's slots and the
+    completion's slots up to its end. E.g. M = 64 -> (63,); 96 -> (64, 95); 256 -> (64, 128, 255);
+    1024 -> (128, 256, 512, 1023).
     """
     slots = max_new_tokens - 1
     ends: list[int] = []

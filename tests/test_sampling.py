@@ -66,18 +66,20 @@ def test_greedy_matches_transformers_generate_with_eos_at_different_steps(family
 
 
 def test_several_decode_segments_match_transformers_and_the_full_forward():
-    # 100 new tokens decode in three segments (32, 64, 99 completion slots): chunk boundaries,
+    # 200 new tokens decode in three segments (64, 128, 199 completion slots): chunk boundaries,
     # positions across them, and rows whose EOS comes in different segments.
     path, hf = tiny_checkpoint("qwen2", True)
     model = load_pretrained(path)
-    prompts, new = _prompts(), 100
-    assert decode_segments(new) == (32, 64, 99)
+    prompts, new = _prompts(), 200
+    assert decode_segments(new) == (64, 128, 199)
     free = np.asarray(generate(model, prompts, max_new_tokens=new, temperature=0.0).tokens)
     np.testing.assert_array_equal(free, _hf_greedy(hf, prompts, new))
-    eos = sorted({int(free[0, 20]), int(free[1, 70])} - set(free[2:, :new].ravel().tolist()) or {int(free[0, 20])})
+    eos = sorted({int(free[0, 40]), int(free[1, 150])})
     pad = next(t for t in range(VOCAB) if t not in eos)
     out = generate(model, prompts, max_new_tokens=new, temperature=0.0, eos_token_ids=eos, pad_token_id=pad)
     np.testing.assert_array_equal(np.asarray(out.tokens), _hf_greedy(hf, prompts, new, eos=eos, pad=pad))
+    lengths = np.asarray(out.lengths)
+    assert lengths.min() <= 64 < lengths.max(), ("test needs EOS in different segments", lengths)
     sampled = generate(model, prompts, max_new_tokens=new, rng=jax.random.key(4))
     prompt_len = sampled.prompt_tokens.shape[1]
     ids = np.concatenate([sampled.prompt_tokens, sampled.tokens], axis=1)
@@ -90,14 +92,15 @@ def test_several_decode_segments_match_transformers_and_the_full_forward():
 def test_decode_segments():
     assert decode_segments(1) == ()  # the prefill samples the only token
     assert decode_segments(2) == (1,)
-    assert decode_segments(24) == (23,)
-    assert decode_segments(64) == (32, 63)
-    assert decode_segments(256) == (32, 64, 128, 255)
+    assert decode_segments(64) == (63,)
+    assert decode_segments(96) == (64, 95)
+    assert decode_segments(256) == (64, 128, 255)
     assert decode_segments(1024) == (128, 256, 512, 1023)
+    assert decode_segments(256, granule=32) == (32, 64, 128, 255)
     for m in range(1, 3000, 7):
         ends = decode_segments(m)
         assert len(ends) <= 4 and list(ends) == sorted(set(ends)) and (ends[-1] == m - 1 if m > 1 else not ends)
-        assert all(e % 32 == 0 and e >= 32 for e in ends[:-1])
+        assert all(e % 64 == 0 for e in ends[:-1])
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,logprob_temperature",
