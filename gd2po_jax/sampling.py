@@ -8,7 +8,7 @@ run compiles one prefill and one decode program per bucket, not one per batch. T
 P prompts once into a cache of the prompt's slots and then repeats it G times; decoding runs over
 the donated `DecodeState` in a few segments (`decode_segments`), each a `jax.lax.while_loop` that
 writes its own chunk of the completion's cache and attends over the prompt's slots and the chunks
-written so far, not over slots it has not reached (with 64 + 256 tokens the steps attend over 236
+written so far, not over slots it has not reached (with 64 + 256 tokens the steps attend over 239
 slots on average, not 320); it stops as soon as every row has emitted an EOS token.
 Each step is `gd2po_jax.models.decode_step.decode_step` (feature-major weight products). Rows are
 prompt-major: row ``p * G + g`` is sample g of prompt p.
