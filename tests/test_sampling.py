@@ -46,6 +46,17 @@ def _hf_greedy(hf, prompts, max_new_tokens, eos=None, pad=0):
     return np.pad(tokens, ((0, 0), (0, max_new_tokens - tokens.shape[1])), constant_values=pad)
 
 
+def _recomputed_logprobs(model, out, logprob_temperature=1.0):
+    """[N, M] log-probs of ``out.tokens`` at ``logprob_temperature`` by one full forward pass over
+    prompt + completion (all of it, also after EOS)."""
+    prompt_len = out.prompt_tokens.shape[1]
+    ids = np.concatenate([out.prompt_tokens, out.tokens], axis=1)
+    mask = np.concatenate([out.prompt_mask, np.ones_like(out.tokens)], axis=1)
+    logits = logits_of(model, ids, mask)[:, prompt_len - 1 : -1]
+    logp = jax.nn.log_softmax(logits / logprob_temperature, axis=-1)
+    return np.take_along_axis(np.asarray(logp), np.asarray(out.tokens)[..., None], axis=-1)[..., 0]
+
+
 @pytest.mark.parametrize("family,tie", [("qwen2", True), ("qwen3", False), ("llama3", False)])
 def test_greedy_matches_transformers_generate_with_eos_at_different_steps(family, tie):
     path, hf = tiny_checkpoint(family, tie)
@@ -81,12 +92,7 @@ def test_several_decode_segments_match_transformers_and_the_full_forward():
     lengths = np.asarray(out.lengths)
     assert lengths.min() <= 64 < lengths.max(), ("test needs EOS in different segments", lengths)
     sampled = generate(model, prompts, max_new_tokens=new, rng=jax.random.key(4))
-    prompt_len = sampled.prompt_tokens.shape[1]
-    ids = np.concatenate([sampled.prompt_tokens, sampled.tokens], axis=1)
-    mask = np.concatenate([sampled.prompt_mask, np.ones_like(sampled.tokens)], axis=1)
-    logits = logits_of(model, ids, mask)[:, prompt_len - 1 : -1]
-    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits, -1)), np.asarray(sampled.tokens)[..., None], -1)
-    np.testing.assert_allclose(np.asarray(sampled.logprobs), ref[..., 0], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sampled.logprobs), _recomputed_logprobs(model, sampled), atol=1e-5)
 
 
 def test_decode_segments():
@@ -112,12 +118,7 @@ def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p, lo
     model = load_pretrained(path)
     out = generate(model, _prompts(), max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
                    eos_token_ids=[3], rng=jax.random.key(7), num_samples=2, logprob_temperature=logprob_temperature)
-    prompt_len = out.prompt_tokens.shape[1]
-    ids = np.concatenate([out.prompt_tokens, out.tokens], axis=1)
-    mask = np.concatenate([out.prompt_mask, np.ones_like(out.tokens)], axis=1)
-    logits = logits_of(model, ids, mask)[:, prompt_len - 1 : -1]
-    logp = jax.nn.log_softmax(logits / logprob_temperature, axis=-1)
-    ref = np.take_along_axis(np.asarray(logp), np.asarray(out.tokens)[..., None], axis=-1)[..., 0]
+    ref = _recomputed_logprobs(model, out, logprob_temperature)
     valid = np.asarray(completion_mask(out.lengths, 8))
     np.testing.assert_allclose(np.asarray(out.logprobs)[valid], ref[valid], atol=1e-5)
     assert np.all(np.asarray(out.logprobs)[~valid] == 0)
