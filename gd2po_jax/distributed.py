@@ -133,9 +133,10 @@ def initialize(distributed=None) -> None:
             f"process started, with the same coordinator address and num_processes? ({err})") from None
     index, count = jax.process_index(), jax.process_count()
     _label_log_lines(index, count)
-    logger.info("process %d of %d on %s: %d local devices, %d in all (%s); a process silent for %d s is "
-                "taken for dead", index, count, socket.gethostname(), jax.local_device_count(), jax.device_count(),
-                jax.default_backend(), settings.heartbeat_timeout_s)
+    local = jax.local_device_count()
+    logger.info("process %d of %d on %s: %d local device%s, %d in all (%s); a process silent for %d s is "
+                "taken for dead", index, count, socket.gethostname(), local, "" if local == 1 else "s",
+                jax.device_count(), jax.default_backend(), settings.heartbeat_timeout_s)
     if index:
         logging.getLogger().setLevel(logging.WARNING)  # process 0 logs for all
     _Watchdog.start(index, count)

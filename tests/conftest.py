@@ -1,14 +1,15 @@
 """Test configuration shared by the whole suite.
 
-Eight host CPU devices are simulated so that mesh/sharding paths are exercised on a laptop. The
-flag must be set before jax is first imported, hence here at the top of conftest.
+Eight host CPU devices are simulated so that mesh/sharding paths are exercised on a laptop, and
+XLA:CPU skips LLVM's optimizations (tests/xla_env.py says why). The flags must be set before jax is
+first imported, hence here at the top of conftest.
 """
 
 import os
 
-_flag = "--xla_force_host_platform_device_count=8"
-if _flag not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+from tests.xla_env import set_in_process_flags  # noqa: E402  (no jax import)
+
+set_in_process_flags()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from gd2po_jax.models import ModelConfig
+from tests.xla_env import SUBPROCESS_DEVICES, xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository root (train.py, configs/, ...)
 SHARED = REPO.parent / "shared"  # the read-only data: spec, reference vectors, data sets
@@ -28,11 +29,11 @@ _SCRATCH = tempfile.TemporaryDirectory(prefix="gd2po_fakes_")  # checkpoints bui
 
 
 def subprocess_env(**changes: str) -> dict[str, str]:
-    """The environment of a ``train.py`` / bench subprocess: this one's, with 8 simulated CPU devices
-    (as tests/conftest.py sets up for the suite), offline Hugging Face libraries, unbuffered output,
+    """The environment of a ``train.py`` / bench subprocess: this one's, with 2 simulated CPU devices
+    and optimized code (tests/xla_env.py says why), offline Hugging Face libraries, unbuffered output,
     and ``changes``."""
     return {
-        **os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+        **os.environ, "XLA_FLAGS": xla_flags(SUBPROCESS_DEVICES), "JAX_PLATFORMS": "cpu",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
         **changes,
     }

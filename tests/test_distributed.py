@@ -1,5 +1,7 @@
-"""Several processes (`gd2po_jax.distributed`), on one machine: 2 processes x 4 simulated CPU devices
-(a localhost coordinator on a free port, gloo collectives) against 1 process x 8 devices.
+"""Several processes (`gd2po_jax.distributed`), on one machine (a localhost coordinator on a free port,
+gloo collectives): the helpers on 2 processes x 4 simulated CPU devices, and ``train.py`` on 2
+processes x 1 device against 1 process x 2 devices (as many devices as a CI machine has cores:
+simulated devices beyond those multiply a run's time).
 
 The processes compute what one process computes: the same rollouts, and updates that differ only in
 the order in which gloo sums across processes (float rounding, ~1e-7). A run of ``train.py`` on two
@@ -35,7 +37,7 @@ HEARTBEAT_S = 10  # config.distributed.heartbeat_timeout_s of the runs here
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs
 # configs/tiny.py shrunk to what still takes every path: a 2-step warm start, an evaluation of 8
 # examples before and after RL, 4 RL steps of 8 prompts x 4 rollouts with a checkpoint every 2, on
-# the default mesh (data parallel over the 8 devices: each process holds 4 of the 8 prompts). Split
+# the default mesh (data parallel over the 2 devices: each process holds 4 of the 8 prompts). Split
 # parameters are exported by tests/multihost_worker.py (fsdp over processes costs gloo a round
 # trip per layer and token: 1.6x the CPU time of this run).
 MINI = dict(sft__num_steps=2, train__num_steps=4, checkpoint__every_steps=2, eval__max_examples=8,
@@ -226,15 +228,15 @@ def test_an_error_in_one_process_stops_the_others_at_once(worker):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> types.SimpleNamespace:
-    """One process x 8 devices (``one``) and, at the same time, two processes x 4 devices (``two``)
+    """One process x 2 devices (``one``) and, at the same time, two processes x 1 device (``two``)
     of the same config; process 1 of the two is killed (SIGKILL) after step 3, past the checkpoint of
     step 2; then both processes are started again and finish the run."""
     root = tmp_path_factory.mktemp("multihost")
     config_file = write_config_file(root, **MINI)
     cache = root / "xla_cache"
     one, two = root / "one", root / "two"
-    reference = start(train_command(one, config_file), process_env(cache, 8), root / "one.log")
-    pair = start_pair(train_command(two, config_file), process_env(cache, 4), root / "two")
+    reference = start(train_command(one, config_file), process_env(cache, 2), root / "one.log")
+    pair = start_pair(train_command(two, config_file), process_env(cache, 1), root / "two")
 
     def past_step_3() -> bool:
         metrics = two / "metrics.jsonl"
@@ -250,7 +252,7 @@ def runs(tmp_path_factory) -> types.SimpleNamespace:
     survivor_seconds = time.monotonic() - killed_at
     first_logs = [log.read_text() for log in logs_of(root / "two")]
     succeed([reference], [root / "one.log"])
-    rerun = start_pair(train_command(two, config_file), process_env(cache, 4), root / "rerun")
+    rerun = start_pair(train_command(two, config_file), process_env(cache, 1), root / "rerun")
     succeed(rerun, logs_of(root / "rerun"))
     return types.SimpleNamespace(one=one, two=two, first_logs=first_logs, survivor_code=survivor_code,
                                  survivor_seconds=survivor_seconds,
@@ -306,7 +308,7 @@ def test_two_processes_killed_and_resumed_end_as_one_process(runs):
 @pytest.mark.slow
 def test_process_0_logs_and_writes_for_all(runs):
     p0, p1 = runs.rerun_logs
-    assert "process 0 of 2 on " in p0 and "4 local devices, 8 in all (cpu)" in p0
+    assert "process 0 of 2 on " in p0 and "1 local device, 2 in all (cpu)" in p0
     assert "process 1 of 2 on " in p1
     info = [line for line in p1.splitlines() if line.startswith("INFO")]
     assert len(info) == 1 and "process 1 of 2" in info[0], info  # then warnings and errors only

@@ -23,8 +23,9 @@ from gd2po_jax.models import load_score_model
 from gd2po_jax.tasks import safety_world as sw
 from tests.fakes import subprocess_env, tiny_safety_config, write_config_file
 from tests.test_trainer import policy_tensors, run_train, stable_metrics
+from tests.xla_env import xla_flags
 
-ONE_DEVICE = "--xla_force_host_platform_device_count=1"
+ONE_DEVICE = xla_flags(1)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from gd2po_jax.sweeps import (
     worker_devices,
 )
 from tests.fakes import REPO, tiny_config
+from tests.xla_env import xla_flags
 
 
 # ----------------------------------------------------------------------------------------------
@@ -388,7 +389,7 @@ TINY_SWEEP = [  # on top of configs/tiny.py, as command-line overrides of sweep.
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device per run
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1))  # one CPU device per run
     env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     command = [sys.executable, str(REPO / "sweep.py"), "--config=configs/tiny.py", f"--sweep_dir={sweep_dir}",
                "--algorithms=gdpo,gd2po_hard", "--seeds=0,1", "--config.train.learning_rate=0.002", *TINY_SWEEP]

@@ -2,8 +2,8 @@
 
 Every run here is the embedded synthetic tool-calling task shrunk to seconds per step: a 64-wide,
 2-layer Qwen2 with a 600-token tokenizer, short requests with one candidate tool, 8 prompts x 4
-rollouts of at most 48 tokens. Runs go through ``train.py`` in subprocesses (8 simulated CPU
-devices, as in tests/conftest.py) that share one persistent XLA compilation cache, so a resumed or
+rollouts of at most 48 tokens. Runs go through ``train.py`` in subprocesses (2 simulated CPU
+devices, tests/xla_env.py) that share one persistent XLA compilation cache, so a resumed or
 repeated run does not compile again.
 
 One reference run (SFT warm start + RL + evaluations) is shared by the tests below; the kill/resume
@@ -37,7 +37,7 @@ VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between 
 
 @pytest.fixture(scope="session")
 def train_env(tmp_path_factory) -> dict:
-    """Environment of the train.py subprocesses: 8 CPU devices, a shared compilation cache."""
+    """Environment of the train.py subprocesses: 2 CPU devices, a shared compilation cache."""
     cache = tmp_path_factory.mktemp("xla_cache")
     return subprocess_env(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                           JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
@@ -329,15 +329,15 @@ def test_length_buckets_train_as_the_padded_update(reference, tmp_path, train_en
 
 @pytest.mark.slow
 def test_fsdp_mesh_run_matches_the_data_parallel_run(reference, tmp_path, train_env):
-    """The reference spans the 8 devices with data=8; the same run on data=2 x fsdp=4 (parameters
-    and optimizer state split 4 ways) gives the same metrics and parameters within float
+    """The reference spans the subprocesses' 2 devices with data=2; the same run on data=1 x fsdp=2
+    (parameters and optimizer state split 2 ways) gives the same metrics and parameters within float
     tolerance."""
     # Two steps: a float difference of ~1e-6 can flip a near-tied sampled token from step 2 on,
     # after which the two runs legitimately sample different rollouts.
     steps = 2
     workdir = tmp_path / "run"
     copy_warm_start(reference, workdir)
-    config_file = write_config_file(tmp_path, mesh__data=2, mesh__fsdp=4, train__num_steps=steps,
+    config_file = write_config_file(tmp_path, mesh__data=1, mesh__fsdp=2, train__num_steps=steps,
                                     eval__split="none", checkpoint__every_steps=100)
     run_train(workdir, config_file, train_env)
     got, expected = stable_metrics(workdir), stable_metrics(reference)[:steps]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import REPO, subprocess_env
+from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 SCRIPT = REPO / "bench" / "accelerator_check.py"
 PARTS = ["correctness", "speed", "compilation", "end_to_end"]
@@ -41,7 +42,7 @@ def test_cpu_smoke_runs_every_part_and_passes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu-smoke" and report["passed"] is True
-    assert report["environment"]["backend"] == "cpu" and report["environment"]["device_count"] == 8
+    assert report["environment"]["backend"] == "cpu" and report["environment"]["device_count"] == DEVICES
     assert list(report["parts"]) == PARTS
     for name, part in report["parts"].items():
         assert part["status"] == "passed", (name, part.get("error"), part.get("traceback"))
@@ -49,7 +50,7 @@ def test_cpu_smoke_runs_every_part_and_passes(tmp_path):
         positive(part["seconds"], f"{name}.seconds")
     # The JSON is printed as written, then the table.
     assert json.loads(proc.stdout[: proc.stdout.index("\n\naccelerator check")]) == report
-    assert "accelerator check (cpu-smoke): cpu x8" in proc.stdout
+    assert f"accelerator check (cpu-smoke): cpu x{DEVICES}" in proc.stdout
 
     correctness = report["parts"]["correctness"]
     assert set(correctness["logits_rel_l2"]) == {"float32/highest", "float32/default", "bfloat16"}
@@ -57,7 +58,7 @@ def test_cpu_smoke_runs_every_part_and_passes(tmp_path):
     assert 0 < correctness["logits_rel_l2"]["bfloat16"] <= 5e-2
     for dtype, greedy in correctness["greedy"].items():
         assert greedy["tokens"] == 4 * 8 and greedy["unexplained_mismatches"] == 0, dtype
-    assert correctness["update"]["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}  # sharded vs one device
+    assert correctness["update"]["mesh"] == {"data": 1, "fsdp": DEVICES, "tensor": 1}  # sharded vs one device
 
     speed = report["parts"]["speed"]
     positive(speed["bandwidth_bytes_per_s"], "bandwidth")

@@ -9,12 +9,14 @@ import sys
 import pytest
 
 from tests.fakes import REPO, subprocess_env, tiny_checkpoint, tiny_config
+from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 NUMBER = r"([\d,]+(?:\.\d+)?)"
 
 
 def run_bench(*args: str) -> str:
-    """stdout of ``python bench/<args>`` from the repository root (8 simulated CPU devices)."""
+    """stdout of ``python bench/<args>`` from the repository root (the suite's subprocess devices:
+    `SUBPROCESS_DEVICES`, tests/xla_env.py)."""
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -42,7 +44,7 @@ def test_bench_train_on_the_tiny_config():
     seconds = rf"sampling {NUMBER} s, rewards {NUMBER} s, update {NUMBER} s"
     line(rf"warm-up 1: {seconds}", out)
     line(rf"step 2: {seconds}", out)
-    assert re.search(r"^device: cpu x8, mesh \{'data': 8, 'fsdp': 1, 'tensor': 1\}$", out, re.MULTILINE), out
+    assert re.search(rf"^device: cpu x{DEVICES}, mesh \{{'data': {DEVICES}, 'fsdp': 1, 'tensor': 1\}}$", out, re.MULTILINE), out
     line(rf"batch: {config.train.prompts_per_step} prompts x {config.rl.num_generations} rollouts, prompt length "
          rf"{NUMBER}, max_new_tokens {config.sampling.max_new_tokens}, micro-batches of 8 rollouts, prompt windows "
          rf"\(\d+(?:, \d+)*,?\)", out)
@@ -66,7 +68,7 @@ def test_bench_sampling_on_a_one_layer_model():
     out = run_bench("bench/bench_sampling.py", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
                     "--intermediate=64", "--vocab=128", "--head_dim=16", "--batch=2", "--prompt_len=8",
                     "--new_tokens=4", "--repeats=1")
-    assert re.search(r"^device: cpu x8  dtype=float32$", out, re.MULTILINE), out
+    assert re.search(rf"^device: cpu x{DEVICES}  dtype=float32$", out, re.MULTILINE), out
     assert re.search(r"^model: qwen2 hidden=32 layers=1 heads=2/1 head_dim=16 intermediate=64 vocab=128 tied=True "
                      r"params=", out, re.MULTILINE), out  # the flags override the preset
     line(r"batch: 2 prompts x 1 samples, prompt 8 \(bucket 16\), 4 new tokens, T=1.0 top_p=1.0 top_k=0", out)
@@ -84,7 +86,7 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
     out = run_bench("bench/anchor_workloads.py", f"--hf_dir={directory}", "--batch=4", "--prompt_len=8",
                     "--new_tokens=4", "--repeats=2", "--train_repeats=2", "--peak_size=256", f"--json={report_path}")
     report = json.loads(report_path.read_text())
-    assert report["hf_dir"] == str(directory) and report["device"] == "cpu x8"
+    assert report["hf_dir"] == str(directory) and report["device"] == f"cpu x{DEVICES}"
     assert report["model"]["model_type"] == "qwen2" and report["model"]["params"] > 0
     expected_tokens = {"W": 4 * 4, "T": 4 * (8 + 4)}  # generated / trained tokens per call
     assert sorted(report["workloads"]) == ["T", "W"]
@@ -109,7 +111,7 @@ def test_decode_layouts_on_small_shapes():
     out = run_bench("bench/decode_layouts.py", "--hidden=64", "--intermediate=128", "--heads=4", "--kv_heads=2",
                     "--head_dim=16", "--vocab=256", "--rows=4", "--repeats=3", "--peak_size=128", "--layers=2",
                     "--cache_len=24")
-    assert re.search(r"^device: cpu x8, N = 4 rows, float32$", out, re.MULTILINE), out
+    assert re.search(rf"^device: cpu x{DEVICES}, N = 4 rows, float32$", out, re.MULTILINE), out
     shapes = {"qkv": (64, 128), "o": (64, 64), "gate_up": (64, 256), "down": (128, 64), "lm_head": (64, 256)}
     for name, (k, f) in shapes.items():
         slow, fast, ratio = line(rf"{name} +K= +{k} F= +{f}: x @ W +{NUMBER} GFLOP/s \| W\^T @ x\^T +{NUMBER} GFLOP/s "
