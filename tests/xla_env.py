@@ -9,8 +9,9 @@ tests/conftest.py can set them before jax starts.
   layouts, the SPMD partitioner) run as in production, so the tests check the same programs.
 - The ``train.py`` / ``eval.py`` / bench subprocesses simulate 2 devices (`SUBPROCESS_DEVICES`,
   the cores of a CI machine) with optimized code: their time is spent running steps, and simulated
-  devices beyond the cores multiply it (configs/tiny.py's whole run on 1, 2, 4, 8 devices: 69, 68,
-  95, 139 s; unoptimized on 2: 81 s).
+  devices beyond the cores multiply it when the run has the machine to itself (configs/tiny.py's
+  whole run on 1, 2, 4, 8 devices: 69, 68, 95, 139 s; unoptimized on 2: 81 s); in the full suite,
+  where two workers share the cores, the subprocess tests took about as long as with 8.
 """
 
 from __future__ import annotations
