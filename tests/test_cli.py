@@ -1,7 +1,6 @@
 """The command line (`gd2po_jax.cli`): ``--config.*`` overrides of tuple fields, parsed as absl parses
 train.py's argv."""
 
-import os
 import subprocess
 import sys
 
@@ -10,7 +9,7 @@ from absl import flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
-from tests.fakes import REPO
+from tests.fakes import REPO, subprocess_env
 from tests.xla_env import xla_flags
 
 
@@ -100,7 +99,7 @@ def test_a_malformed_list_names_the_flag():
 def test_train_py_reads_a_list_override(tmp_path):
     """The override reaches the typed config through train.py: two names and one weight is an
     error naming rewards.weights, before any compute."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1))
+    env = subprocess_env(XLA_FLAGS=xla_flags(1))
     proc = subprocess.run(
         [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
          "--config.rewards.names=correctness,length", "--config.rewards.weights=2"],

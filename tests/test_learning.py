@@ -9,7 +9,6 @@ default algorithm and rewards must raise the sampled correctness reward within 1
 """
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from flax import nnx
 from gd2po_jax.metrics_logging import read_metrics
 from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.tasks.tokenizer import build_tokenizer
-from tests.fakes import REPO, tiny_model_config
+from tests.fakes import REPO, subprocess_env, tiny_model_config
 from tests.xla_env import xla_flags
 
 SYSTEM = (
@@ -92,7 +91,7 @@ def test_rl_raises_the_correctness_reward(tmp_path):
     workdir = tmp_path / "run"
     # One CPU device: this is about learning, not sharding, and 8 simulated devices on 2 cores
     # would make the run several times slower.
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env = subprocess_env(XLA_FLAGS=xla_flags(1))
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"--config={config_file}", f"--workdir={workdir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

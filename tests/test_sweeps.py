@@ -34,7 +34,7 @@ from gd2po_jax.sweeps import (
     run_status,
     worker_devices,
 )
-from tests.fakes import REPO, tiny_config
+from tests.fakes import REPO, subprocess_env, tiny_config
 from tests.xla_env import xla_flags
 
 
@@ -389,8 +389,7 @@ TINY_SWEEP = [  # on top of configs/tiny.py, as command-line overrides of sweep.
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1))  # one CPU device per run
-    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env = subprocess_env(XLA_FLAGS=xla_flags(1), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # 1 device a run
     command = [sys.executable, str(REPO / "sweep.py"), "--config=configs/tiny.py", f"--sweep_dir={sweep_dir}",
                "--algorithms=gdpo,gd2po_hard", "--seeds=0,1", "--config.train.learning_rate=0.002", *TINY_SWEEP]
     runs = [sweep_dir / "runs" / m / f"seed{s}" for s in (0, 1) for m in ("gdpo", "gd2po_hard")]

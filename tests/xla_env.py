@@ -5,7 +5,7 @@ tests/conftest.py can set them before jax starts.
   8-way sharding run on a CPU, and compile without LLVM's optimizations
   (``--xla_backend_optimization_level=0``): their tests are mostly compilation of tiny programs,
   which this halves (a train step of the 2-layer test model 7.0 s to 3.1 s, sampling's two programs
-  11.3 s to 4.7 s; tests/test_train_step.py 768 s to 366 s in the suite). The HLO passes (fusion,
+  11.3 s to 4.7 s; tests/test_train_step.py 768 s to 313 s in the suite). The HLO passes (fusion,
   layouts, the SPMD partitioner) run as in production, so the tests check the same programs.
 - The ``train.py`` / ``eval.py`` / bench subprocesses simulate 2 devices (`SUBPROCESS_DEVICES`,
   the cores of a CI machine) with optimized code: their time is spent running steps, and simulated
@@ -24,10 +24,9 @@ UNOPTIMIZED = "--xla_backend_optimization_level=0"
 _DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
-def xla_flags(num_devices: int = SUBPROCESS_DEVICES, optimize: bool = True) -> str:
-    """XLA_FLAGS for a process with ``num_devices`` simulated CPU devices, its generated code
-    optimized unless ``optimize`` is False."""
-    return f"{_DEVICE_COUNT}={num_devices}" + ("" if optimize else f" {UNOPTIMIZED}")
+def xla_flags(num_devices: int = SUBPROCESS_DEVICES) -> str:
+    """XLA_FLAGS for a subprocess with ``num_devices`` simulated CPU devices (optimized code)."""
+    return f"{_DEVICE_COUNT}={num_devices}"
 
 
 def set_in_process_flags(environ=os.environ) -> None:
