@@ -15,12 +15,15 @@ instead of importing the project's internals (which move):
   batch/2 prompts x 2 generations x 1 reward. Two warm-up updates, then the median of
   ``--train_repeats``. tokens/s = batch x (prompt_len + new_tokens) / median.
 
-Each workload also reports the XLA compilations after its warm-up (must be 0) and a fp32 matmul
-peak (``--peak_size``^3, default 2048) measured just before and after it: these 2-core machines
-drift by up to 2x over minutes, so only ratios measured in the same run mean anything.
+Each workload also reports the XLA compilations after its warm-up (must be 0), the minor page faults
+of each timed call, and a fp32 matmul peak (``--peak_size``^3, default 2048) measured just before
+and after it: these 2-core machines drift by up to 2x over minutes, so only ratios measured in the
+same run mean anything. ``GD2PO_JAX_MALLOC=system`` runs it with glibc's default allocator
+settings (gd2po_jax/host_memory.py), for comparison.
 
     python bench/anchor_workloads.py --hf_dir ../bench-models/small-qwen2 --json out.json
     python bench/anchor_workloads.py --hf_dir DIR --workloads=T --train_repeats=2   # one workload
+    GD2PO_JAX_MALLOC=system python bench/anchor_workloads.py --hf_dir DIR --workloads=T   # glibc's defaults
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import resource
 import statistics
 import sys
 import time
@@ -61,18 +65,22 @@ jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
     """Times ``repeats`` calls of ``fn`` (blocking on its result) after ``warmup`` untimed ones.
 
-    Returns {"median_s", "best_s", "times_s", "compiles_after_warmup"}.
+    Returns {"median_s", "best_s", "times_s", "compiles_after_warmup", "page_faults"}; page_faults:
+    the process's minor page faults during each timed call (fresh memory the kernel had to map and
+    zero: see gd2po_jax/host_memory.py).
     """
     for _ in range(warmup):
         jax.block_until_ready(fn())
     compiles_before = len(_COMPILES)
-    times = []
+    times, faults = [], []
     for _ in range(repeats):
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
     return {"median_s": statistics.median(times), "best_s": min(times), "times_s": times,
-            "compiles_after_warmup": len(_COMPILES) - compiles_before}
+            "compiles_after_warmup": len(_COMPILES) - compiles_before, "page_faults": faults}
 
 
 def matmul_peak_gflops(repeats: int = 5, size: int = 2048) -> float:
@@ -166,7 +174,8 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
         result |= {"matmul_peak_gflops": [peak_before, matmul_peak_gflops(size=peak_size)]}
         report["workloads"][name] = result
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s (median {result['median_s'] * 1e3:.1f} ms of "
-              f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}, matmul peak "
+              f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}, page faults a call "
+              f"{statistics.median(result['page_faults']):,.0f}, matmul peak "
               f"{result['matmul_peak_gflops'][0]:.0f} -> {result['matmul_peak_gflops'][1]:.0f} GFLOP/s", flush=True)
     return report
 
