@@ -4,8 +4,8 @@ XLA:CPU allocates the buffers of every run of a compiled program with the C libr
 and frees them when the run ends. glibc serves large requests with ``mmap`` and hands freed memory
 back to the kernel (``munmap``, heap trimming), so the next run page-faults and the kernel zeroes
 the same memory again. On the speed frame's GRPO update (29M parameters, 32 x 128 tokens,
-bench/anchor_workloads.py workload T) that was about 585,000 page faults (2.4 GB) per update, about
-a quarter of its time on a 2-core machine (docs/speed.md).
+bench/anchor_workloads.py workload T) that was about 585,000 page faults (2.4 GB) per update, a
+fifth to a quarter of its time on a 2-core machine (docs/speed.md).
 
 `retain_freed_memory` makes freed memory stay mapped for the next run:
 
