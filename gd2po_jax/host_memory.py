@@ -67,10 +67,15 @@ def retain_freed_memory(environ=os.environ) -> bool:
     docstring).
 
     Returns True if all of it was applied; False where nothing was changed (not glibc, or
-    ``GD2PO_JAX_MALLOC=system``) or glibc refused a setting.
+    ``GD2PO_JAX_MALLOC=system``) or glibc refused a setting. Raises ValueError for any other value
+    of ``GD2PO_JAX_MALLOC`` than "system" or empty (a mistyped opt-out must not pass unnoticed).
     """
-    if environ.get(ENV_VAR, "").strip().lower() == "system":
+    choice = environ.get(ENV_VAR, "").strip().lower()
+    if choice == "system":
         return False
+    if choice:
+        raise ValueError(f"{ENV_VAR}={environ[ENV_VAR]!r}: set it to 'system' (glibc's malloc defaults and "
+                         "JAX's asynchronous CPU dispatch) or leave it unset or empty")
     libc = _glibc()
     if libc is None:
         return False

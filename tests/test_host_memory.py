@@ -49,6 +49,14 @@ def test_system_leaves_the_allocator_and_jax_alone(monkeypatch, jax_updates):
     assert libc.calls == [] and jax_updates == []
 
 
+def test_a_mistyped_opt_out_is_an_error_naming_the_variable(monkeypatch, jax_updates):
+    libc = FakeLibc()
+    monkeypatch.setattr(host_memory, "_glibc", lambda: libc)
+    with pytest.raises(ValueError, match="GD2PO_JAX_MALLOC='off': set it to 'system'"):
+        host_memory.retain_freed_memory(environ={host_memory.ENV_VAR: "off"})
+    assert libc.calls == [] and jax_updates == []
+
+
 def test_a_refused_setting_or_another_c_library_is_reported(monkeypatch, jax_updates):
     libc = FakeLibc(refuse={host_memory.M_TRIM_THRESHOLD})
     monkeypatch.setattr(host_memory, "_glibc", lambda: libc)
