@@ -15,16 +15,29 @@ is timed as the 10th-percentile of ``--repeats`` calls; GFLOP/s = 2 N K F / time
 Then one decode step's attention (scores, softmax, the values' product) over a full cache of
 ``--cache_len`` slots, for every layer (``--layers``), with the keys stored ``[N, KV, S, hd]``
 or ``[N, KV, hd, S]`` (`gd2po_jax.models.decoder.KVCache` keeps the second); values
-``[N, KV, S, hd]`` in both. The fp32 matmul peak (2048^3) is measured last, for scale.
+``[N, KV, S, hd]`` in both.
+
+Then the weight products of one whole decode step, chained as in the model (each layer's output
+feeds the next), with every layer's own matrices (``--layers`` x the layer's weights: more than a
+CPU's last-level cache holds for the small model, so they stream from memory every step) and with
+layer 0's matrices in every layer (the same FLOPs over weights that stay in the cache); and the
+time to merely read the first set once (a sum), the memory's streaming rate for the same bytes.
+Where the first product chain runs far below both others, the decode's products are bound by how
+they read memory. The fp32 matmul peak (2048^3) is measured last, for scale.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gd2po_jax  # noqa: E402, F401  (the project's host-memory settings: gd2po_jax.host_memory)
 
 
 def percentile_time(fn, *args, repeats: int) -> float:
@@ -58,6 +71,36 @@ def attention_fn(keys_transposed: bool):
         return q
 
     return jax.jit(attend)
+
+
+def layer_matrices(key, shapes, layers: int) -> tuple[list[tuple[jax.Array, ...]], jax.Array]:
+    """Each layer's ``[F, K]`` matrices (qkv, o, gate_up, down; distinct values per layer) and the
+    LM head's, from `matrix_shapes`."""
+    *per_layer, (_, hidden, vocab) = shapes
+    stacks = [tuple(0.02 * jax.random.normal(jax.random.fold_in(key, 10 * i + j), (f, k), jnp.float32)
+                    for j, (_, k, f) in enumerate(per_layer)) for i in range(layers)]
+    return stacks, 0.02 * jax.random.normal(jax.random.fold_in(key, 10**6), (vocab, hidden), jnp.float32)
+
+
+@jax.jit
+def step_products(x_t: jax.Array, stacks, lm_head: jax.Array) -> jax.Array:
+    """One decode step's weight products, feature-major as in `gd2po_jax.models.decode_step`:
+    ``x_t [D, N]`` through every layer's (qkv ``[(H + 2 KV) hd, D]``, o ``[D, H hd]``, gate_up
+    ``[2 F, D]``, down ``[D, F]``), then the LM head ``[V, D]``; returns ``[V, N]``."""
+    h = x_t
+    for qkv, o, gate_up, down in stacks:
+        attn = (qkv @ h)[: o.shape[1]]  # the queries' rows stand in for the attention's output
+        h = h + o @ attn
+        gate, up = jnp.split(gate_up @ h, 2, axis=0)
+        h = h + down @ (jax.nn.silu(gate) * up)
+        h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=0, keepdims=True) + 1e-6)
+    return lm_head @ h
+
+
+@jax.jit
+def read_all(stacks) -> jax.Array:
+    """Reads every matrix once (their sum): the memory's streaming rate for the same bytes."""
+    return sum(jnp.sum(m) for layer in stacks for m in layer)
 
 
 def main(argv=None) -> None:
@@ -97,6 +140,19 @@ def main(argv=None) -> None:
     slots_major = percentile_time(attention_fn(False), q, keys, values, repeats=args.repeats)
     print(f"attention {args.layers} layers, S={args.cache_len}: keys [N, KV, S, hd] {slots_major * 1e3:7.2f} ms | "
           f"keys [N, KV, hd, S] {slots_last * 1e3:7.2f} ms | ratio {slots_major / slots_last:4.2f}")
+    stacks, lm_head = layer_matrices(key, shapes, args.layers)
+    x_t = jax.random.normal(key, (args.hidden, args.rows), jnp.float32)
+    step_flops = 2 * args.rows * sum(m.size for layer in stacks for m in layer) + 2 * args.rows * lm_head.size
+    layer_bytes = sum(m.nbytes for layer in stacks for m in layer)
+    streamed = percentile_time(step_products, x_t, stacks, lm_head, repeats=args.repeats)
+    resident = percentile_time(step_products, x_t, [stacks[0]] * args.layers, lm_head, repeats=args.repeats)
+    read = percentile_time(read_all, stacks, repeats=args.repeats)
+    print(f"step products, {args.layers} layers + LM head: each layer's weights {streamed * 1e3:7.2f} ms "
+          f"({step_flops / streamed / 1e9:6.1f} GFLOP/s, layers' weights at {layer_bytes / streamed / 1e9:5.1f} GB/s) | "
+          f"layer 0's in every layer {resident * 1e3:7.2f} ms ({step_flops / resident / 1e9:6.1f} GFLOP/s) | "
+          f"ratio {streamed / resident:4.2f}")
+    print(f"reading the layers' {layer_bytes / 2**20:.1f} MiB of weights once: {read * 1e3:7.2f} ms = "
+          f"{layer_bytes / read / 1e9:5.1f} GB/s")
     a = jax.random.normal(key, (args.peak_size, args.peak_size), jnp.float32)
     peak = 2 * args.peak_size**3 / percentile_time(jax.jit(lambda m: m @ m), a, repeats=5) / 1e9
     print(f"matmul peak ({args.peak_size}^3): {peak:.1f} GFLOP/s")

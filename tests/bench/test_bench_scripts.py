@@ -122,6 +122,13 @@ def test_decode_layouts_on_small_shapes():
     slots_major, slots_last, ratio = line(rf"attention 2 layers, S=24: keys \[N, KV, S, hd\] +{NUMBER} ms \| "
                                           rf"keys \[N, KV, hd, S\] +{NUMBER} ms \| ratio +{NUMBER}", out)
     assert slots_major > 0 and slots_last > 0 and ratio > 0
+    streamed = line(rf"step products, 2 layers \+ LM head: each layer's weights +{NUMBER} ms \( *{NUMBER} GFLOP/s, "
+                    rf"layers' weights at +{NUMBER} GB/s\) \| layer 0's in every layer +{NUMBER} ms \( *{NUMBER} GFLOP/s\) "
+                    rf"\| ratio +{NUMBER}", out)
+    assert all(value > 0 for value in streamed)
+    weights_mib = 2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64) * 4 / 2**20  # qkv, o, gate_up, down of 2 layers
+    read = line(rf"reading the layers' {weights_mib:.1f} MiB of weights once: +{NUMBER} ms = +{NUMBER} GB/s", out)
+    assert read[0] > 0 and read[1] > 0
     assert line(rf"matmul peak \(128\^3\): {NUMBER} GFLOP/s", out)[0] > 0
 
 
