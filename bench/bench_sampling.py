@@ -15,11 +15,20 @@ A seconds-long check that the script runs (a 1-layer model, 2 prompts, 4 new tok
 No EOS is set, so every row generates exactly --new_tokens tokens. Compilation is excluded (one
 warm-up call); each timing is reported as the best and the median of --repeats calls (the best is
 the better estimate on a shared, noisy machine).
+
+XLA options, measured against the defaults in one process: --compile_options takes a JSON object
+of XLA debug options (the names of XLA_FLAGS without the dashes); the prefill and decode programs
+are compiled once with the defaults and once with these options, then timed in --pairs alternated
+pairs, so that the machine's drift falls on both alike:
+
+    python bench/bench_sampling.py --hf_dir ../bench-models/small-qwen2 --pairs 8 \
+        --compile_options '{"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": true}'
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -57,7 +66,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--top_p", "--top-p", type=float, default=1.0)
     parser.add_argument("--top_k", "--top-k", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile_options", "--compile-options", type=compile_options, default=None,
+                        help='JSON object of XLA debug options to compare with the defaults, e.g. '
+                             '\'{"xla_cpu_use_xnnpack": true}\'')
+    parser.add_argument("--pairs", type=int, default=6, help="alternated pairs of the --compile_options comparison")
     return parser.parse_args(argv)
+
+
+def compile_options(text: str) -> dict:
+    """--compile_options: a JSON object (option name -> value)."""
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err}): {text!r}") from None
+    if not isinstance(options, dict) or not options:
+        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object of XLA options, got {text!r}")
+    return options
 
 
 def build_model(args) -> Decoder:
@@ -154,6 +178,48 @@ def main(argv=None) -> None:
             f" | decode {decode[i] * 1e3:7.1f} ms = {generated / decode[i]:8,.0f} tokens/s"
             f" | generate {total[i] * 1e3:7.1f} ms = {generated / total[i]:8,.0f} generated tokens/s"
         )
+
+    if args.compile_options:
+        compare_options(graphdef, state, ids, mask, params, args.num_samples, args.compile_options, args.pairs)
+
+
+def compiled_programs(graphdef, state, ids, mask, params: SamplingParams, num_samples: int, options):
+    """The prefill and decode programs of `generate`, compiled with ``options`` (None: defaults)."""
+    key = jax.random.key(0)
+    prefill = prefill_fn.lower(graphdef, state, ids, mask, key, params, num_samples, None).compile(options)
+    decode = decode_fn.lower(graphdef, state, prefill(state, ids, mask, key), params, None).compile(options)
+    return prefill, decode
+
+
+def compare_options(graphdef, state, ids, mask, params: SamplingParams, num_samples: int, options: dict,
+                    pairs: int) -> None:
+    """Times the default programs and those compiled with ``options`` in ``pairs`` alternated pairs
+    (default first in even pairs) and prints the medians and the median of the per-pair ratios."""
+    programs = {"default": compiled_programs(graphdef, state, ids, mask, params, num_samples, None),
+                "options": compiled_programs(graphdef, state, ids, mask, params, num_samples, options)}
+
+    def run(name: str, i: int) -> tuple[float, float, jax.Array]:
+        prefill, decode = programs[name]
+        start = time.perf_counter()
+        dstate = jax.block_until_ready(prefill(state, ids, mask, jax.random.key(i)))
+        middle = time.perf_counter()
+        tokens = jax.block_until_ready(decode(state, dstate).tokens)
+        return middle - start, time.perf_counter() - middle, tokens
+
+    same_tokens = bool(jnp.all(run("default", 0)[2] == run("options", 0)[2]))  # also the warm-up
+    times = {"default": [], "options": []}
+    for i in range(pairs):
+        for name in ("default", "options") if i % 2 == 0 else ("options", "default"):
+            times[name].append(run(name, i + 1)[:2])
+    print(f"compile options {json.dumps(options)}: {pairs} alternated pairs, medians default / with them / ratio")
+    for part, label in enumerate(("prefill", "decode")):
+        default = [t[part] for t in times["default"]]
+        with_options = [t[part] for t in times["options"]]
+        ratio = statistics.median(b / a for a, b in zip(default, with_options))
+        print(f"  {label:7s} {statistics.median(default) * 1e3:8.1f} ms / {statistics.median(with_options) * 1e3:8.1f} ms"
+              f" / {ratio:5.3f}")
+    print(f"  same tokens: {same_tokens}")
+
 
 if __name__ == "__main__":
     main()

@@ -79,6 +79,25 @@ def test_bench_sampling_on_a_one_layer_model():
         assert all(n > 0 for n in numbers), numbers
 
 
+def test_bench_sampling_compares_compile_options_in_one_process():
+    options = '{"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": true}'
+    out = run_bench("bench/bench_sampling.py", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
+                    "--intermediate=64", "--vocab=128", "--head_dim=16", "--batch=2", "--prompt_len=8",
+                    "--new_tokens=4", "--repeats=1", "--pairs=2", f"--compile_options={options}")
+    line(re.escape(f"compile options {options}: 2 alternated pairs, medians default / with them / ratio"), out)
+    for label in ("prefill", "decode"):
+        numbers = line(rf"  {label} +{NUMBER} ms / +{NUMBER} ms / +{NUMBER}", out)
+        assert all(n > 0 for n in numbers), numbers
+    line(r"  same tokens: (?:True|False)", out)
+
+
+def test_bench_sampling_names_a_malformed_option_object():
+    proc = subprocess.run([sys.executable, "bench/bench_sampling.py", "--compile_options=[1]"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "--compile_options" in proc.stderr and "expected a non-empty JSON object of XLA options, got '[1]'" in proc.stderr
+
+
 @pytest.mark.slow
 def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
     directory, _ = tiny_checkpoint("qwen2", tie=True)
