@@ -87,7 +87,8 @@ def retain_freed_memory(environ=os.environ) -> bool:
     import jax  # noqa: PLC0415  (here, so that `GD2PO_JAX_MALLOC=system` or another libc leaves it alone)
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    return all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
+    accepted = [libc.mallopt(param, value) == 1 for param, value in SETTINGS]  # every one, even after a refusal
+    return all(accepted)
 
 
 def _jax_backend_started() -> bool:

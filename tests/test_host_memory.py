@@ -58,9 +58,10 @@ def test_a_mistyped_opt_out_is_an_error_naming_the_variable(monkeypatch, jax_upd
 
 
 def test_a_refused_setting_or_another_c_library_is_reported(monkeypatch, jax_updates):
-    libc = FakeLibc(refuse={host_memory.M_TRIM_THRESHOLD})
+    libc = FakeLibc(refuse={host_memory.M_MMAP_MAX})
     monkeypatch.setattr(host_memory, "_glibc", lambda: libc)
     assert host_memory.retain_freed_memory(environ={}) is False
+    assert libc.calls == [(host_memory.M_MMAP_MAX, 0), (host_memory.M_TRIM_THRESHOLD, -1)]  # the rest still set
     monkeypatch.setattr(host_memory, "_glibc", lambda: None)
     assert host_memory.retain_freed_memory(environ={}) is False
 
