@@ -145,16 +145,9 @@ def main(argv=None) -> None:
     params = SamplingParams(**{k: v for k, v in kwargs.items() if k != "num_samples"})
     ids, mask = left_pad(prompts, bucket_length(args.prompt_len), 0)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
-    prefill_times, decode_times = [], []
-    for i in range(args.repeats):
-        start = time.perf_counter()
-        dstate = jax.block_until_ready(
-            prefill_fn(graphdef, state, ids, mask, jax.random.key(i), params, args.num_samples, None)
-        )
-        middle = time.perf_counter()
-        jax.block_until_ready(decode_fn(graphdef, state, dstate, params, None))
-        prefill_times.append(middle - start)
-        decode_times.append(time.perf_counter() - middle)
+    programs = generate_programs(graphdef, params, args.num_samples)
+    prefill_times, decode_times, _ = zip(*(prefill_then_decode(programs, state, ids, mask, jax.random.key(i))
+                                           for i in range(args.repeats)))
     prefill = min(prefill_times), statistics.median(prefill_times)
     decode = min(decode_times), statistics.median(decode_times)
     prefill_tokens = args.batch * ids.shape[1]
@@ -183,28 +176,39 @@ def main(argv=None) -> None:
         compare_options(graphdef, state, ids, mask, params, args.num_samples, args.compile_options, args.pairs)
 
 
-def compiled_programs(graphdef, state, ids, mask, params: SamplingParams, num_samples: int, options):
-    """The prefill and decode programs of `generate`, compiled with ``options`` (None: defaults)."""
+def generate_programs(graphdef, params: SamplingParams, num_samples: int):
+    """``(prefill(state, ids, mask, rng), decode(state, dstate))``: the jitted programs `generate` runs."""
+    return (lambda state, ids, mask, rng: prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, None),
+            lambda state, dstate: decode_fn(graphdef, state, dstate, params, None))
+
+
+def compiled_programs(graphdef, state, ids, mask, params: SamplingParams, num_samples: int, options: dict):
+    """The same two programs compiled with the XLA ``options`` (called with the same arguments)."""
     key = jax.random.key(0)
     prefill = prefill_fn.lower(graphdef, state, ids, mask, key, params, num_samples, None).compile(options)
     decode = decode_fn.lower(graphdef, state, prefill(state, ids, mask, key), params, None).compile(options)
     return prefill, decode
 
 
+def prefill_then_decode(programs, state, ids, mask, rng) -> tuple[float, float, jax.Array]:
+    """(prefill seconds, decode seconds, tokens [N, M]) of one run of ``programs``."""
+    prefill, decode = programs
+    start = time.perf_counter()
+    dstate = jax.block_until_ready(prefill(state, ids, mask, rng))
+    middle = time.perf_counter()
+    tokens = jax.block_until_ready(decode(state, dstate).tokens)
+    return middle - start, time.perf_counter() - middle, tokens
+
+
 def compare_options(graphdef, state, ids, mask, params: SamplingParams, num_samples: int, options: dict,
                     pairs: int) -> None:
     """Times the default programs and those compiled with ``options`` in ``pairs`` alternated pairs
     (default first in even pairs) and prints the medians and the median of the per-pair ratios."""
-    programs = {"default": compiled_programs(graphdef, state, ids, mask, params, num_samples, None),
+    programs = {"default": generate_programs(graphdef, params, num_samples),
                 "options": compiled_programs(graphdef, state, ids, mask, params, num_samples, options)}
 
     def run(name: str, i: int) -> tuple[float, float, jax.Array]:
-        prefill, decode = programs[name]
-        start = time.perf_counter()
-        dstate = jax.block_until_ready(prefill(state, ids, mask, jax.random.key(i)))
-        middle = time.perf_counter()
-        tokens = jax.block_until_ready(decode(state, dstate).tokens)
-        return middle - start, time.perf_counter() - middle, tokens
+        return prefill_then_decode(programs[name], state, ids, mask, jax.random.key(i))
 
     same_tokens = bool(jnp.all(run("default", 0)[2] == run("options", 0)[2]))  # also the warm-up
     times = {"default": [], "options": []}

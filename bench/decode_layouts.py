@@ -142,7 +142,7 @@ def main(argv=None) -> None:
           f"keys [N, KV, hd, S] {slots_last * 1e3:7.2f} ms | ratio {slots_major / slots_last:4.2f}")
     stacks, lm_head = layer_matrices(key, shapes, args.layers)
     x_t = jax.random.normal(key, (args.hidden, args.rows), jnp.float32)
-    step_flops = 2 * args.rows * sum(m.size for layer in stacks for m in layer) + 2 * args.rows * lm_head.size
+    step_flops = 2 * args.rows * (sum(m.size for layer in stacks for m in layer) + lm_head.size)
     layer_bytes = sum(m.nbytes for layer in stacks for m in layer)
     streamed = percentile_time(step_products, x_t, stacks, lm_head, repeats=args.repeats)
     resident = percentile_time(step_products, x_t, [stacks[0]] * args.layers, lm_head, repeats=args.repeats)

@@ -115,7 +115,7 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
         assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["median_s"])
         assert result["compiles_after_warmup"] == 0, (name, result)  # warm-up compiles everything
         assert all(peak > 0 for peak in result["matmul_peak_gflops"])
-        assert len(result["page_faults"]) == 2 and all(f >= 0 for f in result["page_faults"])
+        assert len(result["page_faults"]) == 2  # one count per timed call
         assert re.search(rf"^{name}: [\d,]+ tokens/s \(median [\d.]+ ms of 2\), compilations after warm-up 0, "
                          rf"page faults a call [\d,]+, ",
                          out, re.MULTILINE), out
