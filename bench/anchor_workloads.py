@@ -16,21 +16,27 @@ instead of importing the project's internals (which move):
   ``--train_repeats``. tokens/s = batch x (prompt_len + new_tokens) / median.
 
 Each workload also reports the XLA compilations after its warm-up (must be 0), the minor page faults
-of each timed call, and a fp32 matmul peak (``--peak_size``^3, default 2048) measured just before
+of each timed call, the process's CPU time over the wall time of each call (about the number of cores
+kept busy: 2.0 on a 2-core machine whose cores never wait; XLA's pool threads count while they
+spin), and a fp32 matmul peak (``--peak_size``^3, default 2048) measured just before
 and after it: these 2-core machines drift by up to 2x over minutes, so only ratios measured in the
 same run mean anything. ``GD2PO_JAX_MALLOC=system`` runs it with glibc's default allocator
 settings (gd2po_jax/host_memory.py), for comparison.
 
     python bench/anchor_workloads.py --hf_dir ../bench-models/small-qwen2 --json out.json
     python bench/anchor_workloads.py --hf_dir DIR --workloads=T --train_repeats=2   # one workload
+    python bench/anchor_workloads.py --hf_dir DIR --profile /tmp/prof   # + where one call's time goes
     GD2PO_JAX_MALLOC=system python bench/anchor_workloads.py --hf_dir DIR --workloads=T   # glibc's defaults
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import gzip
 import json
 import pathlib
+import re
 import resource
 import statistics
 import sys
@@ -65,22 +71,76 @@ jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
     """Times ``repeats`` calls of ``fn`` (blocking on its result) after ``warmup`` untimed ones.
 
-    Returns {"median_s", "best_s", "times_s", "compiles_after_warmup", "page_faults"}; page_faults:
-    the process's minor page faults during each timed call (fresh memory the kernel had to map and
-    zero: see gd2po_jax/host_memory.py).
+    Returns {"median_s", "best_s", "times_s", "compiles_after_warmup", "page_faults", "cpu_per_wall"};
+    page_faults: the process's minor page faults during each timed call (fresh memory the kernel had
+    to map and zero: see gd2po_jax/host_memory.py); cpu_per_wall: the process's user + system CPU
+    seconds per wall second of each timed call (the cores it kept busy).
     """
     for _ in range(warmup):
         jax.block_until_ready(fn())
     compiles_before = len(_COMPILES)
-    times, faults = [], []
+    times, faults, cpu_per_wall = [], [], []
     for _ in range(repeats):
-        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        faults.append(after.ru_minflt - before.ru_minflt)
+        cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        cpu_per_wall.append(cpu_seconds / times[-1])
     return {"median_s": statistics.median(times), "best_s": min(times), "times_s": times,
-            "compiles_after_warmup": len(_COMPILES) - compiles_before, "page_faults": faults}
+            "compiles_after_warmup": len(_COMPILES) - compiles_before, "page_faults": faults,
+            "cpu_per_wall": cpu_per_wall}
+
+
+CONTROL_FLOW = frozenset({"while", "conditional", "call"})  # HLO ops that run other ops
+
+
+def op_seconds_by_kind(trace_events: list[dict]) -> dict[str, dict[str, float]]:
+    """{compiled program: {kind of operation: seconds}} from a Perfetto trace's events.
+
+    The XLA operations are the complete ("X") events whose args name an ``hlo_op`` and its
+    ``hlo_module``; the kind is the op's name without its ``.N`` suffix (``ynn_fusion.12`` ->
+    ``ynn_fusion``). Durations (microseconds in the trace) are summed over threads. Control flow
+    (``CONTROL_FLOW``: a while loop's event spans the operations of its body, which have events of
+    their own) is left out, so that no time is counted twice.
+    """
+    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for event in trace_events:
+        args = event.get("args") or {}
+        if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
+            kind = re.sub(r"\.\d+$", "", args["hlo_op"])
+            if kind not in CONTROL_FLOW:
+                seconds[args["hlo_module"]][kind] += event.get("dur", 0) / 1e6
+    return {module: dict(kinds.most_common()) for module, kinds in seconds.items()}
+
+
+def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6) -> dict:
+    """Traces one call of ``fn`` into ``directory``; {program: {"op_s", "kinds" (the ``top`` kinds'
+    seconds, most first)}} of its XLA operations (`op_seconds_by_kind`)."""
+    with jax.profiler.trace(str(directory), create_perfetto_trace=True):
+        jax.block_until_ready(fn())
+    traces = sorted(directory.glob("**/*.trace.json.gz"), key=lambda path: path.stat().st_mtime)
+    if not traces:
+        raise RuntimeError(f"jax.profiler wrote no *.trace.json.gz under {directory}")
+    with gzip.open(traces[-1], "rt") as handle:
+        by_kind = op_seconds_by_kind(json.load(handle)["traceEvents"])
+    return {module: {"op_s": sum(kinds.values()), "kinds": dict(list(kinds.items())[:top])}
+            for module, kinds in sorted(by_kind.items(), key=lambda item: -sum(item[1].values()))}
+
+
+def profile_lines(name: str, profile: dict, min_share: float = 0.01) -> list[str]:
+    """One printed line per program of a `profile_call` report that has at least ``min_share`` of
+    all its programs' operation time (generate also runs a few tiny programs: seeds, reshapes)."""
+    lines = []
+    total = sum(entry["op_s"] for entry in profile.values())
+    for module, entry in profile.items():
+        if entry["op_s"] < min_share * total:
+            continue
+        shares = ", ".join(f"{kind} {seconds / entry['op_s']:.0%}" for kind, seconds in entry["kinds"].items())
+        lines.append(f"{name} profile: {module} {entry['op_s'] * 1e3:,.0f} ms of operations: {shares}")
+    return lines
 
 
 def matmul_peak_gflops(repeats: int = 5, size: int = 2048) -> float:
@@ -95,8 +155,10 @@ def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) 
     return np.random.default_rng(seed).integers(2, vocab_size, size=(batch, prompt_len), dtype=np.int64)
 
 
-def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
-    """Workload W on ``model``: timings of whole generate calls and the generated tokens/s."""
+def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
+                      profile_dir: pathlib.Path | None = None) -> dict:
+    """Workload W on ``model``: timings of whole generate calls and the generated tokens/s (and, with
+    ``profile_dir``, the `profile_call` report of one more call)."""
     prompts = [list(row) for row in random_prompts(model.config.vocab_size, batch, prompt_len)]
     keys = iter(range(10**6))
 
@@ -110,6 +172,8 @@ def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens
     if tokens.shape != (batch, new_tokens) or int(np.min(lengths)) != new_tokens:
         raise RuntimeError(f"generate gave tokens {tokens.shape} with lengths down to {int(np.min(lengths))}; "
                            f"the workload needs exactly {new_tokens} new tokens per prompt")
+    if profile_dir is not None:
+        result["profile"] = profile_call(call, profile_dir)
     return result | {"tokens": batch * new_tokens, "tokens_per_s": batch * new_tokens / result["median_s"]}
 
 
@@ -126,8 +190,10 @@ def update_batch(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int
                         valid=jnp.ones((batch // 2,), bool))
 
 
-def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
-    """Workload T on ``model``: timings of one jitted GRPO update and the trained tokens/s."""
+def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
+                    profile_dir: pathlib.Path | None = None) -> dict:
+    """Workload T on ``model``: timings of one jitted GRPO update and the trained tokens/s (and, with
+    ``profile_dir``, the `profile_call` report of one more update)."""
     if batch % 2:
         raise ValueError(f"--batch must be even (prompts x 2 generations), got {batch}")
     rollouts = update_batch(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
@@ -144,6 +210,8 @@ def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: 
         return state[0].params, metrics
 
     result = timed_calls(call, repeats, warmup=2)
+    if profile_dir is not None:
+        result["profile"] = profile_call(call, profile_dir)
     tokens = batch * (prompt_len + new_tokens)
     return result | {"tokens": tokens, "tokens_per_s": tokens / result["median_s"]}
 
@@ -152,8 +220,9 @@ WORKLOADS = {"W": generate_workload, "T": update_workload}
 
 
 def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
-        train_repeats: int, peak_size: int = 2048) -> dict:
-    """The report of the chosen ``workloads`` ("W", "T" or "W,T") on the checkpoint ``hf_dir``."""
+        train_repeats: int, peak_size: int = 2048, profile: str = "") -> dict:
+    """The report of the chosen ``workloads`` ("W", "T" or "W,T") on the checkpoint ``hf_dir``; with
+    ``profile`` (a directory), each also traces one more call into ``profile``/<workload>."""
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown or not names:
@@ -170,13 +239,18 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
     for name in names:
         peak_before = matmul_peak_gflops(size=peak_size)
         repeat = repeats if name == "W" else train_repeats
-        result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeat)
+        profile_dir = pathlib.Path(profile) / name if profile else None
+        result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeat,
+                                 profile_dir=profile_dir)
         result |= {"matmul_peak_gflops": [peak_before, matmul_peak_gflops(size=peak_size)]}
         report["workloads"][name] = result
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s (median {result['median_s'] * 1e3:.1f} ms of "
               f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}, page faults a call "
-              f"{statistics.median(result['page_faults']):,.0f}, matmul peak "
-              f"{result['matmul_peak_gflops'][0]:.0f} -> {result['matmul_peak_gflops'][1]:.0f} GFLOP/s", flush=True)
+              f"{statistics.median(result['page_faults']):,.0f}, CPU/wall {statistics.median(result['cpu_per_wall']):.2f}, "
+              f"matmul peak {result['matmul_peak_gflops'][0]:.0f} -> {result['matmul_peak_gflops'][1]:.0f} GFLOP/s",
+              flush=True)
+        for line in profile_lines(name, result.get("profile", {})):
+            print(line, flush=True)
     return report
 
 
@@ -191,10 +265,12 @@ def main(argv=None) -> None:
     parser.add_argument("--train_repeats", type=int, default=5, help="timed updates (T)")
     parser.add_argument("--peak_size", type=int, default=2048, help="matrix size of the matmul-peak probe")
     parser.add_argument("--json", default="", help="also write the report to this file")
+    parser.add_argument("--profile", default="", help="trace one more call of each workload into this directory "
+                                                      "and report where its operations' time goes")
     args = parser.parse_args(argv)
     report = run(args.hf_dir, args.workloads, batch=args.batch, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, repeats=args.repeats, train_repeats=args.train_repeats,
-                 peak_size=args.peak_size)
+                 peak_size=args.peak_size, profile=args.profile)
     text = json.dumps(report, indent=2)
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")

@@ -1,6 +1,7 @@
 """bench/bench_train.py and bench/bench_sampling.py run in their seconds-long settings and print
 their numbers (the scripts are not imported by anything else, so they would rot unnoticed)."""
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -21,6 +22,16 @@ def run_bench(*args: str) -> str:
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def load_script(name: str):
+    """bench/<name>.py as a module (once per process), for its pure functions."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def number(text: str) -> float:
@@ -103,7 +114,8 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
     directory, _ = tiny_checkpoint("qwen2", tie=True)
     report_path = tmp_path / "report.json"
     out = run_bench("bench/anchor_workloads.py", f"--hf_dir={directory}", "--batch=4", "--prompt_len=8",
-                    "--new_tokens=4", "--repeats=2", "--train_repeats=2", "--peak_size=256", f"--json={report_path}")
+                    "--new_tokens=4", "--repeats=2", "--train_repeats=2", "--peak_size=256", f"--json={report_path}",
+                    f"--profile={tmp_path / 'profile'}")
     report = json.loads(report_path.read_text())
     assert report["hf_dir"] == str(directory) and report["device"] == f"cpu x{DEVICES}"
     assert report["model"]["model_type"] == "qwen2" and report["model"]["params"] > 0
@@ -116,9 +128,35 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
         assert result["compiles_after_warmup"] == 0, (name, result)  # warm-up compiles everything
         assert all(peak > 0 for peak in result["matmul_peak_gflops"])
         assert len(result["page_faults"]) == 2  # one count per timed call
+        assert len(result["cpu_per_wall"]) == 2 and all(ratio > 0 for ratio in result["cpu_per_wall"])
         assert re.search(rf"^{name}: [\d,]+ tokens/s \(median [\d.]+ ms of 2\), compilations after warm-up 0, "
-                         rf"page faults a call [\d,]+, ",
+                         rf"page faults a call [\d,]+, CPU/wall [\d.]+, matmul peak ",
                          out, re.MULTILINE), out
+        # --profile: one traced call; its programs' operations, by kind (W: prefill and decode).
+        assert list((tmp_path / "profile" / name).glob("**/*.trace.json.gz")), name
+        programs = result["profile"]
+        assert programs and all(entry["op_s"] > 0 and entry["kinds"] for entry in programs.values()), programs
+        assert "while" not in {kind for entry in programs.values() for kind in entry["kinds"]}, programs
+        printed = re.findall(rf"^{name} profile: (\S+) [\d,]+ ms of operations: \S+ \d+%", out, re.MULTILINE)
+        assert printed and set(printed) <= set(programs), out
+        if name == "W":
+            assert {"jit__prefill", "jit__decode"} <= set(programs), sorted(programs)
+
+
+def test_anchor_workloads_sums_operation_time_by_program_and_kind():
+    anchor_workloads = load_script("anchor_workloads")
+    op = lambda module, name, dur, ph="X": {"ph": ph, "dur": dur, "args": {"hlo_module": module, "hlo_op": name}}  # noqa: E731
+    events = [op("jit_a", "ynn_fusion.3", 2_000_000), op("jit_a", "ynn_fusion", 500_000), op("jit_a", "copy.12", 250),
+              op("jit_b", "ynn_fusion.3", 1_000), op("jit_a", "ynn_fusion.9", 9, ph="i"),  # not a complete event
+              op("jit_a", "while.4", 3_000_000),  # spans its body's operations: not counted again
+              {"ph": "X", "name": "PjitFunction(a)", "dur": 5_000_000},  # Python side: no hlo_op
+              {"ph": "X", "dur": 7, "args": {"hlo_op": "copy"}}]  # no module: not counted
+    assert anchor_workloads.op_seconds_by_kind(events) == {"jit_a": {"ynn_fusion": 2.5, "copy": 0.00025},
+                                                           "jit_b": {"ynn_fusion": 0.001}}
+    profile = {"jit_a": {"op_s": 2.0, "kinds": {"ynn_fusion": 1.5, "copy": 0.5}},
+               "jit_seed": {"op_s": 0.001, "kinds": {"copy": 0.001}}}  # < 1% of the total: not printed
+    assert anchor_workloads.profile_lines("T", profile) == [
+        "T profile: jit_a 2,000 ms of operations: ynn_fusion 75%, copy 25%"]
 
 
 def test_anchor_workloads_names_an_unknown_workload(tmp_path):
