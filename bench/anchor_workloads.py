@@ -116,17 +116,32 @@ def op_seconds_by_kind(trace_events: list[dict]) -> dict[str, dict[str, float]]:
     return {module: dict(kinds.most_common()) for module, kinds in seconds.items()}
 
 
+def program_spans(trace_events: list[dict]) -> dict[str, float]:
+    """{compiled program: seconds from its first operation's start to its last one's end} (the wall
+    time of the program when the trace holds one run of it; compare with its operations' sum)."""
+    starts: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    for event in trace_events:
+        args = event.get("args") or {}
+        if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
+            module = args["hlo_module"]
+            starts[module] = min(starts.get(module, event["ts"]), event["ts"])
+            ends[module] = max(ends.get(module, event["ts"]), event["ts"] + event.get("dur", 0))
+    return {module: (ends[module] - starts[module]) / 1e6 for module in starts}
+
+
 def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6) -> dict:
-    """Traces one call of ``fn`` into ``directory``; {program: {"op_s", "kinds" (the ``top`` kinds'
-    seconds, most first)}} of its XLA operations (`op_seconds_by_kind`)."""
+    """Traces one call of ``fn`` into ``directory``; {program: {"op_s", "span_s" (`program_spans`),
+    "kinds" (the ``top`` kinds' seconds, most first)}} of its XLA operations (`op_seconds_by_kind`)."""
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         jax.block_until_ready(fn())
     traces = sorted(directory.glob("**/*.trace.json.gz"), key=lambda path: path.stat().st_mtime)
     if not traces:
         raise RuntimeError(f"jax.profiler wrote no *.trace.json.gz under {directory}")
     with gzip.open(traces[-1], "rt") as handle:
-        by_kind = op_seconds_by_kind(json.load(handle)["traceEvents"])
-    return {module: {"op_s": sum(kinds.values()), "kinds": dict(list(kinds.items())[:top])}
+        events = json.load(handle)["traceEvents"]
+    by_kind, spans = op_seconds_by_kind(events), program_spans(events)
+    return {module: {"op_s": sum(kinds.values()), "span_s": spans[module], "kinds": dict(list(kinds.items())[:top])}
             for module, kinds in sorted(by_kind.items(), key=lambda item: -sum(item[1].values()))}
 
 
@@ -139,7 +154,8 @@ def profile_lines(name: str, profile: dict, min_share: float = 0.01) -> list[str
         if entry["op_s"] < min_share * total:
             continue
         shares = ", ".join(f"{kind} {seconds / entry['op_s']:.0%}" for kind, seconds in entry["kinds"].items())
-        lines.append(f"{name} profile: {module} {entry['op_s'] * 1e3:,.0f} ms of operations: {shares}")
+        lines.append(f"{name} profile: {module} {entry['op_s'] * 1e3:,.0f} ms of operations in "
+                     f"{entry['span_s'] * 1e3:,.0f} ms: {shares}")
     return lines
 
 

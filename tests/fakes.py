@@ -9,8 +9,10 @@ a ``train.py`` subprocess whose config file imports `tiny_config` from here stay
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import pathlib
+import sys
 import tempfile
 
 import jax
@@ -23,6 +25,16 @@ from tests.xla_env import SUBPROCESS_DEVICES, xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository root (train.py, configs/, ...)
 SHARED = REPO.parent / "shared"  # the read-only data: spec, reference vectors, data sets
+
+
+def load_bench_script(name: str):
+    """bench/<name>.py as a module, loaded once per process (the bench scripts are not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 _SCRATCH = tempfile.TemporaryDirectory(prefix="gd2po_fakes_")  # checkpoints built here; removed at exit

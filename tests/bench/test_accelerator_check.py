@@ -2,7 +2,6 @@
 script cannot rot while no device machine is lent; a part that raises is recorded as an error, the
 other parts still run and the exit status is non-zero."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -12,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.fakes import REPO, subprocess_env
+from tests.fakes import REPO, load_bench_script, subprocess_env
 from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 SCRIPT = REPO / "bench" / "accelerator_check.py"
@@ -22,12 +21,7 @@ PARTS = ["correctness", "speed", "compilation", "end_to_end"]
 @pytest.fixture(scope="module")
 def check_module():
     """The script as a module (its absl flags are defined once in this process; nothing is parsed)."""
-    if "accelerator_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["accelerator_check"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["accelerator_check"]
+    return load_bench_script("accelerator_check")
 
 
 def positive(value, where: str) -> None:

@@ -1,7 +1,6 @@
 """bench/bench_train.py and bench/bench_sampling.py run in their seconds-long settings and print
 their numbers (the scripts are not imported by anything else, so they would rot unnoticed)."""
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -9,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.fakes import REPO, subprocess_env, tiny_checkpoint, tiny_config
+from tests.fakes import REPO, load_bench_script, subprocess_env, tiny_checkpoint, tiny_config
 from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 NUMBER = r"([\d,]+(?:\.\d+)?)"
@@ -22,16 +21,6 @@ def run_bench(*args: str) -> str:
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
-
-
-def load_script(name: str):
-    """bench/<name>.py as a module (once per process), for its pure functions."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def number(text: str) -> float:
@@ -135,28 +124,35 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
         # --profile: one traced call; its programs' operations, by kind (W: prefill and decode).
         assert list((tmp_path / "profile" / name).glob("**/*.trace.json.gz")), name
         programs = result["profile"]
-        assert programs and all(entry["op_s"] > 0 and entry["kinds"] for entry in programs.values()), programs
+        assert programs and all(entry["op_s"] > 0 and entry["span_s"] > 0 and entry["kinds"]
+                                for entry in programs.values()), programs
         assert "while" not in {kind for entry in programs.values() for kind in entry["kinds"]}, programs
-        printed = re.findall(rf"^{name} profile: (\S+) [\d,]+ ms of operations: \S+ \d+%", out, re.MULTILINE)
+        printed = re.findall(rf"^{name} profile: (\S+) [\d,]+ ms of operations in [\d,]+ ms: \S+ \d+%", out,
+                             re.MULTILINE)
         assert printed and set(printed) <= set(programs), out
         if name == "W":
             assert {"jit__prefill", "jit__decode"} <= set(programs), sorted(programs)
 
 
 def test_anchor_workloads_sums_operation_time_by_program_and_kind():
-    anchor_workloads = load_script("anchor_workloads")
-    op = lambda module, name, dur, ph="X": {"ph": ph, "dur": dur, "args": {"hlo_module": module, "hlo_op": name}}  # noqa: E731
-    events = [op("jit_a", "ynn_fusion.3", 2_000_000), op("jit_a", "ynn_fusion", 500_000), op("jit_a", "copy.12", 250),
-              op("jit_b", "ynn_fusion.3", 1_000), op("jit_a", "ynn_fusion.9", 9, ph="i"),  # not a complete event
-              op("jit_a", "while.4", 3_000_000),  # spans its body's operations: not counted again
-              {"ph": "X", "name": "PjitFunction(a)", "dur": 5_000_000},  # Python side: no hlo_op
-              {"ph": "X", "dur": 7, "args": {"hlo_op": "copy"}}]  # no module: not counted
+    anchor_workloads = load_bench_script("anchor_workloads")
+    def op(module, name, start, dur, ph="X"):  # trace times in microseconds
+        return {"ph": ph, "ts": start, "dur": dur, "args": {"hlo_module": module, "hlo_op": name}}
+
+    events = [op("jit_a", "ynn_fusion.3", 0, 2_000_000),
+              op("jit_a", "ynn_fusion", 1_000_000, 500_000),  # side by side with the first (other thread)
+              op("jit_a", "copy.12", 2_000_000, 250), op("jit_b", "ynn_fusion.3", 7_000_000, 1_000),
+              op("jit_a", "ynn_fusion.9", 9_000_000, 9, ph="i"),  # not a complete event
+              op("jit_a", "while.4", 0, 2_000_250),  # spans its body's operations: not counted again
+              {"ph": "X", "ts": 0, "name": "PjitFunction(a)", "dur": 5_000_000},  # Python side: no hlo_op
+              {"ph": "X", "ts": 0, "dur": 7, "args": {"hlo_op": "copy"}}]  # no module: not counted
     assert anchor_workloads.op_seconds_by_kind(events) == {"jit_a": {"ynn_fusion": 2.5, "copy": 0.00025},
                                                            "jit_b": {"ynn_fusion": 0.001}}
-    profile = {"jit_a": {"op_s": 2.0, "kinds": {"ynn_fusion": 1.5, "copy": 0.5}},
-               "jit_seed": {"op_s": 0.001, "kinds": {"copy": 0.001}}}  # < 1% of the total: not printed
+    assert anchor_workloads.program_spans(events) == {"jit_a": 2.00025, "jit_b": 0.001}
+    profile = {"jit_a": {"op_s": 2.0, "span_s": 1.5, "kinds": {"ynn_fusion": 1.5, "copy": 0.5}},
+               "jit_seed": {"op_s": 0.001, "span_s": 0.001, "kinds": {"copy": 0.001}}}  # < 1%: not printed
     assert anchor_workloads.profile_lines("T", profile) == [
-        "T profile: jit_a 2,000 ms of operations: ynn_fusion 75%, copy 25%"]
+        "T profile: jit_a 2,000 ms of operations in 1,500 ms: ynn_fusion 75%, copy 25%"]
 
 
 def test_anchor_workloads_names_an_unknown_workload(tmp_path):
