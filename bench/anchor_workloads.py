@@ -20,7 +20,12 @@ of each timed call, the process's CPU time over the wall time of each call (abou
 kept busy: 2.0 on a 2-core machine whose cores never wait; XLA's pool threads count while they
 spin), and a fp32 matmul peak (``--peak_size``^3, default 2048) measured just before
 and after it: these 2-core machines drift by up to 2x over minutes, so only ratios measured in the
-same run mean anything. ``GD2PO_JAX_MALLOC=system`` runs it with glibc's default allocator
+same run mean anything. ``--profile DIR`` traces one more call of each workload (jax.profiler) and
+prints each program's operation time by kind (``ynn_fusion``: XLA:CPU's library products) and by
+source: the kind, output shape and JAX operation of each instruction, read from the optimized HLO
+that XLA dumps into DIR/hlo (so that the decode's weight products, ``f32[3072,32] dot_general``,
+and its attention, ``f32[32,4,2,64] bkgs,bksd->bkgd/dot_general``, are told apart).
+``GD2PO_JAX_MALLOC=system`` runs it with glibc's default allocator
 settings (gd2po_jax/host_memory.py), for comparison.
 
     python bench/anchor_workloads.py --hf_dir ../bench-models/small-qwen2 --json out.json
@@ -35,6 +40,7 @@ import argparse
 import collections
 import gzip
 import json
+import os
 import pathlib
 import re
 import resource
@@ -130,9 +136,76 @@ def program_spans(trace_events: list[dict]) -> dict[str, float]:
     return {module: (ends[module] - starts[module]) / 1e6 for module in starts}
 
 
-def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6) -> dict:
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|[a-z]\w*\[[\d,]*\])")
+# Parts of an op_name path that only say where the op was called from (loops, calls, remat).
+_CALL_PATH = frozenset({"while", "body", "cond", "closed_call", "checkpoint", "rematted_computation", "remat"})
+_HLO_OP_NAME = re.compile(r'metadata=\{[^}]*?op_name="([^"]*)"')
+
+
+def hlo_sources(hlo_text: str) -> dict[str, str]:
+    """{instruction name: "SHAPE SOURCE"} of an optimized HLO module's text, SOURCE being the JAX
+    operation its metadata names without the parts that say where it was called from (``jit(...)``,
+    loops, calls, remat; ``transpose(jvp())``, the backward pass, stays): e.g. ``ynn_fusion.32`` ->
+    ``"f32[3072,32] dot_general"``, ``ynn_fusion.92`` -> ``"f32[32,4,2,64] bkgs,bksd->bkgd/dot_general"``.
+    An instruction without metadata keeps only its shape."""
+    sources = {}
+    for line in hlo_text.splitlines():
+        head = _HLO_INSTRUCTION.match(line)
+        if head is None:
+            continue
+        op_name = _HLO_OP_NAME.search(line)
+        path = op_name[1].split("/") if op_name else []
+        source = "/".join(part for part in path if part not in _CALL_PATH and not part.startswith("jit("))
+        sources[head[1]] = f"{head[2]} {source}".strip()
+    return sources
+
+
+def dumped_hlo_sources(hlo_dir: pathlib.Path) -> dict[str, dict[str, str]]:
+    """{program: `hlo_sources`} of the optimized modules XLA dumped into ``hlo_dir``
+    (``--xla_dump_to``); where a program was compiled more than once, its last module."""
+    programs = {}
+    for path in sorted(hlo_dir.glob("module_*.*after_optimizations.txt")):
+        match = re.fullmatch(r"module_\d+\.(?P<program>.+?)\.\w*after_optimizations\.txt", path.name)
+        if match:
+            programs[match["program"]] = hlo_sources(path.read_text())
+    return programs
+
+
+def op_seconds_by_source(trace_events: list[dict], sources: dict[str, dict[str, str]]) -> dict[str, dict[str, float]]:
+    """{program: {"KIND SHAPE SOURCE": seconds}}, as `op_seconds_by_kind` but finer: each operation is
+    also named by its output shape and the JAX operation it came from (``sources``:
+    `dumped_hlo_sources`; "?" where the program's HLO is not there)."""
+    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for event in trace_events:
+        args = event.get("args") or {}
+        if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
+            module, op = args["hlo_module"], args["hlo_op"]
+            kind = re.sub(r"\.\d+$", "", op)
+            if kind not in CONTROL_FLOW:
+                seconds[module][f"{kind} {sources.get(module, {}).get(op, '?')}"] += event.get("dur", 0) / 1e6
+    return {module: dict(labels.most_common()) for module, labels in seconds.items()}
+
+
+HLO_DUMP = "hlo"  # --profile DIR: XLA dumps the optimized HLO of every program into DIR/hlo
+
+
+def dump_optimized_hlo(directory: pathlib.Path) -> None:
+    """Has XLA write every program it compiles from now on, optimized, as text into ``directory``
+    (``--xla_dump_to``; read when JAX starts its backend, so call it before any computation)."""
+    from jax._src import xla_bridge  # noqa: PLC0415
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("dump_optimized_hlo must run before JAX's first computation (XLA reads XLA_FLAGS then)")
+    flags = f"--xla_dump_to={directory} --xla_dump_hlo_as_text"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+
+
+def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6,
+                 hlo_dir: pathlib.Path | None = None, top_sources: int = 10) -> dict:
     """Traces one call of ``fn`` into ``directory``; {program: {"op_s", "span_s" (`program_spans`),
-    "kinds" (the ``top`` kinds' seconds, most first)}} of its XLA operations (`op_seconds_by_kind`)."""
+    "kinds" (the ``top`` kinds' seconds, most first), "sources" (the ``top_sources`` of
+    `op_seconds_by_source` with the HLO dumped into ``hlo_dir``; empty without it)}} of its XLA
+    operations (`op_seconds_by_kind`)."""
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         jax.block_until_ready(fn())
     traces = sorted(directory.glob("**/*.trace.json.gz"), key=lambda path: path.stat().st_mtime)
@@ -141,7 +214,9 @@ def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6
     with gzip.open(traces[-1], "rt") as handle:
         events = json.load(handle)["traceEvents"]
     by_kind, spans = op_seconds_by_kind(events), program_spans(events)
-    return {module: {"op_s": sum(kinds.values()), "span_s": spans[module], "kinds": dict(list(kinds.items())[:top])}
+    by_source = op_seconds_by_source(events, dumped_hlo_sources(hlo_dir)) if hlo_dir is not None else {}
+    return {module: {"op_s": sum(kinds.values()), "span_s": spans[module], "kinds": dict(list(kinds.items())[:top]),
+                     "sources": dict(list(by_source.get(module, {}).items())[:top_sources])}
             for module, kinds in sorted(by_kind.items(), key=lambda item: -sum(item[1].values()))}
 
 
@@ -156,6 +231,8 @@ def profile_lines(name: str, profile: dict, min_share: float = 0.01) -> list[str
         shares = ", ".join(f"{kind} {seconds / entry['op_s']:.0%}" for kind, seconds in entry["kinds"].items())
         lines.append(f"{name} profile: {module} {entry['op_s'] * 1e3:,.0f} ms of operations in "
                      f"{entry['span_s'] * 1e3:,.0f} ms: {shares}")
+        lines += [f"{name} profile:   {module} {seconds / entry['op_s']:4.0%} {seconds * 1e3:8,.1f} ms  {label}"
+                  for label, seconds in entry.get("sources", {}).items() if seconds >= min_share * entry["op_s"]]
     return lines
 
 
@@ -189,7 +266,7 @@ def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens
         raise RuntimeError(f"generate gave tokens {tokens.shape} with lengths down to {int(np.min(lengths))}; "
                            f"the workload needs exactly {new_tokens} new tokens per prompt")
     if profile_dir is not None:
-        result["profile"] = profile_call(call, profile_dir)
+        result["profile"] = profile_call(call, profile_dir, hlo_dir=profile_dir.parent / HLO_DUMP)
     return result | {"tokens": batch * new_tokens, "tokens_per_s": batch * new_tokens / result["median_s"]}
 
 
@@ -227,7 +304,7 @@ def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: 
 
     result = timed_calls(call, repeats, warmup=2)
     if profile_dir is not None:
-        result["profile"] = profile_call(call, profile_dir)
+        result["profile"] = profile_call(call, profile_dir, hlo_dir=profile_dir.parent / HLO_DUMP)
     tokens = batch * (prompt_len + new_tokens)
     return result | {"tokens": tokens, "tokens_per_s": tokens / result["median_s"]}
 
@@ -284,6 +361,8 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", default="", help="trace one more call of each workload into this directory "
                                                       "and report where its operations' time goes")
     args = parser.parse_args(argv)
+    if args.profile:
+        dump_optimized_hlo(pathlib.Path(args.profile) / HLO_DUMP)
     report = run(args.hf_dir, args.workloads, batch=args.batch, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, repeats=args.repeats, train_repeats=args.train_repeats,
                  peak_size=args.peak_size, profile=args.profile)
