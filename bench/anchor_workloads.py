@@ -47,7 +47,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import jax
 import jax.numpy as jnp
@@ -103,23 +103,33 @@ def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
 CONTROL_FLOW = frozenset({"while", "conditional", "call"})  # HLO ops that run other ops
 
 
-def op_seconds_by_kind(trace_events: list[dict]) -> dict[str, dict[str, float]]:
-    """{compiled program: {kind of operation: seconds}} from a Perfetto trace's events.
+def xla_operations(trace_events: list[dict]):
+    """The XLA operations of a Perfetto trace's events, as ``(program, op, kind, event)``.
 
-    The XLA operations are the complete ("X") events whose args name an ``hlo_op`` and its
-    ``hlo_module``; the kind is the op's name without its ``.N`` suffix (``ynn_fusion.12`` ->
-    ``ynn_fusion``). Durations (microseconds in the trace) are summed over threads. Control flow
-    (``CONTROL_FLOW``: a while loop's event spans the operations of its body, which have events of
-    their own) is left out, so that no time is counted twice.
+    They are the complete ("X") events whose args name an ``hlo_op`` and its ``hlo_module``; the kind
+    is the op's name without its ``.N`` suffix (``ynn_fusion.12`` -> ``ynn_fusion``).
     """
-    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for event in trace_events:
         args = event.get("args") or {}
         if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
-            kind = re.sub(r"\.\d+$", "", args["hlo_op"])
-            if kind not in CONTROL_FLOW:
-                seconds[args["hlo_module"]][kind] += event.get("dur", 0) / 1e6
-    return {module: dict(kinds.most_common()) for module, kinds in seconds.items()}
+            yield args["hlo_module"], args["hlo_op"], re.sub(r"\.\d+$", "", args["hlo_op"]), event
+
+
+def op_seconds(trace_events: list[dict], label: Callable[[str, str, str], str]) -> dict[str, dict[str, float]]:
+    """{compiled program: {label: seconds}}, most first, of the `xla_operations`, each under
+    ``label(program, op, kind)``. Durations (microseconds in the trace) are summed over threads.
+    Control flow (``CONTROL_FLOW``: a while loop's event spans the operations of its body, which
+    have events of their own) is left out, so that no time is counted twice."""
+    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for module, op, kind, event in xla_operations(trace_events):
+        if kind not in CONTROL_FLOW:
+            seconds[module][label(module, op, kind)] += event.get("dur", 0) / 1e6
+    return {module: dict(labels.most_common()) for module, labels in seconds.items()}
+
+
+def op_seconds_by_kind(trace_events: list[dict]) -> dict[str, dict[str, float]]:
+    """{compiled program: {kind of operation: seconds}} (`op_seconds`)."""
+    return op_seconds(trace_events, lambda module, op, kind: kind)
 
 
 def program_spans(trace_events: list[dict]) -> dict[str, float]:
@@ -127,12 +137,9 @@ def program_spans(trace_events: list[dict]) -> dict[str, float]:
     time of the program when the trace holds one run of it; compare with its operations' sum)."""
     starts: dict[str, float] = {}
     ends: dict[str, float] = {}
-    for event in trace_events:
-        args = event.get("args") or {}
-        if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
-            module = args["hlo_module"]
-            starts[module] = min(starts.get(module, event["ts"]), event["ts"])
-            ends[module] = max(ends.get(module, event["ts"]), event["ts"] + event.get("dur", 0))
+    for module, _, _, event in xla_operations(trace_events):
+        starts[module] = min(starts.get(module, event["ts"]), event["ts"])
+        ends[module] = max(ends.get(module, event["ts"]), event["ts"] + event.get("dur", 0))
     return {module: (ends[module] - starts[module]) / 1e6 for module in starts}
 
 
@@ -160,30 +167,23 @@ def hlo_sources(hlo_text: str) -> dict[str, str]:
     return sources
 
 
-def dumped_hlo_sources(hlo_dir: pathlib.Path) -> dict[str, dict[str, str]]:
+def dumped_hlo_sources(hlo_dir: pathlib.Path, programs: Collection[str] | None = None) -> dict[str, dict[str, str]]:
     """{program: `hlo_sources`} of the optimized modules XLA dumped into ``hlo_dir``
-    (``--xla_dump_to``); where a program was compiled more than once, its last module."""
-    programs = {}
+    (``--xla_dump_to``), only of ``programs`` when given; where a program was compiled more than
+    once, its last module."""
+    sources = {}
     for path in sorted(hlo_dir.glob("module_*.*after_optimizations.txt")):
         match = re.fullmatch(r"module_\d+\.(?P<program>.+?)\.\w*after_optimizations\.txt", path.name)
-        if match:
-            programs[match["program"]] = hlo_sources(path.read_text())
-    return programs
+        if match and (programs is None or match["program"] in programs):
+            sources[match["program"]] = hlo_sources(path.read_text())
+    return sources
 
 
 def op_seconds_by_source(trace_events: list[dict], sources: dict[str, dict[str, str]]) -> dict[str, dict[str, float]]:
     """{program: {"KIND SHAPE SOURCE": seconds}}, as `op_seconds_by_kind` but finer: each operation is
     also named by its output shape and the JAX operation it came from (``sources``:
     `dumped_hlo_sources`; "?" where the program's HLO is not there)."""
-    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for event in trace_events:
-        args = event.get("args") or {}
-        if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
-            module, op = args["hlo_module"], args["hlo_op"]
-            kind = re.sub(r"\.\d+$", "", op)
-            if kind not in CONTROL_FLOW:
-                seconds[module][f"{kind} {sources.get(module, {}).get(op, '?')}"] += event.get("dur", 0) / 1e6
-    return {module: dict(labels.most_common()) for module, labels in seconds.items()}
+    return op_seconds(trace_events, lambda module, op, kind: f"{kind} {sources.get(module, {}).get(op, '?')}")
 
 
 HLO_DUMP = "hlo"  # --profile DIR: XLA dumps the optimized HLO of every program into DIR/hlo
@@ -214,7 +214,7 @@ def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6
     with gzip.open(traces[-1], "rt") as handle:
         events = json.load(handle)["traceEvents"]
     by_kind, spans = op_seconds_by_kind(events), program_spans(events)
-    by_source = op_seconds_by_source(events, dumped_hlo_sources(hlo_dir)) if hlo_dir is not None else {}
+    by_source = {} if hlo_dir is None else op_seconds_by_source(events, dumped_hlo_sources(hlo_dir, set(by_kind)))
     return {module: {"op_s": sum(kinds.values()), "span_s": spans[module], "kinds": dict(list(kinds.items())[:top]),
                      "sources": dict(list(by_source.get(module, {}).items())[:top_sources])}
             for module, kinds in sorted(by_kind.items(), key=lambda item: -sum(item[1].values()))}

@@ -23,6 +23,11 @@ def run_bench(*args: str) -> str:
     return proc.stdout
 
 
+def trace_op(module: str, name: str, dur: float, start: float = 0, ph: str = "X") -> dict:
+    """A Perfetto trace event of XLA operation ``name`` of program ``module`` (times in microseconds)."""
+    return {"ph": ph, "ts": start, "dur": dur, "args": {"hlo_module": module, "hlo_op": name}}
+
+
 def number(text: str) -> float:
     return float(text.replace(",", ""))
 
@@ -141,14 +146,12 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
 
 def test_anchor_workloads_sums_operation_time_by_program_and_kind():
     anchor_workloads = load_bench_script("anchor_workloads")
-    def op(module, name, start, dur, ph="X"):  # trace times in microseconds
-        return {"ph": ph, "ts": start, "dur": dur, "args": {"hlo_module": module, "hlo_op": name}}
-
-    events = [op("jit_a", "ynn_fusion.3", 0, 2_000_000),
-              op("jit_a", "ynn_fusion", 1_000_000, 500_000),  # side by side with the first (other thread)
-              op("jit_a", "copy.12", 2_000_000, 250), op("jit_b", "ynn_fusion.3", 7_000_000, 1_000),
-              op("jit_a", "ynn_fusion.9", 9_000_000, 9, ph="i"),  # not a complete event
-              op("jit_a", "while.4", 0, 2_000_250),  # spans its body's operations: not counted again
+    events = [trace_op("jit_a", "ynn_fusion.3", 2_000_000),
+              trace_op("jit_a", "ynn_fusion", 500_000, start=1_000_000),  # beside the first (other thread)
+              trace_op("jit_a", "copy.12", 250, start=2_000_000),
+              trace_op("jit_b", "ynn_fusion.3", 1_000, start=7_000_000),
+              trace_op("jit_a", "ynn_fusion.9", 9, start=9_000_000, ph="i"),  # not a complete event
+              trace_op("jit_a", "while.4", 2_000_250),  # spans its body's operations: not counted again
               {"ph": "X", "ts": 0, "name": "PjitFunction(a)", "dur": 5_000_000},  # Python side: no hlo_op
               {"ph": "X", "ts": 0, "dur": 7, "args": {"hlo_op": "copy"}}]  # no module: not counted
     assert anchor_workloads.op_seconds_by_kind(events) == {"jit_a": {"ynn_fusion": 2.5, "copy": 0.00025},
@@ -187,15 +190,15 @@ ENTRY %main.9 () -> f32[8,2] {
     assert sources["wrapped_copy"] == "f32[8,2]"  # no metadata: the shape only
     (tmp_path / "module_0001.jit__decode.cpu_after_optimizations.txt").write_text(hlo)
     (tmp_path / "module_0001.jit__decode.cpu_after_optimizations-buffer-assignment.txt").write_text("not HLO")
-    programs = anchor_workloads.dumped_hlo_sources(tmp_path)
+    (tmp_path / "module_0002.jit_other.cpu_after_optimizations.txt").write_text(hlo.replace("jit__decode", "jit_other"))
+    programs = anchor_workloads.dumped_hlo_sources(tmp_path, ["jit__decode"])  # only the programs asked for
     assert list(programs) == ["jit__decode"] and programs["jit__decode"] == sources
+    assert sorted(anchor_workloads.dumped_hlo_sources(tmp_path)) == ["jit__decode", "jit_other"]
 
-    def op(module, name, dur):
-        return {"ph": "X", "ts": 0, "dur": dur, "args": {"hlo_module": module, "hlo_op": name}}
-
-    events = [op("jit__decode", "ynn_fusion.3", 3_000), op("jit__decode", "ynn_fusion.3", 1_000),
-              op("jit__decode", "wrapped_copy", 500), op("jit__decode", "while.1", 9_000),  # control flow: left out
-              op("jit_other", "copy.1", 250)]  # no HLO of this program: "?"
+    events = [trace_op("jit__decode", "ynn_fusion.3", 3_000), trace_op("jit__decode", "ynn_fusion.3", 1_000),
+              trace_op("jit__decode", "wrapped_copy", 500),
+              trace_op("jit__decode", "while.1", 9_000),  # control flow: left out
+              trace_op("jit_other", "copy.1", 250)]  # no HLO of this program read: "?"
     assert anchor_workloads.op_seconds_by_source(events, programs) == {
         "jit__decode": {"ynn_fusion f32[8,2] bkgd,bkds->bkgs/dot_general": 0.004, "wrapped_copy f32[8,2]": 0.0005},
         "jit_other": {"copy ?": 0.00025}}
