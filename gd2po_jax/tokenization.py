@@ -17,13 +17,18 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # transformers' auto classes import torch where it is installed: ~2 s a process
+    from transformers import PreTrainedTokenizerBase
 
 
 def load_tokenizer(path, *, padding_side: str = "left") -> PreTrainedTokenizerBase:
     """`AutoTokenizer` of a checkpoint directory; a missing pad token is set to the EOS token."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

@@ -40,14 +40,18 @@ def load_bench_script(name: str):
 _SCRATCH = tempfile.TemporaryDirectory(prefix="gd2po_fakes_")  # checkpoints built here; removed at exit
 
 
+RUNTIME_INSTALL = REPO / "tests" / "runtime_install"  # its sitecustomize.py hides torch from subprocesses
+
+
 def subprocess_env(**changes: str) -> dict[str, str]:
     """The environment of a ``train.py`` / bench subprocess: this one's, with 2 simulated CPU devices
     and optimized code (tests/xla_env.py says why), offline Hugging Face libraries, unbuffered output,
-    and ``changes``."""
+    torch unimportable as in an install from requirements.txt (tests/runtime_install), and ``changes``."""
+    python_path = os.pathsep.join(filter(None, [str(RUNTIME_INSTALL), os.environ.get("PYTHONPATH")]))
     return {
         **os.environ, "XLA_FLAGS": xla_flags(SUBPROCESS_DEVICES), "JAX_PLATFORMS": "cpu",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-        **changes,
+        "PYTHONPATH": python_path, **changes,
     }
 
 

@@ -17,7 +17,7 @@ from scipy import stats
 from configs import default
 from gd2po_jax import report, run_dir
 from gd2po_jax.report import Paired, curve_area, mean_ci, method_order, paired_test
-from tests.fakes import REPO
+from tests.fakes import REPO, subprocess_env
 
 REWARDS = ("correctness", "format", "length")
 SEEDS = (0, 1, 2)
@@ -239,7 +239,7 @@ def test_a_broken_file_is_named(sweep_dir):
 def test_report_command(sweep_dir, tmp_path):
     out = tmp_path / "elsewhere"
     proc = subprocess.run([sys.executable, str(REPO / "report.py"), f"--sweep_dir={sweep_dir}", f"--out_dir={out}"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+                          env=subprocess_env(), capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| gdpo | 3 |" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["diagnostics.png", "learning_curves.png", "summary.csv",

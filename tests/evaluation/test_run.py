@@ -18,7 +18,7 @@ from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.run_setup import build_setup
 from gd2po_jax.trainer import train_and_evaluate
-from tests.fakes import REPO, tiny_policy
+from tests.fakes import REPO, subprocess_env, tiny_policy
 
 LEVELS = ("level_1", "level_2", "level_3")
 
@@ -65,7 +65,7 @@ def test_model_path_on_api_bank_command_line(shared_dir, tmp_path):
     command = [sys.executable, "eval.py", f"--model_path={tiny_policy(shared_dir)}", "--data=api_bank",
                f"--api_bank_dir={shared_dir / 'data' / 'api_bank'}", f"--workdir={out}", "--max_examples=2",
                "--max_new_tokens=6", "--batch_size=8", "--dtype=float32"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Correct Acc" in done.stdout and "overall" in done.stdout
     result = json.loads((out / "eval" / "api_bank.json").read_text())
@@ -77,7 +77,7 @@ def test_model_path_on_api_bank_command_line(shared_dir, tmp_path):
 
 
 def test_command_line_error_is_one_readable_line(tmp_path):
-    done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}"], cwd=REPO,
+    done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}"], cwd=REPO, env=subprocess_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("eval.py: ")

@@ -12,7 +12,7 @@ from gd2po_jax import run_dir
 from gd2po_jax.evaluation.run import EvalError, EvalOptions, run
 from gd2po_jax.tasks import habits
 from gd2po_jax.tasks.synthetic_tools import habit_tools
-from tests.fakes import REPO
+from tests.fakes import REPO, subprocess_env
 
 
 def call(name, **params):
@@ -94,7 +94,7 @@ def test_eval_command_habits_reads_before_and_after_rl_or_the_split(tmp_path):
 
     def command(*flags):
         done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}", "--habits", *flags], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+                              env=subprocess_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return [line.split() for line in done.stdout.splitlines() if "habit_tools" in line]
 
