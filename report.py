@@ -6,13 +6,13 @@ Writes summary.md and summary.csv (final test Correct Acc, Format Acc, Length an
 each reward's training curve, mean ± 95% CI over seeds; p-values of a paired t-test of each method
 against GDPO), learning_curves.png, diagnostics.png (conflict ratio, kept fraction) and tau.png
 (test Correct Acc against the SNR threshold). Unfinished runs are left out and listed. See
-gd2po_jax/report.py.
+gd2po_jax/experiments/sweep_report.py.
 """
 
 from absl import app, flags
 
 from gd2po_jax import cli
-from gd2po_jax.report import ReportError, write_report
+from gd2po_jax.experiments.sweep_report import ReportError, write_report
 
 flags.DEFINE_string("sweep_dir", None, "Directory written by sweep.py.", required=True)
 flags.DEFINE_string("out_dir", "", "Where the report goes (default: SWEEP_DIR/report).")

@@ -12,7 +12,7 @@ each run are in its workdir. All runs start RL from one SFT warm start, trained 
 (default: one per visible GPU; 1 on CPU). Rerun the same command to resume: finished runs are
 skipped, and a run whose config.json differs from its config now is refused. The exit status is
 non-zero if a run failed; the failures and their logs are listed at the end. When every run has
-finished, the report (report.py) is written to DIR/report. See gd2po_jax/sweeps.py.
+finished, the report (report.py) is written to DIR/report. See gd2po_jax/experiments/sweeps.py.
 """
 
 import signal
@@ -21,7 +21,9 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from gd2po_jax import cli, sweeps
+from gd2po_jax import cli
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.experiments import sweeps
 
 cli.define_config_flag("config", "configs/default.py", "Training config file of every run.")
 flags.DEFINE_string("sweep_dir", None, "Directory of the sweep (runs, sweep.json, report).", required=True)
@@ -40,11 +42,11 @@ def main(argv):
     cli.start(argv)
     try:
         sweep = sweeps.plan_sweep(
-            FLAGS.sweep_dir, config=FLAGS.config, config_file=config_flags.get_config_filename(FLAGS["config"]),
+            FLAGS.sweep_dir, config=RunConfig.from_config_dict(FLAGS.config), config_file=config_flags.get_config_filename(FLAGS["config"]),
             overrides=config_flags.get_override_values(FLAGS["config"]),
             algorithms=FLAGS.algorithms, snr_taus=FLAGS.snr_taus, seeds=FLAGS.seeds, parallel=FLAGS.parallel,
         )
-    except sweeps.SweepError as err:
+    except (ConfigError, sweeps.SweepError) as err:
         raise SystemExit(f"sweep.py: {err}") from None
     signal.signal(signal.SIGTERM, _stop)
     print(f"sweep: {len(sweep.specs)} runs in {sweep.sweep_dir / 'runs'}, "
@@ -57,7 +59,7 @@ def main(argv):
     lines, status = sweeps.summary_lines(outcomes)
     print("\n".join(lines))
     if status == 0:
-        from gd2po_jax import report
+        from gd2po_jax.experiments import sweep_report as report
 
         written = report.write_report(sweep.sweep_dir)
         print(f"report: {written['markdown']}")

@@ -6,7 +6,7 @@
     python train.py --config=configs/resolved.py:DIR/config.json --workdir=NEW_DIR  # rerun a run's config
 
 Rerunning the same command resumes from the latest intact checkpoint in the workdir (a rerun with
-another config is refused, naming the fields: see gd2po_jax/run_dir.py's RESUMABLE_FIELDS); a
+another config is refused, naming the fields: see gd2po_jax/runtime/workdir.py's RESUMABLE_FIELDS); a
 second process on a busy workdir stops at once, naming the holder of WORKDIR/.lock. With
 --warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
 config.sft.cache_dir) and stops; sweep.py does this once before its runs.
@@ -18,11 +18,13 @@ On several hosts, every host runs the same command with the same --workdir (shar
 
 from absl import app, flags
 
-from gd2po_jax import cli, distributed
-from gd2po_jax.config import ConfigError
-from gd2po_jax.run_dir import NonFiniteError, RunDirError
-from gd2po_jax.trainer import train_and_evaluate
-from gd2po_jax.warm_start import build_warm_start
+from gd2po_jax import cli
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime.checkpoints import NonFiniteError
+from gd2po_jax.runtime.workdir import RunDirError
+from gd2po_jax.rl.trainer import train_and_evaluate
+from gd2po_jax.sft.warm_start import build_warm_start
 
 cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
 flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and results; default runs/<config file "
@@ -36,13 +38,14 @@ def main(argv):
     workdir = FLAGS.workdir or cli.default_workdir(FLAGS["config"])
     with distributed.stop_all_on_error():  # several processes: one's error stops them all
         try:
-            distributed.initialize(FLAGS.config.get("distributed"))  # before any other use of JAX
+            config = RunConfig.from_config_dict(FLAGS.config)  # the one typed config from here on
+            distributed.initialize(config.distributed)  # before any other use of JAX
             if FLAGS.warm_start_only:
-                path = build_warm_start(FLAGS.config, workdir)
+                path = build_warm_start(config, workdir)
                 if distributed.is_primary():
                     print(f"warm start: {path}")
             else:
-                train_and_evaluate(FLAGS.config, workdir)
+                train_and_evaluate(config, workdir)
         except (ConfigError, RunDirError, NonFiniteError, distributed.DistributedError) as err:
             # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
             # checkpoint, parameters that became NaN, processes that did not join: one line naming

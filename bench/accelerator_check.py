@@ -17,18 +17,19 @@ error and the others still run, and the exit status is 1 if any check failed.
 4. ``end_to_end``: ``python train.py`` with its defaults (fresh temp workdir), wall time and the
    before/after table.
 
-On a device machine (docs/accelerator/README.md: the install lines and what each check means)::
+On a device machine, from the repository root (docs/accelerator/README.md: the install lines and what
+each check means)::
 
     pip install -r requirements.txt && pip install "jax[cuda12]==0.10.2"
-    timeout 600 python bench/accelerator_check.py --out=docs/accelerator/report-$(date +%F)-h200.json
+    timeout 600 python -m bench.accelerator_check --out=docs/accelerator/report-$(date +%F)-h200.json
 
 On a machine without an accelerator every part is skipped with its reason. ``--cpu-smoke`` runs a
 miniature of every part on CPU (8 simulated devices; part 4 is ``train.py --config=configs/tiny.py``
 shrunk further), in one to two minutes on 2 cores: tests/bench/test_accelerator_check.py runs it so
 that the script cannot rot.
 
-    python bench/accelerator_check.py --cpu-smoke --out=/tmp/report.json
-    python bench/accelerator_check.py --parts=correctness,compilation
+    python -m bench.accelerator_check --cpu-smoke --out=/tmp/report.json
+    python -m bench.accelerator_check --parts=correctness,compilation
 """
 
 from __future__ import annotations
@@ -69,19 +70,20 @@ from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import harness  # noqa: E402
+from gd2po_jax.config import RunConfig  # noqa: E402
+from gd2po_jax.models import Decoder, ModelConfig  # noqa: E402
+from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn  # noqa: E402
+from gd2po_jax.rl.logprobs import completion_logprobs, merge_model  # noqa: E402
+from gd2po_jax.rl.optimizer import make_optimizer  # noqa: E402
+from gd2po_jax.rl.records import RolloutBatch, TrainState  # noqa: E402
+from gd2po_jax.rl.setup import build_setup  # noqa: E402
+from gd2po_jax.rl.train_step import StepConfig, jit_train_step, make_train_step  # noqa: E402
+from gd2po_jax.rl.trainer import init_state  # noqa: E402
+from gd2po_jax.runtime.sharding import batch_sharding, make_mesh, variable_sharding  # noqa: E402
+from gd2po_jax.tasks.base import results_table  # noqa: E402
 
-from gd2po_jax.config import as_run_config  # noqa: E402
-from gd2po_jax.logprobs import completion_logprobs, merge_model  # noqa: E402
-from gd2po_jax.models import Decoder, ModelConfig, RopeConfig  # noqa: E402
-from gd2po_jax.optimizer import make_optimizer  # noqa: E402
-from gd2po_jax.rollout import RolloutBatch, collect_rollouts  # noqa: E402
-from gd2po_jax.run_setup import build_setup  # noqa: E402
-from gd2po_jax.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn  # noqa: E402
-from gd2po_jax.sharding import batch_sharding, make_mesh, variable_sharding  # noqa: E402
-from gd2po_jax.train_step import StepConfig, TrainState, jit_train_step, make_train_step  # noqa: E402
-from gd2po_jax.trainer import init_state, results_table  # noqa: E402
+REPO = pathlib.Path(__file__).resolve().parents[1]  # train.py's directory (part 4) and the git checkout
 
 PARTS = ("correctness", "speed", "compilation", "end_to_end")
 
@@ -101,15 +103,11 @@ FLAGS = flags.FLAGS
 # Shapes, tolerances, device facts.
 # ----------------------------------------------------------------------------------------------
 
-_QWEN2 = dict(model_type="qwen2", rope=RopeConfig(theta=1e6), qkv_bias=True, tie_word_embeddings=True)
 MODELS = {
-    "qwen2.5-0.5b": ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                                num_heads=14, num_kv_heads=2, head_dim=64, **_QWEN2),
-    "qwen2.5-1.5b": ModelConfig(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
-                                num_heads=12, num_kv_heads=2, head_dim=128, **_QWEN2),
+    "qwen2.5-0.5b": harness.qwen2_config(**harness.QWEN2_SHAPES["qwen2.5-0.5b"]),
+    "qwen2.5-1.5b": harness.qwen2_config(**harness.QWEN2_SHAPES["qwen2.5-1.5b"]),
     # The smoke's miniature of the two.
-    "mini": ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=16, **_QWEN2),
+    "mini": harness.qwen2_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, head_dim=16),
 }
 
 # Relative L2 error of the device's logits against the CPU's fp32 logits. fp32 at "highest" is the
@@ -207,33 +205,7 @@ def peak_flops(device_kind: str) -> float | None:
 # Measuring: compiles, time, memory.
 # ----------------------------------------------------------------------------------------------
 
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
-
-
-class CompileCounter:
-    """XLA compilations of this process (persistent-cache hits included: each is a new executable),
-    counted from `jax.monitoring`'s backend-compile duration event."""
-
-    def __init__(self):
-        self.count, self.seconds = 0, 0.0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, event: str, duration_secs: float, **_) -> None:
-        if event == BACKEND_COMPILE_EVENT:
-            self.count += 1
-            self.seconds += duration_secs
-
-    def close(self) -> None:
-        jax.monitoring.unregister_event_duration_listener(self._on_event)
-
-    def snapshot(self) -> tuple[int, float]:
-        return self.count, self.seconds
-
-    def since(self, snapshot: tuple[int, float]) -> tuple[int, float]:
-        return self.count - snapshot[0], self.seconds - snapshot[1]
-
-
-COMPILES: CompileCounter | None = None
+COMPILES: harness.CompileCounter | None = None  # set by main()
 
 
 @dataclasses.dataclass
@@ -245,13 +217,6 @@ class Context:
 
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """(result, seconds) of ``fn()`` with the result on the device finished."""
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - start
 
 
 def program_bytes(jitted, *args) -> int | None:
@@ -266,10 +231,10 @@ def program_bytes(jitted, *args) -> int | None:
 
 def device_peak_bytes(device) -> tuple[int | None, str | None]:
     """(peak bytes in use so far, None) from ``device.memory_stats()``, or (None, why not)."""
-    stats = device.memory_stats() or {}
-    if "peak_bytes_in_use" not in stats:
+    peak = harness.device_peak_bytes(device)
+    if peak is None:
         return None, f"{device.platform} device reports no memory_stats()['peak_bytes_in_use']"
-    return int(stats["peak_bytes_in_use"]), None
+    return peak, None
 
 
 def check(name: str, value, limit, passed: bool, note: str = "") -> dict:
@@ -332,12 +297,6 @@ def param_bytes(model: Decoder) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def random_prompts(config: ModelConfig, count: int, length: int, seed: int, ragged: bool = False) -> list[list[int]]:
-    rs = np.random.RandomState(seed)
-    lengths = rs.randint(length // 2, length + 1, count) if ragged else [length] * count
-    return [rs.randint(2, config.vocab_size, n).tolist() for n in lengths]
-
-
 def forward_fn(graphdef):
     """jit of ``(state, ids [B, S], mask [B, S]) -> logits [B, S, V]`` float32."""
     return jax.jit(lambda state, ids, mask: nnx.merge(graphdef, state)(ids, mask))
@@ -355,7 +314,8 @@ def part_correctness(ctx: Context) -> dict:
     host_state = jax.device_get(nnx.split(random_model(config, jnp.float32, device))[1])
     graphdef = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))[0]
     forward = forward_fn(graphdef)
-    prompts = random_prompts(config, profile.parity_prompts, profile.parity_prompt_len, seed=1, ragged=True)
+    prompts = harness.random_prompts(config.vocab_size, profile.parity_prompts, profile.parity_prompt_len, seed=1,
+                                     ragged=True)
     ids, mask = left_pad(prompts, bucket_length(profile.parity_prompt_len), 0)
 
     def logits_on(where, dtype, precision):
@@ -419,7 +379,8 @@ def step_batch(config: ModelConfig, graphdef, host_state, prompts: int, group: i
     old log-probs of the CPU model plus noise (so that some ratios are clipped), rewards [P, G, 3]."""
     rs = np.random.RandomState(2)
     rows = prompts * group
-    prompt_ids, prompt_mask = left_pad(random_prompts(config, rows, prompt_len, seed=3, ragged=True), prompt_len, 0)
+    prompt_ids, prompt_mask = left_pad(harness.random_prompts(config.vocab_size, rows, prompt_len, seed=3, ragged=True),
+                                       prompt_len, 0)
     ids = np.concatenate([prompt_ids, rs.randint(2, config.vocab_size, (rows, new_tokens))], 1).astype(np.int32)
     mask = np.concatenate([prompt_mask, np.ones((rows, new_tokens), np.int32)], 1).astype(bool)
     lengths = rs.randint(1, new_tokens + 1, rows)
@@ -444,7 +405,7 @@ def update_parity(ctx: Context) -> dict:
     host_params = jax.device_get(params)
     batch = step_batch(config, graphdef, host_params, profile.step_prompts, profile.step_group,
                        profile.parity_prompt_len, profile.parity_new, cpu)
-    step_config = StepConfig(reward_names=("a", "b", "c"))
+    step_config = harness.step_config(reward_names=("a", "b", "c"))
     optimizer = make_optimizer(STEP_LR)
 
     def one_update(params, batch, mesh):
@@ -505,21 +466,10 @@ def measure_bandwidth(nbytes: int, device, repeats: int) -> float:
         x = add_one(jnp.zeros((nbytes // 2,), jnp.bfloat16))
         times = []
         for _ in range(max(repeats, 3)):
-            x, seconds = timed(lambda: add_one(x))  # noqa: B023
+            x, seconds = harness.time_call(lambda: add_one(x))  # noqa: B023
             times.append(seconds)
     del x
     return 2 * nbytes / min(times)
-
-
-def measure_matmul(n: int, device, repeats: int) -> float:
-    """bf16 matmul rate in FLOP/s of one ``[n, n] @ [n, n]`` product (float32 accumulation)."""
-    matmul = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-    with jax.default_device(device):
-        a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.bfloat16)
-        b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16)
-        timed(lambda: matmul(a, b))
-        best = min(timed(lambda: matmul(a, b))[1] for _ in range(max(repeats, 3)))
-    return 2 * n**3 / best
 
 
 def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, itemsize: int) -> int:
@@ -534,17 +484,15 @@ def sampling_case(ctx: Context, model_name: str, batch: int, bandwidth: float) -
     model = random_model(config, jnp.bfloat16, device)
     graphdef, state = nnx.split(model)
     params = SamplingParams(max_new_tokens=profile.sampling_new, temperature=1.0)
-    ids, mask = left_pad(random_prompts(config, batch, profile.sampling_prompt_len, seed=4),
+    ids, mask = left_pad(harness.random_prompts(config.vocab_size, batch, profile.sampling_prompt_len, seed=4),
                          bucket_length(profile.sampling_prompt_len), 0)
     ids, mask = jax.device_put(ids, device), jax.device_put(mask, device)
     keys = [jax.random.key(i) for i in range(profile.repeats + 1)]
 
     def run(key):
-        start = time.perf_counter()
-        dstate = jax.block_until_ready(prefill_fn(graphdef, state, ids, mask, key, params, 1, None))
-        middle = time.perf_counter()
-        jax.block_until_ready(decode_fn(graphdef, state, dstate, params, None))
-        return middle - start, time.perf_counter() - middle
+        dstate, prefill_s = harness.time_call(lambda: prefill_fn(graphdef, state, ids, mask, key, params, 1, None))
+        _, decode_s = harness.time_call(lambda: decode_fn(graphdef, state, dstate, params, None))
+        return prefill_s, decode_s
 
     before = COMPILES.snapshot()
     first = run(keys[0])
@@ -603,7 +551,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     state = replicate_rest(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
                                       jax.random.PRNGKey(0)), mesh)
     del params
-    step_config = StepConfig(method="grpo", compute_dtype="bfloat16", micro_batch_size=profile.update_micro)
+    step_config = harness.step_config(method="grpo", compute_dtype="bfloat16", micro_batch_size=profile.update_micro)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     p, g, lp, m = profile.update_prompts, profile.update_group, profile.update_prompt_len, profile.update_new
@@ -617,18 +565,18 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
         valid=np.ones((p,), bool))
     batch = jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.shape)), host)
     before = COMPILES.snapshot()
-    (state, metrics), first_s = timed(lambda: step(state, batch))
+    (state, metrics), first_s = harness.time_call(lambda: step(state, batch))
     compiles, compile_s = COMPILES.since(before)
     before, times = COMPILES.snapshot(), []
     for _ in range(profile.repeats):
-        (state, metrics), seconds = timed(lambda: step(state, batch))  # noqa: B023
+        (state, metrics), seconds = harness.time_call(lambda: step(state, batch))  # noqa: B023
         times.append(seconds)
     timed_compiles, _ = COMPILES.since(before)
     finite = all(math.isfinite(float(v)) for v in jax.device_get(metrics).values())
     memory = {"program": program_bytes(step, state, batch)}  # from the compile cache: no new compile
     del state
     flops = update_flops(config, rows, seq, m)
-    best = min(times)
+    best, median = harness.best_and_median(times)
     peak = peak_flops(device.device_kind)
     devices = len(mesh.devices.flat)
     n = config.num_params()
@@ -642,7 +590,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
         "model": profile.update_model, "params": n, "rows": rows, "seq": seq, "completion": m,
         "micro_batch": profile.update_micro, "remat": True, "compute_dtype": "bfloat16", "mesh": dict(mesh.shape),
         "first_call_s": first_s, "compiles": compiles, "compile_s": compile_s, "timed_compiles": timed_compiles,
-        "step_s_best": best, "step_s_median": statistics.median(times), "flops": flops,
+        "step_s_best": best, "step_s_median": median, "flops": flops,
         "tokens_per_s": rows * seq / best,
         "mfu": None if peak is None else flops / best / (peak * devices), "peak_flops_per_device": peak,
         "of_measured_matmul_rate": flops / best / (matmul_rate * devices), "finite_metrics": finite,
@@ -656,7 +604,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
 def part_speed(ctx: Context) -> dict:
     profile, device = ctx.profile, ctx.device
     bandwidth = measure_bandwidth(profile.bandwidth_bytes, device, profile.repeats)
-    matmul_rate = measure_matmul(profile.matmul_size, device, profile.repeats)
+    matmul_rate = harness.matmul_peak_gflops(profile.matmul_size, max(profile.repeats, 3), jnp.bfloat16, device) * 1e9
     cases, skipped, checks = [], [], []
     for model_name, batch in profile.sampling:
         if ctx.remaining() < 30:
@@ -690,10 +638,10 @@ def part_speed(ctx: Context) -> dict:
 
 
 def part_compilation(ctx: Context, steps: int = 5) -> dict:
-    config = as_run_config(importlib.import_module(ctx.profile.run_config).get_config())
+    config = RunConfig.from_config_dict(importlib.import_module(ctx.profile.run_config).get_config())
     with tempfile.TemporaryDirectory(prefix="accelerator_check_") as workdir:
         before = COMPILES.snapshot()
-        setup, setup_s = timed(lambda: build_setup(config, pathlib.Path(workdir)))
+        setup, setup_s = harness.time_call(lambda: build_setup(config, pathlib.Path(workdir)))
         graphdef, optimizer, state = init_state(config, setup, setup.model_path)
         setup_compiles = COMPILES.since(before)
         step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig.from_config(config), setup.mesh),
@@ -701,13 +649,7 @@ def part_compilation(ctx: Context, steps: int = 5) -> dict:
         rows = []
         for i in range(steps):
             before, start = COMPILES.snapshot(), time.perf_counter()
-            prompts = setup.train.select([(i * config.train.prompts_per_step + j) % len(setup.train)
-                                          for j in range(config.train.prompts_per_step)])
-            rollouts = collect_rollouts(
-                merge_model(graphdef, state.params, config.model.dtype), prompts, setup.tokenizer, setup.reward_fn,
-                num_generations=config.rl.num_generations, sampling=config.sampling, eos_token_ids=setup.eos_ids,
-                pad_token_id=setup.pad_id, prompt_length=setup.prompt_length, rng=jax.random.key(i),
-                prompts_per_call=config.sampling.prompts_per_call)
+            rollouts = harness.step_rollouts(config, setup, merge_model(graphdef, state.params, config.model.dtype), i)
             state, metrics = step(state, rollouts.batch)
             jax.device_get(metrics)
             count, seconds = COMPILES.since(before)
@@ -910,7 +852,7 @@ def main(argv):
     if unknown:
         raise app.UsageError(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
     global COMPILES
-    COMPILES = CompileCounter()
+    COMPILES = harness.CompileCounter()
     smoke = FLAGS.cpu_smoke
     profile = smoke_profile() if smoke else device_profile()
     accelerator = jax.default_backend() != "cpu"

@@ -7,7 +7,7 @@ instead of importing the project's internals (which move):
 * **W (generate)**: ``--batch`` prompts of ``--prompt_len`` random ids in ``[2, vocab)`` (NumPy
   ``default_rng(0)``, as the harness draws them) -> exactly ``--new_tokens`` sampled tokens each
   (temperature 1, full vocabulary, no EOS). One warm-up call (compilation), then the median of
-  ``--repeats`` whole `gd2po_jax.sampling.generate` calls. tokens/s = batch x new_tokens / median.
+  ``--repeats`` whole `gd2po_jax.models.sampling.generate` calls. tokens/s = batch x new_tokens / median.
 * **T (train)**: one GRPO update on ``--batch`` sequences of prompt_len + new_tokens random ids,
   all-ones masks, no KL, one epoch, one minibatch, "seq-mean-token-mean", clip 0.2,
   clip_by_global_norm(1) + AdamW (lr 1e-6, no weight decay); entropy computed for the metrics (TRL
@@ -26,12 +26,12 @@ source: the kind, output shape and JAX operation of each instruction, read from 
 that XLA dumps into DIR/hlo (so that the decode's weight products, ``f32[3072,32] dot_general``,
 and its attention, ``f32[32,4,2,64] bkgs,bksd->bkgd/dot_general``, are told apart).
 ``GD2PO_JAX_MALLOC=system`` runs it with glibc's default allocator
-settings (gd2po_jax/host_memory.py), for comparison.
+settings (gd2po_jax/runtime/host_memory.py), for comparison.
 
-    python bench/anchor_workloads.py --hf_dir ../bench-models/small-qwen2 --json out.json
-    python bench/anchor_workloads.py --hf_dir DIR --workloads=T --train_repeats=2   # one workload
-    python bench/anchor_workloads.py --hf_dir DIR --profile /tmp/prof   # + where one call's time goes
-    GD2PO_JAX_MALLOC=system python bench/anchor_workloads.py --hf_dir DIR --workloads=T   # glibc's defaults
+    python -m bench.anchor_workloads --hf_dir ../bench-models/small-qwen2 --json out.json
+    python -m bench.anchor_workloads --hf_dir DIR --workloads=T --train_repeats=2   # one workload
+    python -m bench.anchor_workloads --hf_dir DIR --profile /tmp/prof   # + where one call's time goes
+    GD2PO_JAX_MALLOC=system python -m bench.anchor_workloads --hf_dir DIR --workloads=T   # glibc's defaults
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ import pathlib
 import re
 import resource
 import statistics
-import sys
-import time
 from collections.abc import Callable, Collection
 
 import jax
@@ -54,24 +52,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from gd2po_jax.logprobs import completion_logprobs  # noqa: E402
-from gd2po_jax.models import Decoder, load_pretrained  # noqa: E402
-from gd2po_jax.optimizer import make_optimizer  # noqa: E402
-from gd2po_jax.rollout import RolloutBatch  # noqa: E402
-from gd2po_jax.sampling import generate  # noqa: E402
-from gd2po_jax.train_step import StepConfig, TrainState, jit_train_step, make_train_step  # noqa: E402
-
-_COMPILES: list[float] = []  # one entry per XLA backend compilation in this process
-
-
-def _count_compiles(event: str, seconds: float, **_) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _COMPILES.append(seconds)
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+from bench import harness
+from gd2po_jax.models import Decoder, load_pretrained
+from gd2po_jax.models.sampling import generate
+from gd2po_jax.rl.logprobs import completion_logprobs
+from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.rl.train_step import jit_train_step, make_train_step
 
 
 def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
@@ -79,25 +66,23 @@ def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
 
     Returns {"median_s", "best_s", "times_s", "compiles_after_warmup", "page_faults", "cpu_per_wall"};
     page_faults: the process's minor page faults during each timed call (fresh memory the kernel had
-    to map and zero: see gd2po_jax/host_memory.py); cpu_per_wall: the process's user + system CPU
+    to map and zero: see gd2po_jax/runtime/host_memory.py); cpu_per_wall: the process's user + system CPU
     seconds per wall second of each timed call (the cores it kept busy).
     """
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    compiles_before = len(_COMPILES)
+    harness.time_calls(fn, repeats=0, warmup=warmup)  # the untimed warm-ups (compilation)
     times, faults, cpu_per_wall = [], [], []
-    for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        faults.append(after.ru_minflt - before.ru_minflt)
-        cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        cpu_per_wall.append(cpu_seconds / times[-1])
-    return {"median_s": statistics.median(times), "best_s": min(times), "times_s": times,
-            "compiles_after_warmup": len(_COMPILES) - compiles_before, "page_faults": faults,
-            "cpu_per_wall": cpu_per_wall}
+    with harness.CompileCounter() as compiles:
+        for _ in range(repeats):
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            _, seconds = harness.time_call(fn)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            times.append(seconds)
+            faults.append(after.ru_minflt - before.ru_minflt)
+            cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu_per_wall.append(cpu_seconds / seconds)
+    best, median = harness.best_and_median(times)
+    return {"median_s": median, "best_s": best, "times_s": times, "compiles_after_warmup": compiles.count,
+            "page_faults": faults, "cpu_per_wall": cpu_per_wall}
 
 
 CONTROL_FLOW = frozenset({"while", "conditional", "call"})  # HLO ops that run other ops
@@ -236,23 +221,11 @@ def profile_lines(name: str, profile: dict, min_share: float = 0.01) -> list[str
     return lines
 
 
-def matmul_peak_gflops(repeats: int = 5, size: int = 2048) -> float:
-    """fp32 GFLOP/s of the best of ``repeats`` ``size``^3 matmuls (the machine's same-moment peak)."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
-    matmul = jax.jit(lambda x, y: x @ y)
-    return 2 * size**3 / timed_calls(lambda: matmul(a, a), repeats, warmup=2)["best_s"] / 1e9
-
-
-def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> np.ndarray:
-    """[batch, prompt_len] int64 ids in [2, vocab) (0 and 1 are left to pad / EOS)."""
-    return np.random.default_rng(seed).integers(2, vocab_size, size=(batch, prompt_len), dtype=np.int64)
-
-
 def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
                       profile_dir: pathlib.Path | None = None) -> dict:
     """Workload W on ``model``: timings of whole generate calls and the generated tokens/s (and, with
     ``profile_dir``, the `profile_call` report of one more call)."""
-    prompts = [list(row) for row in random_prompts(model.config.vocab_size, batch, prompt_len)]
+    prompts = harness.random_prompts(model.config.vocab_size, batch, prompt_len)
     keys = iter(range(10**6))
 
     def call():
@@ -291,9 +264,9 @@ def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: 
         raise ValueError(f"--batch must be even (prompts x 2 generations), got {batch}")
     rollouts = update_batch(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
     graphdef, params = nnx.split(model, nnx.Param)
-    step_config = StepConfig(method="grpo", loss_agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2,
-                             dual_clip=None, kl_coef=0.0, entropy_coef=0.0, log_entropy=True, ppo_epochs=1,
-                             num_minibatches=1, micro_batch_size=0, compute_dtype="float32")
+    step_config = harness.step_config(method="grpo", loss_agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2,
+                                      dual_clip=None, kl_coef=0.0, entropy_coef=0.0, log_entropy=True,
+                                      ppo_epochs=1, num_minibatches=1, micro_batch_size=0, compute_dtype="float32")
     optimizer = make_optimizer(1e-6, weight_decay=0.0, grad_clip=1.0)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config))
     state = [TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))]
@@ -324,18 +297,18 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
     config = model.config
     report = {
         "framework": "gd2po-jax", "hf_dir": str(hf_dir), "jax": jax.__version__,
-        "device": f"{jax.devices()[0].device_kind} x{jax.device_count()}",
+        "device": harness.device_description(),
         "model": {"model_type": config.model_type, "params": config.num_params(), "vocab_size": config.vocab_size,
                   "hidden_size": config.hidden_size, "num_layers": config.num_layers},
         "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "workloads": {},
     }
     for name in names:
-        peak_before = matmul_peak_gflops(size=peak_size)
+        peak_before = harness.matmul_peak_gflops(size=peak_size)
         repeat = repeats if name == "W" else train_repeats
         profile_dir = pathlib.Path(profile) / name if profile else None
         result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeat,
                                  profile_dir=profile_dir)
-        result |= {"matmul_peak_gflops": [peak_before, matmul_peak_gflops(size=peak_size)]}
+        result |= {"matmul_peak_gflops": [peak_before, harness.matmul_peak_gflops(size=peak_size)]}
         report["workloads"][name] = result
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s (median {result['median_s'] * 1e3:.1f} ms of "
               f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}, page faults a call "

@@ -1,15 +1,15 @@
-"""Sampler throughput: prefill tokens/s and generated tokens/s of `gd2po_jax.sampling.generate`.
+"""Sampler throughput: prefill tokens/s and generated tokens/s of `gd2po_jax.models.sampling.generate`.
 
 Default: a random 29M-parameter Qwen2-shaped model (hidden 512, 8 layers, 8 heads, 2 kv heads,
 intermediate 1408, vocab 12288, tied embeddings), fp32, 32 prompts x 64 prompt tokens x 64 new tokens.
 
-    python bench/bench_sampling.py                       # the default above
-    python bench/bench_sampling.py --preset qwen2.5-0.5b --dtype bfloat16 --batch 64
-    python bench/bench_sampling.py --hf_dir /path/to/checkpoint
+    python -m bench.bench_sampling                       # the default above
+    python -m bench.bench_sampling --preset qwen2.5-0.5b --dtype bfloat16 --batch 64
+    python -m bench.bench_sampling --hf_dir /path/to/checkpoint
 
 A seconds-long check that the script runs (a 1-layer model, 2 prompts, 4 new tokens):
 
-    python bench/bench_sampling.py --hidden=32 --layers=1 --heads=2 --kv_heads=1 --intermediate=64
+    python -m bench.bench_sampling --hidden=32 --layers=1 --heads=2 --kv_heads=1 --intermediate=64
         --vocab=128 --head_dim=16 --batch=2 --prompt_len=8 --new_tokens=4 --repeats=1
 
 No EOS is set, so every row generates exactly --new_tokens tokens. Compilation is excluded (one
@@ -21,7 +21,7 @@ of XLA debug options (the names of XLA_FLAGS without the dashes); the prefill an
 are compiled once with the defaults and once with these options, then timed in --pairs alternated
 pairs, so that the machine's drift falls on both alike:
 
-    python bench/bench_sampling.py --hf_dir ../bench-models/small-qwen2 --pairs 8 \
+    python -m bench.bench_sampling --hf_dir ../bench-models/small-qwen2 --pairs 8 \
         --compile_options '{"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": true}'
 """
 
@@ -30,25 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness
+from gd2po_jax.models import Decoder, load_pretrained
+from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
 
-from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  # noqa: E402
-from gd2po_jax.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn  # noqa: E402
-
-PRESETS = {
-    "qwen2-29m": dict(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1408, vocab=12288, head_dim=64),
-    # Qwen2.5-0.5B shapes (494M parameters).
-    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, head_dim=64),
-}
+PRESETS = {name: harness.QWEN2_SHAPES[name] for name in ("qwen2-29m", "qwen2.5-0.5b")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,38 +84,14 @@ def build_model(args) -> Decoder:
         override = getattr(args, key)
         if override is not None:
             shape[key] = override
-    config = ModelConfig(
-        model_type="qwen2",
-        vocab_size=shape["vocab"],
-        hidden_size=shape["hidden"],
-        intermediate_size=shape["intermediate"],
-        num_layers=shape["layers"],
-        num_heads=shape["heads"],
-        num_kv_heads=shape["kv_heads"],
-        head_dim=shape["head_dim"],
-        rope=RopeConfig(theta=1e6),
-        qkv_bias=True,
-        tie_word_embeddings=True,
-    )
-    return nnx.jit(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0)))()
-
-
-def timed(fn, repeats: int) -> tuple[float, float]:
-    """(best, median) wall time in seconds of ``fn()`` over ``repeats`` calls."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times), statistics.median(times)
+    return harness.random_model(harness.qwen2_config(**shape), dtype)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     model = build_model(args)
     config = model.config
-    rs = np.random.RandomState(0)
-    prompts = [list(rs.randint(0, config.vocab_size, args.prompt_len)) for _ in range(args.batch)]
+    prompts = harness.random_prompts(config.vocab_size, args.batch, args.prompt_len)
     kwargs = dict(
         max_new_tokens=args.new_tokens,
         temperature=args.temperature,
@@ -135,10 +102,9 @@ def main(argv=None) -> None:
     n_rows = args.batch * args.num_samples
     generated = n_rows * args.new_tokens
 
-    start = time.perf_counter()
-    jax.block_until_ready(generate(model, prompts, rng=jax.random.key(0), **kwargs).tokens)
-    compile_s = time.perf_counter() - start
-    total = timed(lambda: generate(model, prompts, rng=jax.random.key(1), **kwargs).tokens, args.repeats)
+    _, compile_s = harness.time_call(lambda: generate(model, prompts, rng=jax.random.key(0), **kwargs).tokens)
+    total = harness.best_and_median(
+        harness.time_calls(lambda: generate(model, prompts, rng=jax.random.key(1), **kwargs).tokens, args.repeats))
 
     # Prefill and decode timed separately, with the same compiled programs generate uses.
     graphdef, state = nnx.split(model)
@@ -148,11 +114,10 @@ def main(argv=None) -> None:
     programs = generate_programs(graphdef, params, args.num_samples)
     prefill_times, decode_times, _ = zip(*(prefill_then_decode(programs, state, ids, mask, jax.random.key(i))
                                            for i in range(args.repeats)))
-    prefill = min(prefill_times), statistics.median(prefill_times)
-    decode = min(decode_times), statistics.median(decode_times)
+    prefill, decode = harness.best_and_median(prefill_times), harness.best_and_median(decode_times)
     prefill_tokens = args.batch * ids.shape[1]
 
-    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}  dtype={args.dtype}")
+    print(f"device: {harness.device_description()}  dtype={args.dtype}")
     print(
         f"model: {config.model_type} hidden={config.hidden_size} layers={config.num_layers} "
         f"heads={config.num_heads}/{config.num_kv_heads} head_dim={config.head_dim} "
@@ -193,11 +158,9 @@ def compiled_programs(graphdef, state, ids, mask, params: SamplingParams, num_sa
 def prefill_then_decode(programs, state, ids, mask, rng) -> tuple[float, float, jax.Array]:
     """(prefill seconds, decode seconds, tokens [N, M]) of one run of ``programs``."""
     prefill, decode = programs
-    start = time.perf_counter()
-    dstate = jax.block_until_ready(prefill(state, ids, mask, rng))
-    middle = time.perf_counter()
-    tokens = jax.block_until_ready(decode(state, dstate).tokens)
-    return middle - start, time.perf_counter() - middle, tokens
+    dstate, prefill_s = harness.time_call(lambda: prefill(state, ids, mask, rng))
+    tokens, decode_s = harness.time_call(lambda: decode(state, dstate).tokens)
+    return prefill_s, decode_s, tokens
 
 
 def compare_options(graphdef, state, ids, mask, params: SamplingParams, num_samples: int, options: dict,

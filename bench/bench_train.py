@@ -12,10 +12,10 @@ Two measurements:
   (bench/anchor_workloads.py, workload T). Training tokens/s = 32 x 128 / update time; compare it
   with the anchors only in the same run (../shared/bench/anchors).
 
-    python bench/bench_train.py                               # default config, 2 warm-up + 3 steps
-    python bench/bench_train.py --config.train.prompts_per_step=8 --steps=5
-    python bench/bench_train.py --mode=frame
-    python bench/bench_train.py --config=configs/tiny.py --warmup=1 --steps=1   # a seconds-long check
+    python -m bench.bench_train                               # default config, 2 warm-up + 3 steps
+    python -m bench.bench_train --config.train.prompts_per_step=8 --steps=5
+    python -m bench.bench_train --mode=frame
+    python -m bench.bench_train --config=configs/tiny.py --warmup=1 --steps=1   # a seconds-long check
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from __future__ import annotations
 import pathlib
 import resource
 import statistics
-import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -33,18 +31,16 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from gd2po_jax import cli  # noqa: E402
-from gd2po_jax.config import as_run_config  # noqa: E402
-from gd2po_jax.logprobs import merge_model  # noqa: E402
-from gd2po_jax.models import Decoder, ModelConfig, RopeConfig, load_pretrained  # noqa: E402
-from gd2po_jax.optimizer import make_optimizer  # noqa: E402
-from gd2po_jax.rollout import collect_rollouts  # noqa: E402
-from gd2po_jax.run_setup import build_setup  # noqa: E402
-from gd2po_jax.train_step import TrainState, jit_train_step, make_train_step, run_step_config  # noqa: E402
-
-from anchor_workloads import update_workload  # noqa: E402  (bench/, next to this script)
+from bench import harness
+from bench.anchor_workloads import update_workload
+from gd2po_jax import cli
+from gd2po_jax.config import RunConfig
+from gd2po_jax.models import load_pretrained
+from gd2po_jax.rl.logprobs import merge_model
+from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.records import TrainState
+from gd2po_jax.rl.setup import build_setup
+from gd2po_jax.rl.train_step import jit_train_step, make_train_step, run_step_config
 
 cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
 flags.DEFINE_enum("mode", "default", ["default", "frame"], "What to measure (see the module docstring).")
@@ -57,14 +53,14 @@ FLAGS = flags.FLAGS
 def peak_memory() -> str:
     host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     text = f"peak host RSS {host:,.0f} MiB"
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        text += f" | peak device memory {stats['peak_bytes_in_use'] / 2**20:,.0f} MiB"
+    device = harness.device_peak_bytes()
+    if device is not None:
+        text += f" | peak device memory {device / 2**20:,.0f} MiB"
     return text
 
 
 def bench_default(config, workdir: pathlib.Path) -> None:
-    config = as_run_config(config)
+    config = RunConfig.from_config_dict(config)
     setup = build_setup(config, workdir)
     model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh)
     graphdef, params = nnx.split(model, nnx.Param)
@@ -77,18 +73,8 @@ def bench_default(config, workdir: pathlib.Path) -> None:
                           jax.tree.map(lambda x: x.sharding, state))
     rows = []
     for i in range(FLAGS.warmup + FLAGS.steps):
-        prompts = setup.train.select(
-            [(i * config.train.prompts_per_step + j) % len(setup.train) for j in range(config.train.prompts_per_step)]
-        )
-        rollouts = collect_rollouts(
-            merge_model(graphdef, state.params, config.model.dtype), prompts, setup.tokenizer, setup.reward_fn,
-            num_generations=config.rl.num_generations, sampling=config.sampling, eos_token_ids=setup.eos_ids,
-            pad_token_id=setup.pad_id, prompt_length=setup.prompt_length, rng=jax.random.key(i),
-        )
-        start = time.perf_counter()
-        state, metrics = step(state, rollouts.batch)
-        jax.block_until_ready(metrics)
-        update = time.perf_counter() - start
+        rollouts = harness.step_rollouts(config, setup, merge_model(graphdef, state.params, config.model.dtype), i)
+        (state, metrics), update = harness.time_call(lambda: step(state, rollouts.batch))  # noqa: B023
         batch = rollouts.batch
         trained = int(np.sum(np.asarray(batch.attention_mask)[:, : -batch.response_mask.shape[1]])) + int(
             np.sum(np.asarray(batch.response_mask)))
@@ -102,7 +88,7 @@ def bench_default(config, workdir: pathlib.Path) -> None:
     timed = rows[FLAGS.warmup:]
     mean = {k: statistics.mean(r[k] for r in timed) for k in timed[0]}
     total = mean["rollout"] + mean["rewards"] + mean["update"]
-    print(f"\ndevice: {jax.devices()[0].device_kind} x{jax.device_count()}, mesh {dict(setup.mesh.shape)}")
+    print(f"\ndevice: {harness.device_description()}, mesh {dict(setup.mesh.shape)}")
     print(f"batch: {config.train.prompts_per_step} prompts x {config.rl.num_generations} rollouts, prompt "
           f"length {setup.prompt_length}, max_new_tokens {config.sampling.max_new_tokens}, micro-batches of "
           f"{config.rl.micro_batch_size or 'all'} rollouts, prompt windows {step_config.prompt_windows or 'none'}")
@@ -121,14 +107,12 @@ def bench_default(config, workdir: pathlib.Path) -> None:
 
 
 def bench_frame() -> None:
-    config = ModelConfig(model_type="qwen2", vocab_size=12288, hidden_size=512, intermediate_size=1408, num_layers=8,
-                         num_heads=8, num_kv_heads=2, head_dim=64, rope=RopeConfig(theta=1e6), qkv_bias=True,
-                         tie_word_embeddings=True)
-    model = nnx.jit(lambda: Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0)))()
+    config = harness.qwen2_config(**harness.QWEN2_SHAPES["qwen2-29m"])
+    model = harness.random_model(config, jnp.float32)
     batch, prompt_len, new_tokens = 32, 64, 64
     result = update_workload(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
                              repeats=max(FLAGS.steps, 1))
-    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
+    print(f"device: {harness.device_description()}")
     print(f"model: qwen2 {config.num_params() / 1e6:.1f}M params, float32; batch {batch} rollouts x "
           f"{prompt_len + new_tokens} tokens ({prompt_len} prompt + {new_tokens} completion), the anchors' GRPO "
           "update (bench/anchor_workloads.py, workload T)")

@@ -5,9 +5,9 @@ A decode step multiplies N rows by every weight matrix. `gd2po_jax.models.decode
 each product as ``W^T [F, K] @ x^T [K, N]`` (feature-major, F output rows) instead of
 ``x [N, K] @ W [K, F]`` (N output rows); this script shows why, for the matrix shapes of a model:
 
-    python bench/decode_layouts.py                                   # the small anchor model's shapes
-    python bench/decode_layouts.py --hidden=896 --intermediate=4864 --heads=14 --kv_heads=2 --vocab=151936
-    python bench/decode_layouts.py --rows=64 --repeats=50
+    python -m bench.decode_layouts                                   # the small anchor model's shapes
+    python -m bench.decode_layouts --hidden=896 --intermediate=4864 --heads=14 --kv_heads=2 --vocab=151936
+    python -m bench.decode_layouts --rows=64 --repeats=50
 
 Each product feeds an elementwise op (as in the model, so XLA cannot fold a transpose into it) and
 is timed as the 10th-percentile of ``--repeats`` calls; GFLOP/s = 2 N K F / time.
@@ -29,26 +29,17 @@ they read memory. The fp32 matmul peak (2048^3) is measured last, for scale.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gd2po_jax  # noqa: E402, F401  (the project's host-memory settings: gd2po_jax.host_memory)
+import gd2po_jax  # noqa: F401  (the project's host-memory settings: gd2po_jax.runtime.host_memory)
+from bench import harness
 
 
 def percentile_time(fn, *args, repeats: int) -> float:
     """10th-percentile wall time of ``fn(*args)`` over ``repeats`` calls (after 3 warm-ups)."""
-    for _ in range(3):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+    times = harness.time_calls(lambda: fn(*args), repeats, warmup=3)
     return sorted(times)[len(times) // 10]
 
 
@@ -120,7 +111,7 @@ def main(argv=None) -> None:
     row_major = jax.jit(lambda x, w: jax.nn.silu(x @ w))  # [N, K] @ [K, F] -> [N, F]
     feature_major = jax.jit(lambda w_t, x_t: jax.nn.silu(w_t @ x_t))  # [F, K] @ [K, N] -> [F, N]
     key = jax.random.key(0)
-    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, N = {args.rows} rows, float32")
+    print(f"device: {harness.device_description()}, N = {args.rows} rows, float32")
     shapes = matrix_shapes(args.hidden, args.intermediate, args.heads, args.kv_heads, args.head_dim, args.vocab)
     for name, k, f in shapes:
         x = jax.random.normal(key, (args.rows, k), jnp.float32)
@@ -153,8 +144,7 @@ def main(argv=None) -> None:
           f"ratio {streamed / resident:4.2f}")
     print(f"reading the layers' {layer_bytes / 2**20:.1f} MiB of weights once: {read * 1e3:7.2f} ms = "
           f"{layer_bytes / read / 1e9:5.1f} GB/s")
-    a = jax.random.normal(key, (args.peak_size, args.peak_size), jnp.float32)
-    peak = 2 * args.peak_size**3 / percentile_time(jax.jit(lambda m: m @ m), a, repeats=5) / 1e9
+    peak = harness.matmul_peak_gflops(args.peak_size)
     print(f"matmul peak ({args.peak_size}^3): {peak:.1f} GFLOP/s")
 
 

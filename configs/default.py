@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.kind = "auto"  # auto | verl | toolrl_sft | api_bank | jsonl
     config.data.on_error = "raise"  # raise | skip (malformed rows are counted and reported)
     config.data.max_prompt_tokens = 1024  # longer prompts are an error naming the row
-    # The synthetic task (gd2po_jax.tasks.synthetic_tools.SyntheticToolsConfig, plus the size of the
+    # The synthetic task (gd2po_jax.tasks.synthetic_tools.data.SyntheticToolsConfig, plus the size of the
     # tokenizer trained on it); fields left out take that class's defaults.
     config.data.synthetic = ml_collections.ConfigDict(
         dict(seed=0, num_train=2000, num_validation=128, num_test=256, num_candidates=2, mistake_rate=0.2,

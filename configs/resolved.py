@@ -9,13 +9,13 @@ launches each of its runs this way, from the config it resolved into the run's w
 import ml_collections
 
 from gd2po_jax.config import DistributedConfig
-from gd2po_jax.run_dir import load_config
+from gd2po_jax.runtime.workdir import load_run_config
 
 
 def get_config(path: str) -> ml_collections.ConfigDict:
     # Through the typed config: validated, and with tuple fields as tuples again (JSON has lists),
     # so that --config.rewards.names=a,b overrides them as it does those of configs/default.py.
-    values = load_config(path).to_dict()
+    values = load_run_config(path).to_dict()
     # How the run was launched (process 0's coordinator ...) is not what it computes: a rerun is
     # launched anew, one process unless --config.distributed.* says otherwise.
     values["distributed"] = DistributedConfig().to_dict()

@@ -2,12 +2,12 @@
 
 import logging
 
-from gd2po_jax.host_memory import retain_freed_memory
+from gd2po_jax.runtime.host_memory import retain_freed_memory
 
 __version__ = "0.1.0"
 
 # Before JAX starts its backend: XLA's buffers then reuse freed memory instead of page-faulting
-# fresh memory on every run (gd2po_jax/host_memory.py; GD2PO_JAX_MALLOC=system turns it off).
+# fresh memory on every run (gd2po_jax/runtime/host_memory.py; GD2PO_JAX_MALLOC=system turns it off).
 HOST_MALLOC_TUNED = retain_freed_memory()
 
 # Without torch (a test-only dependency), importing transformers logs "PyTorch was not found. Models

@@ -2,8 +2,8 @@
 
 Experiments are Python files in ``configs/`` that return an ``ml_collections.ConfigDict``, so that
 ``--config.rl.snr_tau=0.5`` overrides any field from the command line. The entry points
-(``train_and_evaluate``, ``build_warm_start``, evaluation, sweeps) convert that ConfigDict once
-with `RunConfig.from_config_dict`; everything downstream reads the typed `RunConfig`, with the
+(train.py, eval.py, sweep.py) convert that ConfigDict once with `RunConfig.from_config_dict`;
+every library function takes the typed `RunConfig` (or one of its sections), with the
 same dotted names (``config.rl.algorithm``, ``config.sampling.temperature`` ...)::
 
     config = RunConfig.from_config_dict(configs.default.get_config())   # validated
@@ -11,7 +11,9 @@ same dotted names (``config.rl.algorithm``, ``config.sampling.temperature`` ...)
     config.to_dict()                                                    # == the ConfigDict's to_dict()
 
 Each field is checked where it is defined (``__post_init__``), before anything is computed; a
-`ConfigError` names the dotted field and the value. Every number must be finite (``inf`` or
+`ConfigError` names the dotted field and the value. The fields only one task reads (``data.synthetic``,
+``data.safety``, the files task's paths) are checked by that task (`gd2po_jax.tasks.task_of`) when
+the run starts. This module imports nothing of the package: every other module may import it. Every number must be finite (``inf`` or
 ``nan`` from the command line is refused). Fields that depend on more than one section
 (the batch layout, the files task's data) are checked by `RunConfig`, and those that depend on the
 device mesh by `RunConfig.check_mesh`. The paper's symbols (G, tau, eps_low ...) are those of
@@ -30,15 +32,19 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from gd2po_jax.advantages import BATCH_NORMS, METHODS
-from gd2po_jax.data.loaders import KINDS as DATA_KINDS
-from gd2po_jax.losses import KL_ESTIMATORS, LOSS_AGG_MODES
-from gd2po_jax.tasks.safety_world import PREFERENCE_COLUMNS, SafetyWorldConfig
-from gd2po_jax.tasks.synthetic_tools import SyntheticToolsConfig
-from gd2po_jax.train_step import check_batch_layout
-
 DTYPES = ("float32", "bfloat16")
-TASKS = ("synthetic_tools", "files", "safety_embedded")
+ALGORITHMS = ("grpo", "gdpo", "gd2po_hard", "gd2po_snr", "low_conflict_half", "high_conflict_half")
+"""The values of ``config.rl.algorithm``: the advantage estimators of `gd2po_jax.rl.advantages`."""
+SNR_HALF_ALGORITHMS = ("low_conflict_half", "high_conflict_half")
+"""The paper's ablation of the SNR ranking (no official code)."""
+BATCH_NORMS = ("token", "sequence", "none")
+"""The values of ``config.rl.batch_norm`` (`gd2po_jax.rl.advantages`)."""
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+"""The values of ``config.rl.loss_agg_mode`` (verl's names; `gd2po_jax.rl.losses.aggregate_loss`)."""
+KL_ESTIMATORS = ("k1", "k3")
+"""The values of ``config.rl.kl_estimator`` (`gd2po_jax.rl.losses`)."""
+DATA_KINDS = ("verl", "toolrl_sft", "api_bank", "jsonl")
+"""The data file formats of ``config.data.kind`` besides auto (`gd2po_jax.data.loaders`)."""
 PROMPT_TRUNCATIONS = ("error", "left")
 """The values of ``config.data.prompt_truncation``."""
 
@@ -295,7 +301,7 @@ class SyntheticDataConfig(_Section):
     """``config.data.synthetic``: the generated tool-calling task of ``task="synthetic_tools"``.
 
     Apart from ``tokenizer_vocab_size``, the fields are those of
-    `gd2po_jax.tasks.synthetic_tools.SyntheticToolsConfig` (see its docstring); a field left out
+    `gd2po_jax.tasks.synthetic_tools.data.SyntheticToolsConfig` (see its docstring); a field left out
     (None) takes that class's default and is left out of `to_dict`, so a config names only the
     fields it sets and its warm-start key depends on those.
 
@@ -334,30 +340,12 @@ class SyntheticDataConfig(_Section):
 
     def __post_init__(self):
         _int_at_least(self.tokenizer_vocab_size, self._dotted("tokenizer_vocab_size"))
-        self.task_config()
-
-    def task_config(self) -> SyntheticToolsConfig:
-        """The task's own config: the fields set here, the task's defaults for the rest.
-
-        Raises:
-          ConfigError: naming the ``config.data.synthetic`` field the task rejects.
-        """
-        names = [f.name for f in dataclasses.fields(SyntheticToolsConfig)]
-        values = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
-        try:
-            return SyntheticToolsConfig(**values)
-        except ValueError as err:
-            message = str(err)
-            found = {name: re.search(rf"\b{name}\b", message) for name in names}
-            named = sorted((match.start(), name) for name, match in found.items() if match)
-            field = self._dotted(named[0][1]) if named else self._path
-            raise ConfigError(f"config.{field}: {message}") from None
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardTrainingConfig(_Section):
     """``config.data.safety.reward_training``: the shape and Bradley–Terry training of the
-    safety_embedded task's reward models (`gd2po_jax.safety_embedded`, `gd2po_jax.reward_training`),
+    safety_embedded task's reward models (`gd2po_jax.tasks.safety.task`, `gd2po_jax.rewards.training`),
     one per reward name, each a tiny random Qwen2 score model on the task's tokenizer.
 
     Attributes:
@@ -402,7 +390,7 @@ class RewardTrainingConfig(_Section):
 @dataclasses.dataclass(frozen=True)
 class SafetyDataConfig(_Section):
     """``config.data.safety``: the generated helpfulness-safety world of ``task="safety_embedded"``
-    (`gd2po_jax.tasks.safety_world`, whose `SafetyWorldConfig` documents the world's fields), the
+    (`gd2po_jax.tasks.safety.world`, whose `SafetyWorldConfig` documents the world's fields), the
     tokenizer trained on it, and its reward models' training.
 
     Attributes:
@@ -429,16 +417,6 @@ class SafetyDataConfig(_Section):
 
     def __post_init__(self):
         _int_at_least(self.tokenizer_vocab_size, self._dotted("tokenizer_vocab_size"))
-        self.world_config()
-
-    def world_config(self) -> SafetyWorldConfig:
-        """The world's own config. Raises `ConfigError` naming the field the world rejects."""
-        names = [f.name for f in dataclasses.fields(SafetyWorldConfig)]
-        try:
-            return SafetyWorldConfig(**{name: getattr(self, name) for name in names})
-        except ValueError as err:
-            field = next((name for name in names if f"SafetyWorldConfig.{name} " in str(err)), None)
-            raise ConfigError(f"config.{self._dotted(field) if field else self._path}: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -610,7 +588,7 @@ class RLConfig(_Section):
 
     Attributes:
       algorithm: grpo | gdpo | gd2po_hard | gd2po_snr, or the paper's SNR-ranking ablation
-        low_conflict_half | high_conflict_half (`gd2po_jax.advantages.METHODS`).
+        low_conflict_half | high_conflict_half (`gd2po_jax.rl.advantages.METHODS`).
       snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (0: GDPO, 1: GD2PO-Hard).
       num_generations: G, rollouts sampled per prompt (>= 2: a group needs a spread).
       batch_norm: how GDPO / GD2PO normalize over the batch: token (official) | sequence (TRL) |
@@ -640,7 +618,7 @@ class RLConfig(_Section):
         (``micro_batch_size``), and each micro-batch runs at the shortest multiple of
         ``length_bucket`` that holds its longest prompt (exact: the cut slots are masked out).
         The update is compiled once, with a branch per length from the training data's shortest
-        prompt up to the padded length (`gd2po_jax.train_step.prompt_window_lengths`); the metrics
+        prompt up to the padded length (`gd2po_jax.rl.train_step.prompt_window_lengths`); the metrics
         ``update/prompt_padding`` and ``update/padding`` say what share of the update's token slots
         is left padding (and padding after the response). 0: every micro-batch at the padded
         length. Absent from older runs' config.json: 0.
@@ -669,7 +647,7 @@ class RLConfig(_Section):
     length_bucket: int = 0
 
     def __post_init__(self):
-        _one_of(self.algorithm, "rl.algorithm", METHODS)
+        _one_of(self.algorithm, "rl.algorithm", ALGORITHMS)
         _in_range(self.snr_tau, "rl.snr_tau", 0.0, 1.0)
         _int_at_least(self.num_generations, "rl.num_generations", minimum=2)
         _one_of(self.batch_norm, "rl.batch_norm", BATCH_NORMS)
@@ -746,7 +724,7 @@ class TrainConfig(_Section):
         logits held at once).
       log_every: write metrics every this many steps (and at the last).
       max_consecutive_skipped_steps: stop the run when this many RL steps in a row skipped an
-        optimizer update for a non-finite gradient (`gd2po_jax.train_step.count_skipped_steps`).
+        optimizer update for a non-finite gradient (`gd2po_jax.rl.train_step.count_skipped_steps`).
         Absent from older runs' config.json: 5.
     """
 
@@ -854,7 +832,7 @@ class EvalConfig(_Section):
 
     Attributes:
       split: the split evaluated before and after RL: validation | test | none (no evaluation). A
-        split the data lacks is an error when the run starts (`gd2po_jax.run_setup.eval_split`).
+        split the data lacks is an error when the run starts (`gd2po_jax.rl.setup.eval_split`).
       max_examples: evaluate the first this many examples of each split; 0: all.
       batch_size: prompts per generation batch.
       every_steps: also evaluate every this many RL steps; 0: only before and after RL.
@@ -876,7 +854,7 @@ class EvalConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(_Section):
-    """``config.mesh``: the device mesh (`gd2po_jax.sharding.make_mesh`). One size may be -1:
+    """``config.mesh``: the device mesh (`gd2po_jax.runtime.sharding.make_mesh`). One size may be -1:
     all remaining devices. The batch is split over data x fsdp.
 
     Attributes:
@@ -906,7 +884,7 @@ pods, SLURM, Open MPI, Kubernetes JobSets)."""
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig(_Section):
     """``config.distributed``: one process per host on JAX's multi-controller runtime
-    (`gd2po_jax.distributed`; docs/multihost.md). Every process runs the same command with the same
+    (`gd2po_jax.runtime.distributed`; docs/multihost.md). Every process runs the same command with the same
     ``--workdir`` (shared storage). How a run is launched, not what it computes: a rerun may change
     any of these (`run_dir.RESUMABLE_FIELDS`).
 
@@ -949,8 +927,44 @@ class DistributedConfig(_Section):
 # ----------------------------------------------------------------------------------------------
 
 
+def check_batch_layout(
+    rollouts: int, num_minibatches: int, micro_batch_size: int, num_data_shards: int = 1
+) -> tuple[int, int]:
+    """(minibatch rows, micro-batch rows) of a step: the one rule of batch divisibility.
+
+    The B = P x G ``rollouts`` of a step split into ``num_minibatches`` minibatches (one optimizer
+    step each), and each minibatch into micro-batches of ``micro_batch_size`` rows (0: the whole
+    minibatch) whose gradients are summed. With the batch split over ``num_data_shards`` devices
+    (mesh data x fsdp), the rollouts and every micro-batch must divide by it too.
+
+    Raises:
+      ValueError: the message starts with the config field at fault, ``train.prompts_per_step``,
+        ``rl.num_minibatches`` or ``rl.micro_batch_size``, then a colon.
+    """
+    if rollouts % num_data_shards:
+        raise ValueError(
+            f"train.prompts_per_step: the {rollouts} rollouts of a step (train.prompts_per_step x "
+            f"rl.num_generations) cannot be split over {num_data_shards} data-parallel devices (config.mesh)"
+        )
+    if rollouts % num_minibatches:
+        raise ValueError(
+            f"rl.num_minibatches: {num_minibatches} does not divide the {rollouts} rollouts of a step "
+            "(train.prompts_per_step x rl.num_generations)"
+        )
+    minibatch = rollouts // num_minibatches
+    micro = micro_batch_size or minibatch
+    if minibatch % micro:
+        raise ValueError(f"rl.micro_batch_size: {micro} does not divide the minibatch of {minibatch} rollouts")
+    if micro % num_data_shards:
+        raise ValueError(
+            f"rl.micro_batch_size: micro-batches of {micro} rollouts cannot be split over "
+            f"{num_data_shards} data-parallel devices (config.mesh); use a multiple"
+        )
+    return minibatch, micro
+
+
 def _batch_layout(config: RunConfig, num_data_shards: int) -> tuple[int, int]:
-    """`train_step.check_batch_layout` of a step's rollouts, its error as a `ConfigError`."""
+    """`check_batch_layout` of a step's rollouts, its error as a `ConfigError`."""
     rollouts = config.train.prompts_per_step * config.rl.num_generations
     try:
         return check_batch_layout(rollouts, config.rl.num_minibatches, config.rl.micro_batch_size,
@@ -968,9 +982,10 @@ class RunConfig(_Section):
     """The whole config of a run, as configs/*.py write it; build it with `from_config_dict`.
 
     Attributes:
-      task: where prompts come from: synthetic_tools (generated, ``data.synthetic``) | files
-        (``data.train`` ...) | safety_embedded (generated, ``data.safety``, with reward models
-        trained on it: `gd2po_jax.safety_embedded`).
+      task: where prompts come from: the name of a registered task (`gd2po_jax.tasks`; its own
+        fields are checked by `gd2po_jax.tasks.task_of`): synthetic_tools (generated,
+        ``data.synthetic``) | files (``data.train`` ...) | safety_embedded (generated,
+        ``data.safety``, with reward models trained on it).
       model, data, rewards, rl, sampling, train, sft, checkpoint, eval, mesh: the sections.
       distributed: how the processes of a multi-host run find each other (defaults: one process).
     """
@@ -989,18 +1004,7 @@ class RunConfig(_Section):
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
-        _one_of(self.task, "task", TASKS)
-        if self.task == "files":
-            _require(bool(self.data.train), "data.train", "the files task needs a training data file")
-        if self.task == "safety_embedded":
-            _require(self.data.safety is not None, "data.safety", "the safety_embedded task needs its world's "
-                     "fields (start from configs/safety_embedded.py)")
-            _require(self.rewards.kind == "reward_model", "rewards.kind",
-                     "the safety_embedded task is scored by its reward models: 'reward_model', got "
-                     f"{self.rewards.kind!r}")
-            unknown = [name for name in self.rewards.names if name not in PREFERENCE_COLUMNS]
-            _require(not unknown, "rewards.names", f"{unknown}: the safety_embedded task trains reward models "
-                     f"for {tuple(PREFERENCE_COLUMNS)} only")
+        _text(self.task, "task", "the name of a registered task (gd2po_jax.tasks)")
         prompts, per_call = self.train.prompts_per_step, self.sampling.prompts_per_call
         _require(per_call == 0 or per_call >= prompts or prompts % per_call == 0, "sampling.prompts_per_call",
                  f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")
@@ -1053,8 +1057,3 @@ class RunConfig(_Section):
                     raise ConfigError(f"config.{'.'.join(parents[:depth + 1])}: not a section, cannot set {dotted}")
             node[name] = value
         return RunConfig.from_dict(values)
-
-
-def as_run_config(config: Any) -> RunConfig:
-    """``config`` as a `RunConfig`: unchanged if it is one, else `RunConfig.from_config_dict`."""
-    return config if isinstance(config, RunConfig) else RunConfig.from_config_dict(config)

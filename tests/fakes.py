@@ -20,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gd2po_jax.config import RunConfig
 from gd2po_jax.models import ModelConfig
+from gd2po_jax.rl.train_step import StepConfig
 from tests.xla_env import SUBPROCESS_DEVICES, xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository root (train.py, configs/, ...)
@@ -28,13 +30,9 @@ SHARED = REPO.parent / "shared"  # the read-only data: spec, reference vectors, 
 
 
 def load_bench_script(name: str):
-    """bench/<name>.py as a module, loaded once per process (the bench scripts are not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The bench script bench/<name>.py as the module ``bench.<name>`` (imported once per process, as
+    ``python -m bench.<name>`` runs it from the repository root; its ``main`` is not called)."""
+    return importlib.import_module(f"bench.{name}")
 
 
 _SCRATCH = tempfile.TemporaryDirectory(prefix="gd2po_fakes_")  # checkpoints built here; removed at exit
@@ -141,6 +139,32 @@ def tiny_safety_config(**changes):
     config.eval.update(max_examples=16, batch_size=8)
     config.checkpoint.update(every_steps=2, keep=2)
     return _with_changes(config, changes)
+
+
+def as_run_config(config) -> RunConfig:
+    """``config`` (a ConfigDict of configs/*.py, or a `RunConfig`) as the typed `RunConfig` that
+    library functions take (what train.py builds once from its --config)."""
+    return config if isinstance(config, RunConfig) else RunConfig.from_config_dict(config)
+
+
+def tiny_run_config(**changes) -> RunConfig:
+    """`tiny_config` (**changes) as a `RunConfig`."""
+    return as_run_config(tiny_config(**changes))
+
+
+STEP_DEFAULTS = dict(
+    method="gd2po_snr", snr_tau=0.8, reward_names=(), reward_weights=None, batch_norm="token", group_eps=1e-6,
+    drop_zero_variance_groups=False, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg_mode="token-mean",
+    filtered_in_denominator=True, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, ppo_epochs=1, num_minibatches=1,
+    micro_batch_size=0, logit_chunk_size=128, compute_dtype="float32", logprob_temperature=1.0,
+)
+"""The update's hyperparameters of the unit tests of the step: verl's clipping (0.2, dual clip 3),
+GD2PO-SNR at tau 0.8, one epoch of one minibatch, float32, no KL or entropy term."""
+
+
+def step_config(**changes) -> StepConfig:
+    """A `StepConfig` of `STEP_DEFAULTS` with ``changes``."""
+    return StepConfig(**(STEP_DEFAULTS | changes))
 
 
 def _with_changes(config, changes):
@@ -325,7 +349,7 @@ def tiny_policy(shared_dir: pathlib.Path, vocab_size: int = 8192, seed: int = 0)
     import jax.numpy as jnp
 
     from gd2po_jax.models import Decoder, save_pretrained
-    from gd2po_jax.tasks.tokenizer import build_tokenizer
+    from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"qwen2-tiny-{vocab_size}-{seed}"
     tokenizer = build_tokenizer(shared_corpus(shared_dir), vocab_size)
@@ -347,7 +371,7 @@ PLAIN_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '### ASSISTANT:\\n' }}{%- endif %}"
 )
-"""A chat template unlike the ChatML of `gd2po_jax.tasks.tokenizer`: plain-text role headers, no
+"""A chat template unlike the ChatML of `gd2po_jax.data.corpus_tokenizer`: plain-text role headers, no
 special tokens (the "other" reward models render conversations with it)."""
 
 
@@ -363,7 +387,7 @@ def alpaca_prompts(shared_dir: pathlib.Path) -> list:
 def safety_tokenizer_dir(shared_dir: pathlib.Path, template: str = "chatml") -> pathlib.Path:
     """A saved tokenizer trained on the Alpaca test prompts: "chatml" (512 tokens, ChatML template:
     the policy's) or "plain" (384 tokens, `PLAIN_CHAT_TEMPLATE`). Built once per process."""
-    from gd2po_jax.tasks.tokenizer import build_tokenizer
+    from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"safety-tokenizer-{template}"
     corpus = [m["content"] for prompt in alpaca_prompts(shared_dir) for m in prompt]
@@ -385,7 +409,7 @@ def _numpy_init(module_fn, seed: int, scale: float = 0.2):
 def tiny_safety_policy(shared_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
     """A random 2-layer, 32-wide Qwen2 policy with the "chatml" `safety_tokenizer_dir` (EOS <|im_end|>)."""
     from gd2po_jax.models import Decoder, save_pretrained
-    from gd2po_jax.tokenization import load_tokenizer
+    from gd2po_jax.data.tokenization import load_tokenizer
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"safety-policy-{seed}"
     tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, "chatml"))
@@ -402,7 +426,7 @@ def tiny_score_model_dir(shared_dir: pathlib.Path, layout: str, template: str = 
     or "beaver") with the ``template`` `safety_tokenizer_dir`; with ``nan_token``, that token's
     embedding is NaN (every conversation holding it scores NaN). Built once per process."""
     from gd2po_jax.models import ScoreModel, save_score_model
-    from gd2po_jax.tokenization import load_tokenizer
+    from gd2po_jax.data.tokenization import load_tokenizer
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"score-{layout}-{template}-{seed}-{nan_token}"
     tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, template))

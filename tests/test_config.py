@@ -15,11 +15,13 @@ from absl import flags
 
 from configs import default, safety, safety_embedded, tiny, toolrl
 from gd2po_jax import cli
-from gd2po_jax.advantages import METHODS
-from gd2po_jax.config import ConfigError, RunConfig, as_run_config
+from gd2po_jax.rl.advantages import METHODS
+from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks.synthetic_tools import task as synthetic_tools
+from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.rewards.tool_calling import SETTINGS
-from gd2po_jax.tasks.synthetic_tools import SyntheticToolsConfig
-from tests.fakes import tiny_policy, tiny_safety_policy, tiny_score_model_dir
+from gd2po_jax.tasks.synthetic_tools.data import SyntheticToolsConfig
+from tests.fakes import as_run_config, tiny_policy, tiny_safety_policy, tiny_score_model_dir
 
 NUM_GPUS = 8  # one node, as the official scripts use
 
@@ -40,10 +42,13 @@ def with_values(base, changes: dict):
 
 
 def error_of(values, num_data_shards: int | None = None) -> str:
+    """The error of ``values`` as a run meets it before computing anything: the typed config, its
+    task's checks (`task_of`) and, with ``num_data_shards``, the mesh's."""
     with pytest.raises(ConfigError) as info:
         config = RunConfig.from_config_dict(values)
         if num_data_shards is not None:
             config.check_mesh(num_data_shards)
+        task_of(config)
     return str(info.value)
 
 
@@ -148,7 +153,7 @@ def test_tiny_is_the_default_shrunk():
     same_update = dict(micro_batch_size=full.rl.micro_batch_size, length_bucket=full.rl.length_bucket)
     assert dataclasses.replace(small.rl, **same_update) == full.rl
     assert small.task == full.task == "synthetic_tools"
-    task = small.data.synthetic.task_config()
+    task = synthetic_tools.world_config(small.data.synthetic)
     assert (task.num_candidates, task.multi_call_fraction, task.num_train) == (1, 0.0, 64)
 
 
@@ -367,7 +372,7 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     # Synthetic-task fields it lacks take the task's defaults and stay out of its dict (and its
     # warm-start key), as before.
     assert config.data.synthetic.num_candidates is None
-    task = config.data.synthetic.task_config()
+    task = synthetic_tools.world_config(config.data.synthetic)
     assert (task.num_candidates, task.habit_rate) == (SyntheticToolsConfig.num_candidates, SyntheticToolsConfig.habit_rate)
     assert task.habit_fraction == 0.5  # what it sets
     assert "num_candidates" not in config.to_dict()["data"]["synthetic"]
@@ -405,16 +410,16 @@ def test_as_run_config_converts_once():
 
 
 def test_missing_model_path_names_the_field(tmp_path):
-    from gd2po_jax.run_setup import build_setup
+    from gd2po_jax.rl.setup import build_setup
 
     config = RunConfig.from_config_dict(toolrl.get_config("qwen2.5-1.5b"))
     with pytest.raises(ValueError, match=r"config\.model\.path"):
-        build_setup(config, tmp_path)
+        build_setup(as_run_config(config), tmp_path)
 
 
 @pytest.mark.slow
 def test_smoke_run_with_a_tiny_model_on_rlla(shared_dir, tmp_path):
-    from gd2po_jax.trainer import train_and_evaluate
+    from gd2po_jax.rl.trainer import train_and_evaluate
 
     config = toolrl.get_config("qwen2.5-1.5b,correctness_length")
     config.model.path = str(tiny_policy(shared_dir))
@@ -427,7 +432,7 @@ def test_smoke_run_with_a_tiny_model_on_rlla(shared_dir, tmp_path):
     config.sampling.max_new_tokens = 8
     config.eval.max_examples = 8
     config.eval.batch_size = 8
-    results = train_and_evaluate(config, tmp_path, progress=False)
+    results = train_and_evaluate(as_run_config(config), tmp_path, progress=False)
 
     assert results["algorithm"] == "gd2po_snr" and results["split"] == "validation"
     for phase in ("before_rl", "after_rl"):
@@ -489,7 +494,7 @@ def test_safety_builds_validates_converts_back_and_holds_the_official_values():
 
 
 def test_safety_fields_users_fill_are_named_when_empty(shared_dir, tmp_path):
-    from gd2po_jax.run_setup import build_setup
+    from gd2po_jax.rl.setup import build_setup
 
     assert error_of(safety.get_config().to_dict()).startswith("config.data.train: the files task needs")
     with pytest.raises(ValueError, match=r"^config\.model\.path"):
@@ -500,7 +505,7 @@ def test_safety_fields_users_fill_are_named_when_empty(shared_dir, tmp_path):
         "rewards.reward_models.useful.path": str(tiny_score_model_dir(shared_dir, "amo")),
     }))
     with pytest.raises(ConfigError, match=r"^config\.rewards\.reward_models\.harmless\.path: empty"):
-        build_setup(config, tmp_path)
+        build_setup(as_run_config(config), tmp_path)
 
 
 def test_safety_command_line_overrides_as_train_py_parses_them():

@@ -5,7 +5,7 @@ tests/conftest.py can set them before jax starts.
   8-way sharding run on a CPU, and compile without LLVM's optimizations
   (``--xla_backend_optimization_level=0``): their tests are mostly compilation of tiny programs,
   which this halves (a train step of the 2-layer test model 7.0 s to 3.1 s, sampling's two programs
-  11.3 s to 4.7 s; tests/test_train_step.py 768 s to 313 s in the suite). The HLO passes (fusion,
+  11.3 s to 4.7 s; tests/rl/test_train_step.py 768 s to 313 s in the suite). The HLO passes (fusion,
   layouts, the SPMD partitioner) run as in production, so the tests check the same programs.
 - The ``train.py`` / ``eval.py`` / bench subprocesses simulate 2 devices (`SUBPROCESS_DEVICES`,
   the cores of a CI machine) with optimized code: their time is spent running steps, and simulated

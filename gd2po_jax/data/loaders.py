@@ -55,6 +55,8 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gd2po_jax.config import DATA_KINDS
+
 logger = logging.getLogger(__name__)
 
 OnError = Literal["raise", "skip"]
@@ -497,7 +499,8 @@ def load_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> LoadR
 
 # ---------------------------------------------------------------- dispatch
 
-KINDS = ("verl", "toolrl_sft", "api_bank", "jsonl")
+KINDS = DATA_KINDS
+"""The formats `load_data` reads (``config.data.kind``, besides auto)."""
 
 
 def detect_kind(path: str | os.PathLike) -> str:

@@ -21,7 +21,7 @@ Three kinds of evaluation:
                    (`gd2po_jax.evaluation.safe_alignment`) -> ``DIR/eval/safe_alignment.json`` (+ ``.jsonl``).
 
 Generation is greedy (`gd2po_jax.evaluation.generation.evaluate`). ``--habits`` generates nothing:
-it prints the habit breakdown (`gd2po_jax.tasks.habits`) of a synthetic_tools run's saved
+it prints the habit breakdown (`gd2po_jax.tasks.synthetic_tools.habits`) of a synthetic_tools run's saved
 generations ``DIR/eval/<name>.jsonl`` (before_rl and after_rl, or ``--split``'s).
 """
 
@@ -36,10 +36,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gd2po_jax import run_dir, safety_embedded
+from gd2po_jax.runtime import workdir as run_dir
+
+from gd2po_jax.tasks.safety import task as safety_embedded
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import load_data
-from gd2po_jax.distributed import is_primary
+from gd2po_jax.runtime.distributed import is_primary
 from gd2po_jax.evaluation.api_bank import (
     DEFAULT_MAX_THINK_WORDS,
     ApiBankReport,
@@ -55,17 +57,18 @@ from gd2po_jax.evaluation.safe_alignment import (
     safe_alignment_table,
 )
 from gd2po_jax.models import Decoder, load_pretrained
-from gd2po_jax.models.config import load_config
-from gd2po_jax.prompts import PromptSet, build_prompt_set
-from gd2po_jax.sampling import bucket_length
-from gd2po_jax.sharding import make_mesh, mesh_of, variable_sharding
-from gd2po_jax.tokenization import eos_token_ids, load_tokenizer, pad_token_id
-from gd2po_jax.run_dir import Checkpoints, RunDir, RunDirError
+from gd2po_jax.models.config import load_hf_config
+from gd2po_jax.data.prompts import PromptSet, build_prompt_set
+from gd2po_jax.models.sampling import bucket_length
+from gd2po_jax.runtime.sharding import make_mesh, mesh_of, variable_sharding
+from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
+from gd2po_jax.runtime.checkpoints import Checkpoints
+from gd2po_jax.runtime.workdir import RunDir, RunDirError
 from gd2po_jax.rewards.base import build_reward_function
-from gd2po_jax.run_setup import RunSetup, build_setup, reward_spec
-from gd2po_jax.tasks.habits import habit_breakdown
-from gd2po_jax.tasks.synthetic_tools import habit_tools
-from gd2po_jax.logprobs import merge_model
+from gd2po_jax.rl.setup import RunSetup, build_setup, reward_spec
+from gd2po_jax.tasks.synthetic_tools.habits import habits_of_run, habits_table
+from gd2po_jax.tasks import task_of
+from gd2po_jax.rl.logprobs import merge_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_BANK = "api_bank"
@@ -134,8 +137,9 @@ def output_dir(options: EvalOptions) -> pathlib.Path:
     raise EvalError("pass --workdir=DIR (a training run directory) or --model_path=HF_DIR")
 
 
-def load_run_config(workdir: pathlib.Path) -> RunConfig:
-    """The resolved config train.py wrote to ``workdir/config.json`` (`run_dir.read_config`), typed."""
+def load_run_config_or_eval_error(workdir: pathlib.Path) -> RunConfig:
+    """`run_dir.load_run_config` of the training run in ``workdir``, its errors as `EvalError` (a
+    missing ``config.json`` with a hint to ``--model_path``)."""
     file = RunDir(workdir).config
     if not file.is_file():
         raise EvalError(
@@ -143,7 +147,7 @@ def load_run_config(workdir: pathlib.Path) -> RunConfig:
             "Hugging Face model directory instead, pass --model_path=HF_DIR"
         )
     try:
-        return run_dir.read_config(workdir)
+        return run_dir.load_run_config(workdir)
     except (ConfigError, RunDirError) as err:  # both name the file
         raise EvalError(str(err)) from None
 
@@ -166,14 +170,14 @@ def resolve_api_bank(data: str, api_bank_dir: str) -> pathlib.Path:
 def abstract_params(model_dir: pathlib.Path, dtype, mesh) -> tuple[Any, nnx.State]:
     """(graphdef, params) of the decoder described by ``model_dir/config.json``, with
     `jax.ShapeDtypeStruct` values placed on their annotated shardings (nothing is allocated)."""
-    model = nnx.eval_shape(lambda: Decoder(load_config(model_dir), dtype=dtype, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Decoder(load_hf_config(model_dir), dtype=dtype, rngs=nnx.Rngs(0)))
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Param):
             node.set_value(jax.ShapeDtypeStruct(node.shape, dtype, sharding=variable_sharding(node, mesh)))
     return nnx.split(model, nnx.Param)
 
 
-def policy_from_run(config, setup, workdir: pathlib.Path, step: int | None) -> Policy:
+def policy_from_run(config: RunConfig, setup: RunSetup, workdir: pathlib.Path, step: int | None) -> Policy:
     """The run's policy: checkpoint ``step`` (default the latest), else ``workdir/policy``.
 
     Raises:
@@ -219,71 +223,51 @@ def policy_from_model_path(model_path: str, dtype: str) -> Policy:
 # ----------------------------------------------------------------------------------------------
 
 
-def split_scorer(config, setup: RunSetup):
-    """How a split's greedy responses are scored: by the run's reward models (``rewards.kind`` reward_model:
-    each reward's score and their sum), else with the tool-calling metrics."""
-    if config.task == "safety_embedded":  # the reward models, and the world's ground-truth labels
-        return safety_embedded.SafetyScorer(RewardModelScorer(setup.reward_fn))
-    if config.rewards.kind == "reward_model":
-        return RewardModelScorer(setup.reward_fn)
-    return tool_calling_scorer(config.rewards.max_think_words)
-
-
-def evaluate_split(config, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
+def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
                    *, progress: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Greedy evaluation on ``split`` of the run's data (`split_scorer`); writes ``out_dir/<name>.json``
+    """Greedy evaluation on ``split`` of the run's data, scored as its task says
+    (`gd2po_jax.tasks.Task.eval_scorer`); writes ``out_dir/<name>.json``
     (with the fields of ``extra``, e.g. which policy it was) and ``<name>.jsonl`` and returns the
     summary (``correct_acc``, ``format_acc``, ``length``, ...; for reward models each reward's mean,
     ``reward_sum`` and ``reward_names``). Each file is written once, atomically: a summary on disk is
     a finished evaluation."""
+    task = task_of(config)
     summary, records = evaluate(
-        model, setup.evals[split], setup.tokenizer, split_scorer(config, setup),
+        model, setup.evals[split], setup.tokenizer, task.eval_scorer(config, setup.reward_fn),
         batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,
         eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
         progress=progress, desc=f"eval {name}",
     )
     if config.rewards.kind == "reward_model":
         summary = {"split": split, **summary, "reward_names": list(config.rewards.names), **(extra or {})}
-        if config.task == "safety_embedded":
-            summary["by_request"] = safety_embedded.by_request_type(summary, config.rewards.names)
     else:
         summary = {"split": split, **summary, "correct_acc": summary.get("correct"),
                    "format_acc": summary.get("format"), **(extra or {})}
+    summary = task.eval_summary(config, summary)
     write_report(out_dir, name, summary, records)
     return summary
 
 
-def habits_of_run(workdir: pathlib.Path, names: Sequence[str]) -> dict[str, dict[str, dict[str, int]]]:
-    """`habit_breakdown` of the saved generations ``eval/<name>.jsonl`` of each of ``names``, with
-    the habit tools of the run's config (``data.synthetic.seed`` and ``habit_fraction``).
+def habits_of_workdir(workdir: pathlib.Path, names: Sequence[str]) -> dict[str, dict[str, dict[str, int]]]:
+    """`gd2po_jax.tasks.synthetic_tools.habits.habits_of_run` on the saved generations
+    ``eval/<name>.jsonl`` of each of ``names`` in ``workdir``.
 
     Raises:
       EvalError: the run is not of the synthetic_tools task, or an evaluation was not saved.
     """
-    config = load_run_config(workdir)
-    if config.task != "synthetic_tools":
-        raise EvalError(f"--habits: {RunDir(workdir).config} has task {config.task!r}; habits exist only in "
-                        "the synthetic_tools task")
-    synthetic = config.data.synthetic.task_config()
-    habits = habit_tools(synthetic.seed, synthetic.habit_fraction)
-    results = {}
-    for name in names:
+    config = load_run_config_or_eval_error(workdir)
+
+    def generations(name: str):
         file = RunDir(workdir).eval_generations(name)
         if not file.is_file():
             raise EvalError(f"--habits: {file} not found (evaluations are saved by train.py as "
                             "before_rl / after_rl, by eval.py as test / validation)")
-        results[name] = habit_breakdown(run_dir.read_jsonl(file), habits)
-    return results
+        return run_dir.read_jsonl(file)
 
-
-def habits_table(results: dict[str, dict[str, dict[str, int]]]) -> str:
-    """`habits_of_run` as a text table: per evaluation and tool group, the one-call rows, the
-    calls with the right parameter names, and the exactly correct ones."""
-    lines = [f"{'eval':<12}{'tools':<13}{'rows':>6}{'right names':>13}{'exact':>7}"]
-    for name, groups in results.items():
-        for group, counts in groups.items():
-            lines.append(f"{name:<12}{group:<13}{counts['rows']:>6}{counts['right_names']:>13}{counts['exact']:>7}")
-    return "\n".join(lines)
+    try:
+        return habits_of_run(config, names, generations)
+    except ValueError as err:
+        raise EvalError(f"--habits: {RunDir(workdir).config} {err}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -362,7 +346,7 @@ def _run_setup(options: EvalOptions, workdir: pathlib.Path):
         changes["eval.batch_size"] = options.batch_size
     if options.max_new_tokens and not options.data:
         changes["sampling.max_new_tokens"] = options.max_new_tokens
-    config = load_run_config(workdir).replace(changes)
+    config = load_run_config_or_eval_error(workdir).replace(changes)
     return config, build_setup(config, workdir)
 
 
@@ -401,15 +385,14 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
         sets = resolve_sets(options.data, DEFAULT_SAFE_ALIGNMENT_DIR)
     except FileNotFoundError as err:
         raise EvalError(f"--data={options.data}: {err}") from None
-    config = load_run_config(workdir)
+    config = load_run_config_or_eval_error(workdir)
     if config.rewards.kind != "reward_model":
         raise EvalError(f"--data={options.data}: helpfulness-safety sets are scored by a run's reward models, but "
                         f"the run in {workdir} has config.rewards.kind={config.rewards.kind!r} (train with "
                         "configs/safety.py, or pass its --workdir)")
     if options.model_path:
         policy = policy_from_model_path(options.model_path, options.dtype)
-        if config.task == "safety_embedded":  # the run's own reward models (its config leaves their paths empty)
-            config = safety_embedded.with_reward_models(config, workdir, progress=options.progress)
+        config = task_of(config).prepare(config, workdir, progress=options.progress)  # e.g. the run's own reward models
         reward_fn = build_reward_function(reward_spec(config, tokenizer=policy.tokenizer, eos_ids=policy.eos_ids,
                                                       mesh=mesh_of(policy.model)))
         batch_size = MODEL_PATH_BATCH_SIZE
@@ -443,7 +426,7 @@ def run(options: EvalOptions) -> dict[str, Any]:
     if options.habits:
         if options.model_path or options.data:
             raise EvalError("--habits reads a training run's saved generations: pass only --workdir=DIR")
-        result = habits_of_run(workdir, options.habits)
+        result = habits_of_workdir(workdir, options.habits)
         if options.progress:
             print(habits_table(result))
         return result

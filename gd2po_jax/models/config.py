@@ -171,8 +171,9 @@ def config_from_hf_dict(hf: dict, where: str = "config.json") -> ModelConfig:
     )
 
 
-def load_config(path: str | pathlib.Path) -> ModelConfig:
-    """Reads ``<path>/config.json`` (or ``path`` itself if it is the json file)."""
+def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face model directory: reads ``<path>/config.json`` (or ``path``
+    itself if it is the json file). Not a run's config.json (`gd2po_jax.runtime.workdir.load_run_config`)."""
     path = pathlib.Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
@@ -236,3 +237,15 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(medium, smoothed, scaled).astype(np.float32)
     return inv_freq
+
+
+def tiny_qwen2_config(shape, vocab_size: int, max_position_embeddings: int) -> ModelConfig:
+    """A small Qwen2 (QKV bias, tied embeddings) of ``shape``: any object with ``hidden_size``,
+    ``intermediate_size``, ``num_layers``, ``num_heads``, ``num_kv_heads`` and ``head_dim`` (the
+    embedded tasks' ``config.model.tiny``, their reward models' ``data.safety.reward_training``)."""
+    return ModelConfig(
+        model_type="qwen2", vocab_size=vocab_size, hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, qkv_bias=True, tie_word_embeddings=True,
+        max_position_embeddings=max_position_embeddings,
+    )

@@ -14,7 +14,7 @@ operands. So here the residual stream is ``h [D, N]``, every matrix is ``[out, i
 products ``W @ h`` give ``[out, N]``.
 
 The parameters are stored ``[in, out]`` (`gd2po_jax.models.decoder`); `decode_weights` makes the
-``[out, in]`` copies once per `gd2po_jax.sampling.generate` call, before the decode loop: a second
+``[out, in]`` copies once per `gd2po_jax.models.sampling.generate` call, before the decode loop: a second
 copy of the matrices lives while the loop runs. q, k and v are one ``[(H + 2 KV) hd, D]`` matrix
 and gate and up one ``[2 F, D]``: fewer, larger products.
 
@@ -23,7 +23,7 @@ and values ``[N, KV, S, hd]`` (`gd2po_jax.models.decoder.KVCache`, the layouts p
 batched products over (row, kv head); only the step's own q/k/v/output vectors are transposed,
 ``[hd, N]``-sized. The cache may come in segments (a tuple of `KVCache`, in slot order): the
 scores of all segments go through one softmax, and the output sums each segment's product, so a
-sampler can attend over only the chunks it has written (`gd2po_jax.sampling`).
+sampler can attend over only the chunks it has written (`gd2po_jax.models.sampling`).
 
 The step computes what ``Decoder.__call__(tokens[:, None], ones, cache=cache)`` computes (tested to
 give the same logits within float tolerance and the same greedy tokens): positions continue from
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
-from gd2po_jax.models.decoder import _MASK_VALUE, Decoder, KVCache, apply_rope, rms_norm
+from gd2po_jax.models.decoder import MASK_VALUE, Decoder, KVCache, apply_rope, rms_norm
 
 
 @struct.dataclass
@@ -132,7 +132,7 @@ def _attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
     hd = q.shape[-1]
     scores = [jnp.where(mask[:, None, None, :],
                         jnp.einsum("bkgd,bkds->bkgs", q, k, preferred_element_type=jnp.float32) * (hd**-0.5),
-                        _MASK_VALUE)
+                        MASK_VALUE)
               for k, mask in zip(keys, key_masks)]
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(values[0].dtype)
     out, start = None, 0
@@ -153,7 +153,7 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
       weights: `decode_weights` of the model.
       tokens: [N] int32, the token each row feeds (its last sampled one).
       caches: the rows' cache in segments, in slot order (`KVCache` each, of N rows; e.g. the
-        prompt's, then the completion's chunks so far: `gd2po_jax.sampling`); the step attends over
+        prompt's, then the completion's chunks so far: `gd2po_jax.models.sampling`); the step attends over
         the valid slots of all of them, and slot ``index`` of the last one receives its keys and
         values. A one-segment tuple is the plain cache.
 

@@ -7,7 +7,7 @@ One module serves training forward passes, prefill and decode:
     hidden, cache = model.hidden_states(input_ids, mask)           # [B, T, D], final norm applied
     logits = model.logits(hidden[:, a:b])                          # logits for a slice of positions
 
-Log-probs of tokens are computed from ``hidden_states`` by `gd2po_jax.logprobs`.
+Log-probs of tokens are computed from ``hidden_states`` by `gd2po_jax.rl.logprobs`.
 
 Left padding is handled through ``attention_mask``; positions default to ``cumsum(mask) - 1`` (plus
 the number of tokens already in the cache), as Hugging Face ``generate`` does.
@@ -17,7 +17,7 @@ Weight layout (``in`` before ``out``; heads kept as their own axis so they can b
 ``gate_kernel``/``up_kernel [D, F]``, ``down_kernel [F, D]``, ``embed [V, D]``, ``lm_head [D, V]``.
 Every projection is `linear` (the plain product, with a backward pass that reads both operands of
 the weight gradient in their natural layouts). Every parameter carries an ``out_sharding``
-annotation over the mesh axes "fsdp" and "tensor" (see `gd2po_jax.sharding`).
+annotation over the mesh axes "fsdp" and "tensor" (see `gd2po_jax.runtime.sharding`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from flax import nnx, struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
 
-# Finite stand-in for -inf: a fully masked row (a left-pad query) gets a uniform softmax, not NaN.
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+"""A masked key's attention score: finite, so a fully masked row (a left-pad query) softmaxes to uniform, not NaN."""
 
 
 def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") -> nnx.Param:
-    """A parameter with a partition annotation (placement is done by `gd2po_jax.sharding`)."""
+    """A parameter with a partition annotation (placement is done by `gd2po_jax.runtime.sharding`)."""
     if init == "normal":
         value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
     elif init == "ones":
@@ -147,7 +147,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     q = q.reshape(b, t, kv, h // kv, hd)
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (hd**-0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(b, t, h, hd)

@@ -19,11 +19,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from gd2po_jax.distributed import host_value, is_primary
-from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_config
+from gd2po_jax.runtime.distributed import host_value, is_primary
+from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_config
 from gd2po_jax.models.decoder import Decoder
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
-from gd2po_jax.sharding import variable_sharding
+from gd2po_jax.runtime.sharding import variable_sharding
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
 AUXILIARY_FILES = (
@@ -170,11 +170,11 @@ def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat:
       path: directory with ``config.json`` and ``model.safetensors`` (or sharded files + index).
       dtype: parameter dtype (e.g. ``jnp.float32`` or ``jnp.bfloat16``), converted while loading.
       mesh: if given, each parameter is created directly on its annotated sharding
-        (see `gd2po_jax.sharding`); otherwise on the default device.
+        (see `gd2po_jax.runtime.sharding`); otherwise on the default device.
       remat: rematerialise layers in the backward pass.
     """
     path = check_model_dir(path)
-    config = load_config(path)
+    config = load_hf_config(path)
     checkpoint = SafetensorsCheckpoint(path)
     model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
     maps = tensor_maps(config)

@@ -50,7 +50,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_config
+from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_config
 from gd2po_jax.models.decoder import Decoder, _param
 from gd2po_jax.models.pretrained import (
     TensorMap,
@@ -322,7 +322,7 @@ def load_score_model(
         mis-shaped tensor, ``normalize=True`` without statistics.
     """
     path = check_model_dir(path, "score model directory")
-    config = load_config(path)
+    config = load_hf_config(path)
     hf = json.loads((path / "config.json").read_text())
     checkpoint = SafetensorsCheckpoint(path)
     names = checkpoint.names()

@@ -15,7 +15,7 @@ Reward functions run on the host in plain Python / NumPy, never inside jit.
 
 Abstaining: a function that cannot score response i with reward k (a reward model without an
 opinion, a checker that does not apply to this row) returns NaN or None there. The reward is then
-missing for that rollout: it moves no statistic of the advantages (`gd2po_jax.advantages`) and
+missing for that rollout: it moves no statistic of the advantages (`gd2po_jax.rl.advantages`) and
 the trainer logs the share of rollouts each reward abstained on. Abstaining is not failing: an
 exception is a crash, handled by `config.rewards.on_error` (`gd2po_jax.rewards.scoring`), and an
 output that is neither a finite number nor an abstention (+-inf, a string such as "2.5", a bool)
@@ -50,9 +50,9 @@ import numpy as np
 
 
 RESPONSE_IDS = "response_ids"
-"""The column `gd2po_jax.rollout.collect_rollouts` (and greedy evaluation) adds for each rollout: the
+"""The column `gd2po_jax.rl.rollout.collect_rollouts` (and greedy evaluation) adds for each rollout: the
 policy's sampled token ids of the response, EOS included, padding not (a list of ints). A dataset
-column of this name is refused (`gd2po_jax.prompts.build_prompt_set`)."""
+column of this name is refused (`gd2po_jax.data.prompts.build_prompt_set`)."""
 
 
 @runtime_checkable
@@ -225,7 +225,7 @@ def scores_on_devices(fn: RewardFunction) -> bool:
     """Whether ``fn`` (or a function of a `CombinedReward`) scores with device programs over the
     run's mesh (reward models declare ``scores_on_devices = True``). With several processes each
     process then scores every rollout, feeding such a program the same rows as the others
-    (`gd2po_jax.rollout.collect_rollouts`); host-only rewards score each process's own rows."""
+    (`gd2po_jax.rl.rollout.collect_rollouts`); host-only rewards score each process's own rows."""
     functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
     return any(getattr(function, "scores_on_devices", False) for function in functions)
 

@@ -1,5 +1,6 @@
-"""bench/bench_train.py and bench/bench_sampling.py run in their seconds-long settings and print
-their numbers (the scripts are not imported by anything else, so they would rot unnoticed)."""
+"""The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py) run
+as ``python -m bench.<name>`` in their seconds-long settings and print their numbers (the scripts are
+not imported by anything else, so they would rot unnoticed)."""
 
 import json
 import re
@@ -14,11 +15,16 @@ from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 NUMBER = r"([\d,]+(?:\.\d+)?)"
 
 
-def run_bench(*args: str) -> str:
-    """stdout of ``python bench/<args>`` from the repository root (the suite's subprocess devices:
-    `SUBPROCESS_DEVICES`, tests/xla_env.py)."""
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
-                          timeout=300)
+def run_bench_process(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m bench.<name> <args>`` run from the repository root (the suite's subprocess devices:
+    `SUBPROCESS_DEVICES`, tests/xla_env.py), its output captured as text."""
+    return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def run_bench(name: str, *args: str) -> str:
+    """stdout of `run_bench_process`, which must exit 0."""
+    proc = run_bench_process(name, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -43,7 +49,7 @@ def line(pattern: str, out: str) -> tuple[float, ...]:
 @pytest.mark.slow
 def test_bench_train_on_the_tiny_config():
     # With the default's micro-batches and length buckets (configs/tiny.py turns them off).
-    out = run_bench("bench/bench_train.py", "--config=configs/tiny.py", "--warmup=1", "--steps=1",
+    out = run_bench("bench_train", "--config=configs/tiny.py", "--warmup=1", "--steps=1",
                     "--config.rl.micro_batch_size=8", "--config.rl.length_bucket=8")
     config = tiny_config()
     seconds = rf"sampling {NUMBER} s, rewards {NUMBER} s, update {NUMBER} s"
@@ -70,7 +76,7 @@ def test_bench_train_on_the_tiny_config():
 
 
 def test_bench_sampling_on_a_one_layer_model():
-    out = run_bench("bench/bench_sampling.py", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
+    out = run_bench("bench_sampling", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
                     "--intermediate=64", "--vocab=128", "--head_dim=16", "--batch=2", "--prompt_len=8",
                     "--new_tokens=4", "--repeats=1")
     assert re.search(rf"^device: cpu x{DEVICES}  dtype=float32$", out, re.MULTILINE), out
@@ -86,7 +92,7 @@ def test_bench_sampling_on_a_one_layer_model():
 
 def test_bench_sampling_compares_compile_options_in_one_process():
     options = '{"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": true}'
-    out = run_bench("bench/bench_sampling.py", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
+    out = run_bench("bench_sampling", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
                     "--intermediate=64", "--vocab=128", "--head_dim=16", "--batch=2", "--prompt_len=8",
                     "--new_tokens=4", "--repeats=1", "--pairs=2", f"--compile_options={options}")
     line(re.escape(f"compile options {options}: 2 alternated pairs, medians default / with them / ratio"), out)
@@ -97,8 +103,7 @@ def test_bench_sampling_compares_compile_options_in_one_process():
 
 
 def test_bench_sampling_names_a_malformed_option_object():
-    proc = subprocess.run([sys.executable, "bench/bench_sampling.py", "--compile_options=[1]"], cwd=REPO,
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    proc = run_bench_process("bench_sampling", "--compile_options=[1]")
     assert proc.returncode == 2
     assert "--compile_options" in proc.stderr and "expected a non-empty JSON object of XLA options, got '[1]'" in proc.stderr
 
@@ -107,7 +112,7 @@ def test_bench_sampling_names_a_malformed_option_object():
 def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
     directory, _ = tiny_checkpoint("qwen2", tie=True)
     report_path = tmp_path / "report.json"
-    out = run_bench("bench/anchor_workloads.py", f"--hf_dir={directory}", "--batch=4", "--prompt_len=8",
+    out = run_bench("anchor_workloads", f"--hf_dir={directory}", "--batch=4", "--prompt_len=8",
                     "--new_tokens=4", "--repeats=2", "--train_repeats=2", "--peak_size=256", f"--json={report_path}",
                     f"--profile={tmp_path / 'profile'}")
     report = json.loads(report_path.read_text())
@@ -206,13 +211,12 @@ ENTRY %main.9 () -> f32[8,2] {
 
 def test_anchor_workloads_names_an_unknown_workload(tmp_path):
     directory, _ = tiny_checkpoint("qwen2", tie=True)
-    proc = subprocess.run([sys.executable, "bench/anchor_workloads.py", f"--hf_dir={directory}", "--workloads=W,X"],
-                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    proc = run_bench_process("anchor_workloads", f"--hf_dir={directory}", "--workloads=W,X")
     assert proc.returncode != 0 and "--workloads: unknown ['X']" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_decode_layouts_on_small_shapes():
-    out = run_bench("bench/decode_layouts.py", "--hidden=64", "--intermediate=128", "--heads=4", "--kv_heads=2",
+    out = run_bench("decode_layouts", "--hidden=64", "--intermediate=128", "--heads=4", "--kv_heads=2",
                     "--head_dim=16", "--vocab=256", "--rows=4", "--repeats=3", "--peak_size=128", "--layers=2",
                     "--cache_len=24")
     assert re.search(rf"^device: cpu x{DEVICES}, N = 4 rows, float32$", out, re.MULTILINE), out

@@ -16,9 +16,10 @@ from configs import tiny
 from gd2po_jax.evaluation import run as eval_run
 from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
-from gd2po_jax.run_setup import build_setup
-from gd2po_jax.trainer import train_and_evaluate
+from gd2po_jax.rl.setup import build_setup
+from gd2po_jax.rl.trainer import train_and_evaluate
 from tests.fakes import REPO, subprocess_env, tiny_policy
+from tests.fakes import as_run_config
 
 LEVELS = ("level_1", "level_2", "level_3")
 
@@ -101,7 +102,7 @@ def trained_run(tmp_path_factory):
     config.checkpoint.every_steps = 1
     config.checkpoint.keep = 3
     workdir = tmp_path_factory.mktemp("run")
-    train_and_evaluate(config, workdir, progress=False)
+    train_and_evaluate(as_run_config(config), workdir, progress=False)
     return workdir
 
 
@@ -126,7 +127,7 @@ def test_split_eval_restores_the_latest_checkpoint(trained_run):
 def test_a_report_is_written_once_whole_while_the_workdir_is_locked(trained_run, monkeypatch):
     """eval/<split>.json is the sweep's sign that a run is evaluated: it is written once, atomically,
     with every field; and while train.py (or another eval.py) holds the workdir, eval.py stops."""
-    from gd2po_jax import run_dir
+    from gd2po_jax.runtime import workdir as run_dir
 
     writes = []
     write_text = run_dir.write_text
@@ -144,8 +145,8 @@ def test_a_report_is_written_once_whole_while_the_workdir_is_locked(trained_run,
 
 @pytest.mark.slow
 def test_checkpoint_step_selects_the_parameters(trained_run):
-    config = eval_run.load_run_config(trained_run)
-    setup = build_setup(config, trained_run)
+    config = eval_run.load_run_config_or_eval_error(trained_run)
+    setup = build_setup(as_run_config(config), trained_run)
     latest = _params(eval_run.policy_from_run(config, setup, trained_run, None).model)
     first = _params(eval_run.policy_from_run(config, setup, trained_run, 1).model)
     exported = _params(load_pretrained(trained_run / "policy"))

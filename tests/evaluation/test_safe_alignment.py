@@ -1,6 +1,6 @@
 """gd2po_jax.evaluation.safe_alignment: which sets --data names, the overall average (every set counts
 once), the table, and reward-model scores of generation batches (the end-to-end eval.py run is in
-tests/test_safety.py)."""
+tests/configs/test_safety.py)."""
 
 import pathlib
 
@@ -16,7 +16,7 @@ from gd2po_jax.evaluation.safe_alignment import (
     safe_alignment_table,
 )
 from gd2po_jax.rewards.base import RESPONSE_IDS, build_reward_function
-from gd2po_jax.tokenization import load_tokenizer
+from gd2po_jax.data.tokenization import load_tokenizer
 from tests.fakes import alpaca_prompts, tiny_safety_policy, tiny_score_model_dir
 
 

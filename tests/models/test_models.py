@@ -11,12 +11,12 @@ import torch
 from flax import nnx
 from transformers import AutoModelForCausalLM
 
-from gd2po_jax.logprobs import completion_logprobs
+from gd2po_jax.rl.logprobs import completion_logprobs
 from gd2po_jax.models import (
     Decoder,
     config_from_hf_dict,
     init_cache,
-    load_config,
+    load_hf_config,
     load_pretrained,
     save_pretrained,
 )
@@ -56,9 +56,9 @@ def test_logits_match_transformers_on_left_padded_batch(family, tie):
 
 
 def test_config_fields_per_family():
-    qwen2 = load_config(tiny_checkpoint("qwen2", True)[0])
-    qwen3 = load_config(tiny_checkpoint("qwen3", False)[0])
-    llama = load_config(tiny_checkpoint("llama3", False)[0])
+    qwen2 = load_hf_config(tiny_checkpoint("qwen2", True)[0])
+    qwen3 = load_hf_config(tiny_checkpoint("qwen3", False)[0])
+    llama = load_hf_config(tiny_checkpoint("llama3", False)[0])
     assert (qwen2.qkv_bias, qwen2.o_bias, qwen2.qk_norm, qwen2.tie_word_embeddings) == (True, False, False, True)
     assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim) == (False, True, 16)
     assert llama.rope.rope_type == "llama3" and llama.rope.param("factor") == 8.0

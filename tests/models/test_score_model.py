@@ -25,7 +25,7 @@ from gd2po_jax.models import (
 from gd2po_jax.models.decoder import Decoder
 from gd2po_jax.models.pretrained import tensor_maps
 from gd2po_jax.models.safetensors_io import INDEX_FILE, SafetensorsCheckpoint
-from gd2po_jax.sharding import make_mesh
+from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import VOCAB, hf_config, tiny_checkpoint, tiny_model_config
 
 PAD = 0  # pad_token_id of the tiny checkpoints; real tokens are drawn from [1, VOCAB)

@@ -21,8 +21,8 @@ from gd2po_jax.rewards.reward_model import (
     template_closing,
 )
 from gd2po_jax.rewards.scoring import score_batch
-from gd2po_jax.sharding import make_mesh
-from gd2po_jax.tokenization import load_tokenizer
+from gd2po_jax.runtime.sharding import make_mesh
+from gd2po_jax.data.tokenization import load_tokenizer
 from tests.fakes import alpaca_prompts, safety_tokenizer_dir, tiny_safety_policy, tiny_score_model_dir
 
 NUM = 12  # rollouts per test batch

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.advantages import compute_advantages
+from gd2po_jax.rl.advantages import compute_advantages
 from gd2po_jax.config import SamplingConfig
 from gd2po_jax.models import Decoder
-from gd2po_jax.prompts import PromptSet
+from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.rewards import CombinedReward, ToolCallingReward
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.scoring import (
@@ -29,9 +29,10 @@ from gd2po_jax.rewards.scoring import (
     repeat_columns,
     score_batch,
 )
-from gd2po_jax.rollout import collect_rollouts
-from gd2po_jax.trainer import host_metrics
+from gd2po_jax.rl.rollout import collect_rollouts
+from gd2po_jax.rl.trainer import host_metrics
 from tests.fakes import DigitTokenizer, tiny_model_config
+from tests.fakes import as_run_config
 
 CONFIG = tiny_model_config(vocab_size=48)
 GT_CALL = ('<think> t </think>\n<tool_call>\n{"name": "GetNews", "parameters": {"page": "1"}}\n'
@@ -324,7 +325,7 @@ def test_a_run_whose_reward_backend_is_down_stops_at_the_first_step(tmp_path, mo
     step's rollouts failed, so the run stops before the update, naming the step, the rewards, the
     limit and the first error."""
     from gd2po_jax.rewards import base
-    from gd2po_jax.trainer import train_and_evaluate
+    from gd2po_jax.rl.trainer import train_and_evaluate
     from tests.fakes import tiny_config
 
     monkeypatch.setattr(base, "_REWARD_KINDS", dict(base._REWARD_KINDS))
@@ -335,5 +336,5 @@ def test_a_run_whose_reward_backend_is_down_stops_at_the_first_step(tmp_path, mo
                                                   r"'length' \(100%\) failed on more than config\.rewards\."
                                                   r"max_failed_fraction=0\.1 .*first error: reward function "
                                                   r"DownBackend failed on rollout 0: ConnectionError"):
-        train_and_evaluate(config, tmp_path, progress=False)
+        train_and_evaluate(as_run_config(config), tmp_path, progress=False)
     assert not (tmp_path / "checkpoints" / "1").exists()

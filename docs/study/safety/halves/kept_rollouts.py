@@ -24,15 +24,15 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from gd2po_jax import run_dir
-from gd2po_jax.advantages import compute_advantages
-from gd2po_jax.logprobs import merge_model
-from gd2po_jax.rollout import collect_rollouts
-from gd2po_jax.run_setup import build_setup
-from gd2po_jax.tasks.safety_world import label_response, parse_ground_truth
-from gd2po_jax.train_step import logprob_temperature
-from gd2po_jax.trainer import load_policy
-from gd2po_jax.warm_start import warm_start_dir
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.rl.advantages import compute_advantages
+from gd2po_jax.rl.logprobs import merge_model
+from gd2po_jax.rl.rollout import collect_rollouts
+from gd2po_jax.rl.setup import build_setup
+from gd2po_jax.tasks.safety.world import label_response, parse_ground_truth
+from gd2po_jax.rl.train_step import logprob_temperature
+from gd2po_jax.rl.trainer import load_policy
+from gd2po_jax.sft.warm_start import warm_start_dir
 
 flags.DEFINE_string("sweep_dir", None, "The sweep directory (its runs/gdpo/seed0 and warm start).", required=True)
 flags.DEFINE_string("scratch_dir", None, "An empty directory for the run setup's files.", required=True)
@@ -47,7 +47,7 @@ KINDS = {False: ("helpful", "vague", "refusal", "harmful", "redirect"),
 def main(argv):
     del argv
     run = pathlib.Path(FLAGS.sweep_dir) / "runs" / "gdpo" / "seed0"
-    config = run_dir.read_config(run)
+    config = run_dir.load_run_config(run)
     setup = build_setup(config, pathlib.Path(FLAGS.scratch_dir))
     graphdef, params = load_policy(config, setup, warm_start_dir(config, run))
     policy = merge_model(graphdef, params, config.model.dtype)

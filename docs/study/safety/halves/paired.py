@@ -17,7 +17,7 @@ import pathlib
 import numpy as np
 from absl import app, flags
 
-from gd2po_jax.report import mean_ci, paired_test
+from gd2po_jax.experiments.sweep_report import mean_ci, paired_test
 
 flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
 FLAGS = flags.FLAGS

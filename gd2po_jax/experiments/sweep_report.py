@@ -1,0 +1,480 @@
+"""A sweep directory (`gd2po_jax.experiments.sweeps`) as tables, paired significance tests and plots.
+
+``python report.py --sweep_dir=DIR`` runs this (sweep.py does too, once every run has finished).
+It reads the finished runs of ``DIR/runs/<method>/seed<k>`` (config.json, metrics.jsonl,
+results.json, eval/test.json) and writes ``DIR/report``::
+
+    summary.md           per method: the final test metrics of the task (`test_metrics`: those the
+                         task names in sweep.json, e.g. Correct Acc, Format Acc, Length for tool
+                         calling; the reward models' means and the ground-truth rates per request
+                         kind for the helpfulness-safety task) and
+                         the area under the training curve of each reward, as mean ± 95% CI over
+                         seeds; then each method against GDPO, paired by seed (paired t-test p-values)
+    summary.csv          the same numbers, one row per (method, metric)
+    learning_curves.png  reward/<name> over RL steps per method, mean ± 95% CI band over seeds
+    diagnostics.png      advantages/conflict_ratio and advantages/kept_fraction over RL steps
+    tau.png              the first test metric against the SNR threshold of gd2po_snr (GDPO at
+                         tau = 0 and GD2PO-Hard at tau = 1 as references); only if there is one
+
+Statistics: the CI half-width is ``t_{0.975, n-1} * s / sqrt(n)`` (``s`` the sample standard
+deviation over the n seeds; none for n < 2). A method is compared with GDPO on the seeds both
+have (two-sided paired t-test, ``scipy.stats.ttest_rel``); "n/a" for fewer than 2 such seeds, and
+p = 1 when the two agree exactly on every seed. The area under a training curve is the mean of the
+metric over the logged steps (the area normalised by the number of steps).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import pathlib
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats
+
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.config import SNR_HALF_ALGORITHMS, ConfigError, RunConfig
+from gd2po_jax.runtime.metrics_logging import read_metrics
+from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.experiments.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, TRAINED, method_name, parse_method, run_status
+
+BASELINE = "gdpo"
+CONFIDENCE = 0.95
+ALPHA = 0.05
+TEST_METRICS = (("test/correct_acc", "Correct Acc"), ("test/format_acc", "Format Acc"), ("test/length", "Length"))
+"""(key, label) of the tool-calling test metrics (eval/test.json's ``correct_acc`` ...)."""
+CURVE_METRICS = (("advantages/conflict_ratio", "conflict ratio"), ("advantages/kept_fraction", "kept fraction"))
+ALGORITHM_ORDER = ("grpo", "gdpo", "gd2po_hard", SNR_ALGORITHM, *SNR_HALF_ALGORITHMS)
+DPI = 100
+
+
+class ReportError(ValueError):
+    """A sweep directory the report cannot read; the message names the file."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One finished run of a sweep.
+
+    test: eval/test.json (correct_acc, format_acc, length, ...).
+    metrics: the records of metrics.jsonl, one per logged RL step (``step``, ``reward/<name>`` ...).
+    test_columns: (key, label) of the test metrics of the run's task (`test_metrics`).
+    """
+
+    method: str
+    algorithm: str
+    snr_tau: float | None
+    seed: int
+    workdir: pathlib.Path
+    reward_names: tuple[str, ...]
+    test: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    test_columns: tuple[tuple[str, str], ...] = TEST_METRICS
+
+
+def test_metrics(sweep_dir: pathlib.Path, config: RunConfig) -> tuple[tuple[str, str], ...]:
+    """(key, label) of the test metrics reported for the runs of ``sweep_dir``: those sweep.json
+    records (the task's own choice, `gd2po_jax.tasks.Task.test_metrics`); for a sweep.json without
+    them (older sweeps), each reward's mean and their sum for reward-model runs, else `TEST_METRICS`.
+
+    Raises:
+      ReportError: naming sweep.json when it does not read.
+    """
+    file = pathlib.Path(sweep_dir) / "sweep.json"
+    if file.is_file():
+        try:
+            recorded = run_dir.read_json(file).get("test_metrics")
+        except RunDirError as err:
+            raise ReportError(str(err)) from None
+        if recorded:
+            return tuple((key, label) for key, label in recorded)
+    if config.rewards.kind == "reward_model":
+        return tuple((f"test/{name}", name) for name in config.rewards.names) + (("test/reward_sum", "sum"),)
+    return TEST_METRICS
+
+
+def load_run(workdir: pathlib.Path) -> Run:
+    """A finished run from its workdir (``SWEEP_DIR/runs/<method>/seed<k>``); method, threshold and
+    seed come from its config.json, the test metrics to report from the sweep's (`test_metrics`).
+
+    Raises:
+      ReportError: naming the file that is missing, unreadable, or lacks a field.
+    """
+    files = RunDir(workdir)
+    try:
+        config = run_dir.load_run_config(workdir)
+        test = run_dir.read_json(files.eval_report(TEST_SPLIT))
+        metrics = read_metrics(workdir)
+    except (ConfigError, RunDirError) as err:  # both name the file
+        raise ReportError(str(err)) from None
+    algorithm, seed = config.rl.algorithm, config.train.seed
+    snr_tau = float(config.rl.snr_tau) if algorithm == SNR_ALGORITHM else None
+    reward_names = tuple(config.rewards.names)
+    return Run(method=method_name(algorithm, snr_tau), algorithm=algorithm, snr_tau=snr_tau, seed=seed,
+               workdir=workdir, reward_names=reward_names, test=test, metrics=metrics,
+               test_columns=test_metrics(workdir.parents[2], config))
+
+
+def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
+    """(the finished runs, the workdirs of the unfinished ones) under ``sweep_dir/runs``.
+
+    A trained run whose eval/test.json exists but does not read (the sweep evaluates it again) is
+    loaded anyway, so that `load_run` raises `ReportError` naming the file rather than the report
+    leaving the run out."""
+    finished, unfinished = [], []
+    for workdir in sorted(pathlib.Path(sweep_dir).glob("runs/*/seed*")):
+        if not workdir.is_dir():
+            continue
+        status = run_status(workdir)
+        if status == FINISHED or (status == TRAINED and RunDir(workdir).eval_report(TEST_SPLIT).is_file()):
+            finished.append(load_run(workdir))
+        else:
+            unfinished.append(workdir)
+    return finished, unfinished
+
+
+def method_order(methods: Sequence[str]) -> list[str]:
+    """GRPO, GDPO, GD2PO-Hard, GD2PO-SNR by threshold, the low- then the high-conflict SNR half,
+    then anything else by name."""
+    def key(method: str):
+        algorithm, tau = parse_method(method)
+        rank = ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER)
+        return rank, -1.0 if tau is None else tau, method
+
+    return sorted(set(methods), key=key)
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Mean over seeds with the half-width of its ``CONFIDENCE`` t-interval (NaN for n < 2)."""
+
+    n: int
+    mean: float
+    half_width: float
+
+
+def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
+    """`Estimate` of the finite ``values``: mean ± t_{(1+c)/2, n-1} * std(ddof=1) / sqrt(n)."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        return Estimate(0, math.nan, math.nan)
+    if n == 1:
+        return Estimate(1, float(x[0]), math.nan)
+    t = stats.t.ppf(0.5 + confidence / 2, n - 1)
+    return Estimate(n, float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(n)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+    """A paired comparison over the seeds two methods share; ``p_value`` None for < 2 pairs."""
+
+    n_pairs: int
+    p_value: float | None
+
+    @property
+    def significant(self) -> bool | None:
+        return None if self.p_value is None else self.p_value < ALPHA
+
+
+def paired_test(a: dict[int, float], b: dict[int, float]) -> Paired:
+    """Two-sided paired t-test of ``a`` against ``b`` (seed -> value) on their common seeds."""
+    seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
+    if len(seeds) < 2:
+        return Paired(len(seeds), None)
+    x, y = np.array([a[s] for s in seeds]), np.array([b[s] for s in seeds])
+    if np.all(x - y == 0):
+        return Paired(len(seeds), 1.0)  # identical on every seed: no evidence of a difference
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nearly constant differences
+        p_value = float(stats.ttest_rel(x, y).pvalue)
+    return Paired(len(seeds), p_value)
+
+
+def curve_area(records: Sequence[dict[str, Any]], key: str) -> float:
+    """Area under the training curve of ``key`` normalised by steps: its mean over logged steps
+    (NaN if never logged)."""
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+    return float(np.mean(values)) if values else math.nan
+
+
+def run_values(run: Run) -> dict[str, float]:
+    """The summary metrics of one run: ``test/<name>`` and ``auc/reward/<name>``."""
+    values = {}
+    for key, _ in run.test_columns:
+        value = run.test.get(key.split("/", 1)[1])
+        values[key] = float(value) if isinstance(value, (int, float)) else math.nan
+    for name in run.reward_names:
+        values[f"auc/reward/{name}"] = curve_area(run.metrics, f"reward/{name}")
+    return values
+
+
+def metric_columns(runs: Sequence[Run]) -> list[tuple[str, str]]:
+    """(key, label) of every summary metric, the runs' test metrics first, then one curve area per reward."""
+    tests = list(dict.fromkeys(column for run in runs for column in run.test_columns))
+    names = list(dict.fromkeys(name for run in runs for name in run.reward_names))
+    return tests + [(f"auc/reward/{name}", f"AUC {name}") for name in names]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSummary:
+    """One row of the table: a method's estimates and its paired tests against GDPO (by metric key)."""
+
+    method: str
+    seeds: tuple[int, ...]
+    estimates: dict[str, Estimate]
+    versus_baseline: dict[str, Paired] | None  # None for the baseline itself or without one
+
+
+def summarize(runs: Sequence[Run], baseline: str = BASELINE) -> list[MethodSummary]:
+    """Per method (in `method_order`): mean ± CI of every metric and paired tests against ``baseline``."""
+    columns = metric_columns(runs)
+    by_method: dict[str, dict[int, dict[str, float]]] = {}
+    for run in runs:
+        by_method.setdefault(run.method, {})[run.seed] = run_values(run)
+    rows = []
+    for method in method_order(list(by_method)):
+        per_seed = by_method[method]
+        estimates = {key: mean_ci([v.get(key, math.nan) for v in per_seed.values()]) for key, _ in columns}
+        versus = None
+        if method != baseline and baseline in by_method:
+            versus = {key: paired_test({s: v.get(key, math.nan) for s, v in per_seed.items()},
+                                       {s: v.get(key, math.nan) for s, v in by_method[baseline].items()})
+                      for key, _ in columns}
+        rows.append(MethodSummary(method, tuple(sorted(per_seed)), estimates, versus))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables.
+# ----------------------------------------------------------------------------------------------
+
+
+def _format_estimate(e: Estimate) -> str:
+    if e.n == 0:
+        return "-"
+    return f"{e.mean:.3f}" if e.n < 2 else f"{e.mean:.3f} ± {e.half_width:.3f}"
+
+
+def _format_p(p: Paired) -> str:
+    if p.p_value is None:
+        return "n/a"
+    return f"{p.p_value:.3g}" + (" (p<0.05)" if p.significant else "")
+
+
+def markdown_table(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, str]], *, baseline: str = BASELINE,
+                   title: str = "Sweep report", notes: Sequence[str] = ()) -> str:
+    """The Markdown summary: estimates per method, then p-values against ``baseline``."""
+    lines = [f"# {title}", "",
+             f"Mean ± {CONFIDENCE:.0%} CI over seeds (t-distribution, n-1 degrees of freedom). Test metrics "
+             "from eval/test.json of each run; AUC: mean of the reward over RL steps (metrics.jsonl).", ""]
+    lines.extend(notes)
+    if notes:
+        lines.append("")
+    header = ["method", "seeds"] + [label for _, label in columns]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row.method, str(len(row.seeds))] + [_format_estimate(row.estimates[key]) for key, _ in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    compared = [row for row in rows if row.versus_baseline is not None]
+    lines += ["", f"## Against {baseline.upper()} (paired by seed, two-sided paired t-test, p-values)", ""]
+    if not compared:
+        lines.append(f"No comparison: the sweep has no finished {baseline} run, or no other method.")
+        return "\n".join(lines) + "\n"
+    header = ["method", "pairs"] + [label for _, label in columns]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in compared:
+        pairs = max(p.n_pairs for p in row.versus_baseline.values())
+        cells = [row.method, str(pairs)] + [_format_p(row.versus_baseline[key]) for key, _ in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ("method", "algorithm", "snr_tau", "metric", "n", "mean", "ci95_half_width",
+              "n_pairs_vs_gdpo", "p_value_vs_gdpo", "significant_vs_gdpo")
+
+
+def csv_rows(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """One dict per (method, metric) with `CSV_FIELDS`; "n/a" where a number does not exist."""
+    out = []
+    for row in rows:
+        algorithm, tau = row.method.partition("-tau")[::2]
+        for key, _ in columns:
+            e = row.estimates[key]
+            p = (row.versus_baseline or {}).get(key)
+            out.append({
+                "method": row.method, "algorithm": algorithm, "snr_tau": tau or "", "metric": key, "n": e.n,
+                "mean": e.mean if e.n else "n/a", "ci95_half_width": e.half_width if e.n >= 2 else "n/a",
+                "n_pairs_vs_gdpo": p.n_pairs if p else "n/a",
+                "p_value_vs_gdpo": p.p_value if p and p.p_value is not None else "n/a",
+                "significant_vs_gdpo": ("yes" if p.significant else "no") if p and p.p_value is not None else "n/a",
+            })
+    return out
+
+
+def write_csv(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# Plots.
+# ----------------------------------------------------------------------------------------------
+
+
+def curve_band(runs: Sequence[Run], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps [S], mean [S], CI half-width [S], NaN where < 2 seeds) of ``key`` over the runs of one
+    method, at every step any of them logged."""
+    by_step: dict[int, list[float]] = {}
+    for run in runs:
+        for record in run.metrics:
+            if isinstance(record.get(key), (int, float)):
+                by_step.setdefault(int(record["step"]), []).append(float(record[key]))
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    estimates = [mean_ci(by_step[s]) for s in steps]
+    return steps, np.array([e.mean for e in estimates]), np.array([e.half_width for e in estimates])
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colors(methods: Sequence[str]) -> dict[str, Any]:
+    plt = _pyplot()
+    cycle = plt.get_cmap("tab10")
+    return {m: cycle(i % 10) for i, m in enumerate(methods)}
+
+
+def plot_curves(runs: Sequence[Run], keys: Sequence[tuple[str, str]], path: pathlib.Path, *, title: str) -> None:
+    """One panel per (key, label): a line per method (mean over seeds) with its CI band."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    methods = method_order([r.method for r in runs])
+    colors = _colors(methods)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, (key, label) in zip(axes[0], keys):
+        for method in methods:
+            steps, mean, half = curve_band([r for r in runs if r.method == method], key)
+            if not len(steps):
+                continue
+            ax.plot(steps, mean, color=colors[method], label=method, linewidth=1.2)
+            band = np.isfinite(half)
+            ax.fill_between(steps[band], (mean - half)[band], (mean + half)[band], color=colors[method], alpha=0.2,
+                            linewidth=0)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("RL step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+    axes[0][-1].legend(fontsize=6, loc="best")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def tau_points(rows: Sequence[MethodSummary], key: str = "test/correct_acc") -> dict[str, list[tuple[float, Estimate]]]:
+    """(tau, estimate) points of ``key``: ``snr`` for gd2po_snr by threshold, ``gdpo`` at 0 and
+    ``gd2po_hard`` at 1 (the thresholds at which GD2PO-SNR equals them)."""
+    points: dict[str, list[tuple[float, Estimate]]] = {"snr": [], "gdpo": [], "gd2po_hard": []}
+    for row in rows:
+        algorithm, tau = row.method.partition("-tau")[::2]
+        if algorithm == SNR_ALGORITHM and tau:
+            points["snr"].append((float(tau), row.estimates[key]))
+        elif row.method == "gdpo":
+            points["gdpo"].append((0.0, row.estimates[key]))
+        elif row.method == "gd2po_hard":
+            points["gd2po_hard"].append((1.0, row.estimates[key]))
+    points["snr"].sort(key=lambda p: p[0])
+    return points
+
+
+def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path,
+             column: tuple[str, str] = TEST_METRICS[0]) -> bool:
+    """The final test metric ``column`` (key, label) against tau (mean ± CI); False (nothing written)
+    without gd2po_snr."""
+    points = tau_points(rows, column[0])
+    if not points["snr"]:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4, 3.2))
+
+    def draw(series, **style):
+        x = [t for t, _ in series]
+        y = [e.mean for _, e in series]
+        err = [0.0 if not math.isfinite(e.half_width) else e.half_width for _, e in series]
+        ax.errorbar(x, y, yerr=err, capsize=3, **style)
+
+    draw(points["snr"], marker="o", color="tab:red", label="gd2po_snr")
+    if points["gdpo"]:
+        draw(points["gdpo"], marker="s", linestyle="none", color="tab:blue", label="gdpo (tau=0)")
+    if points["gd2po_hard"]:
+        draw(points["gd2po_hard"], marker="^", linestyle="none", color="tab:green", label="gd2po_hard (tau=1)")
+    ax.set_xlabel("SNR threshold tau", fontsize=8)
+    ax.set_ylabel(f"test {column[1]}", fontsize=8)
+    ax.set_xlim(-0.05, 1.05)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# The report.
+# ----------------------------------------------------------------------------------------------
+
+
+def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
+    """Write the report of the finished runs in ``sweep_dir`` to ``out_dir`` (default
+    ``sweep_dir/report``). Returns the paths written: ``markdown``, ``csv``, ``plots`` (a list).
+
+    Raises:
+      ReportError: no finished run, or a file of a finished run that cannot be read.
+    """
+    sweep_dir = pathlib.Path(sweep_dir)
+    runs, unfinished = find_runs(sweep_dir)
+    if not runs:
+        raise ReportError(f"{sweep_dir / 'runs'}: no finished run (results.json and eval/test.json); "
+                          "run sweep.py first")
+    out_dir = pathlib.Path(out_dir) if out_dir else sweep_dir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = metric_columns(runs)
+    rows = summarize(runs)
+    notes = [f"{len(runs)} finished runs in `{sweep_dir}`."]
+    if unfinished:
+        notes.append(f"Not included ({len(unfinished)} unfinished): "
+                     + ", ".join(f"`{w.relative_to(sweep_dir / 'runs')}`" for w in unfinished) + ".")
+    markdown = out_dir / "summary.md"
+    markdown.write_text(markdown_table(rows, columns, title=f"Sweep report: {sweep_dir.name}", notes=notes))
+    table = out_dir / "summary.csv"
+    write_csv(table, csv_rows(rows, columns))
+    reward_names = dict.fromkeys(name for run in runs for name in run.reward_names)
+    reward_keys = [(f"reward/{name}", f"reward/{name}") for name in reward_names]
+    plots = [out_dir / "learning_curves.png", out_dir / "diagnostics.png"]
+    plot_curves(runs, reward_keys, plots[0], title=f"Training rewards (mean ± {CONFIDENCE:.0%} CI over seeds)")
+    plot_curves(runs, CURVE_METRICS, plots[1], title=f"Advantage filtering (mean ± {CONFIDENCE:.0%} CI over seeds)")
+    if plot_tau(rows, out_dir / "tau.png", columns[0]):
+        plots.append(out_dir / "tau.png")
+    return {"markdown": markdown, "csv": table, "plots": plots}

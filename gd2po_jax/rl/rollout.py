@@ -1,0 +1,150 @@
+"""From prompts to a `RolloutBatch`: sample on device, decode, score on the host.
+
+The sampled tokens, masks and log-probs never leave the device; only the token ids are copied to
+the host to be decoded into text for the reward functions, and the [P, G, K] rewards come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gd2po_jax.rl.records import RolloutBatch
+from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
+from gd2po_jax.data.prompts import PromptSet
+from gd2po_jax.rewards.base import RESPONSE_IDS, RewardFunction, reward_step_metrics, scores_on_devices
+from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
+from gd2po_jax.models.sampling import GenerateOutput, completion_mask, generate
+from gd2po_jax.runtime.sharding import mesh_of
+from gd2po_jax.data.tokenization import decode_completions
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """One step's rollouts: the device batch for the update, plus host-side texts for logging.
+
+    The host arrays are the whole step's on every process of a multi-host run; ``responses`` only
+    those of the rollouts this process decoded (its devices' rows; all of them in one process).
+    """
+
+    batch: RolloutBatch
+    responses: list[str]
+    rewards: np.ndarray  # [P, G, K], NaN where a reward abstained
+    abstained: np.ndarray  # [K] share of the valid rollouts each reward abstained on
+    failed: np.ndarray  # [K] share of the valid rollouts each reward failed on (on_error='min')
+    first_failure: str | None  # what went wrong on the first failed rollout; None when none failed
+    truncated: np.ndarray  # [P * G] bool, no EOS within max_new_tokens
+    generated_tokens: int
+    sampling_seconds: float  # generation, until the tokens are on the host
+    reward_seconds: float  # decoding and scoring
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the reward functions' own
+
+
+def collect_rollouts(
+    model,
+    prompt_set: PromptSet,
+    tokenizer,
+    reward_fn: RewardFunction,
+    *,
+    num_generations: int,
+    sampling,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    prompt_length: int,
+    rng: jax.Array,
+    on_error: str = "raise",
+    num_workers: int = 1,
+    timeout_s: float = 0.0,
+    valid: np.ndarray | None = None,
+    prompts_per_call: int = 0,
+    logprob_temperature: float = 1.0,
+) -> Rollouts:
+    """Sample ``num_generations`` completions of every prompt, decode and score them.
+
+    Args:
+      model: the policy `Decoder` to sample from.
+      prompt_set: P prompts.
+      sampling: ``config.sampling`` (max_new_tokens, temperature, top_p, top_k).
+      prompt_length: padded prompt length Lp (fixed for a run: one compiled program).
+      on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
+      valid: [P] bool, False for filler prompts of a partly filled batch.
+      prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
+        cache of large steps; 0 (or at least P) samples the whole step at once.
+      logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
+        (`gd2po_jax.rl.train_step.logprob_temperature`).
+    """
+    num_prompts = len(prompt_set)
+    start = time.perf_counter()
+    chunk = min(prompts_per_call, num_prompts) or num_prompts
+    if num_prompts % chunk:
+        raise ValueError(
+            f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step"
+        )
+    parts = [
+        generate(
+            model, prompt_set.token_ids[i : i + chunk], max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+            rng=rng if chunk == num_prompts else jax.random.fold_in(rng, i // chunk),
+            num_samples=num_generations, prompt_length=prompt_length, logprob_temperature=logprob_temperature,
+        )
+        for i in range(0, num_prompts, chunk)
+    ]
+    out: GenerateOutput = parts[0] if len(parts) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+    # Several processes: each decodes and scores the rollouts its devices hold, then the scores are
+    # gathered (`gd2po_jax.runtime.distributed`); one process holds every row.
+    rows, tokens = addressable_rows(out.tokens)
+    lengths, finished = host_value((out.lengths, out.finished))
+    sampled = time.perf_counter()
+    if scores_on_devices(reward_fn) and jax.process_count() > 1:
+        # Reward models run one program over every process's devices, fed the same rows by every
+        # process: each process scores all the rollouts.
+        rows, tokens = np.arange(len(lengths)), host_value(out.tokens)
+    responses = decode_completions(tokenizer, tokens, lengths[rows])
+    prompts = [prompt_set.texts[r // num_generations] for r in rows]
+    columns = {name: [values[r // num_generations] for r in rows] for name, values in prompt_set.columns.items()}
+    columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), lengths[rows])]
+    scores = score_batch(
+        reward_fn, prompts, responses, columns, on_error=on_error, num_workers=num_workers, timeout_s=timeout_s,
+        first_rollout=int(rows[0]),
+    )
+    reward_metrics = reward_step_metrics(reward_fn)
+    all_rewards, all_failed = gather_rows(rows, (scores.rewards, scores.failed), len(lengths))
+    first_failure = next((e for e in gather_texts(scores.first_error) if e is not None), None)
+    rewards = all_rewards.reshape(num_prompts, num_generations, -1)
+    scored = time.perf_counter()
+    valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
+    mesh = mesh_of(model)
+    batch = rollout_batch(out, replicated(rewards, mesh), replicated(valid, mesh))
+    return Rollouts(batch=batch, responses=responses, rewards=rewards, abstained=abstained_fraction(rewards, valid),
+                    failed=failed_fraction(all_failed.reshape(rewards.shape), valid),
+                    first_failure=first_failure,
+                    truncated=~np.asarray(finished),
+                    generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
+                    reward_seconds=scored - sampled, reward_metrics=reward_metrics)
+
+
+def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,
+                  ref_logp: jax.Array | None = None) -> RolloutBatch:
+    """A `RolloutBatch` from sampler output (device arrays stay on device).
+
+    Args:
+      out: `generate` output for B = P x G rows.
+      rewards: [P, G, K] rewards; valid: [P] bool.
+      ref_logp: [B, M] reference log-probs (default zeros: no KL term).
+    """
+    return RolloutBatch(
+        input_ids=jnp.concatenate([out.prompt_tokens, out.tokens], axis=1).astype(jnp.int32),
+        attention_mask=jnp.concatenate(
+            [out.prompt_mask.astype(bool), jnp.ones(out.tokens.shape, bool)], axis=1
+        ),
+        response_mask=completion_mask(out.lengths, out.tokens.shape[1]),
+        old_logp=out.logprobs,
+        ref_logp=jnp.zeros_like(out.logprobs) if ref_logp is None else ref_logp,
+        rewards=rewards.astype(jnp.float32),
+        valid=valid,
+    )

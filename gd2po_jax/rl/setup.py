@@ -1,0 +1,180 @@
+"""What a run is made of, resolved from its config: data, tokenizer, reward function, prompts, mesh.
+
+`build_setup` is the first thing the trainer, the warm start and evaluation do with a config; it
+looks up the run's task (`gd2po_jax.tasks.task_of`, which checks the task's fields) and validates
+the config before anything is computed or written (except a task's base model, built in
+``WORKDIR/base_model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.data.prompts import PromptSet, build_prompt_set
+from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
+from gd2po_jax.models.pretrained import check_model_dir
+from gd2po_jax.models.sampling import bucket_length
+from gd2po_jax.rewards.base import build_reward_function
+from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime.sharding import make_mesh
+from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks.files import load_file
+
+logger = logging.getLogger(__name__)
+
+@dataclasses.dataclass
+class RunSetup:
+    """What a run is made of, resolved from the config (host objects; no training state)."""
+
+    model_path: pathlib.Path
+    tokenizer: Any
+    eos_ids: list[int]
+    pad_id: int
+    reward_fn: Any
+    train: PromptSet
+    evals: dict[str, PromptSet]  # split name -> prompts (validation, test)
+    sft_dataset: Any  # datasets.Dataset with a `target` column, or None
+    prompt_length: int
+    mesh: Any
+
+    def place(self, tree: Any) -> Any:
+        """``tree`` with the leaves not yet on the mesh (step, RNG key, optimizer counters) replicated
+        on it, so that a state has the same shardings before and after an update (else step 2
+        compiles the update again)."""
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+
+        def place(x):
+            on_mesh = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == self.mesh
+            return x if on_mesh else jax.device_put(x, replicated)
+
+        return jax.tree.map(place, tree)
+
+
+def _model_dir(path: str, field: str) -> pathlib.Path:
+    """``path`` once it is an existing local directory; else a `ConfigError` naming ``config.<field>``."""
+    try:
+        return check_model_dir(path, f"config.{field}")
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+
+
+def load_splits(config: RunConfig, workdir: pathlib.Path) -> tuple[dict[str, Any], pathlib.Path]:
+    """The datasets by split name and the model directory (`gd2po_jax.tasks.Task.load_splits`),
+    after checking the model paths the config gives.
+
+    Raises:
+      ConfigError: a field the task refuses, or a model path that is not a directory, naming it.
+    """
+    task = task_of(config)
+    if config.model.path:
+        _model_dir(config.model.path, "model.path")
+    if config.model.tokenizer_path:
+        _model_dir(config.model.tokenizer_path, "model.tokenizer_path")
+    return task.load_splits(config, workdir)
+
+
+def _tool_calling_spec(config: RunConfig, **_) -> dict[str, Any]:
+    rewards = config.rewards
+    return {"kind": rewards.kind, "names": tuple(rewards.names), "max_think_words": rewards.max_think_words,
+            "conditional_length": rewards.conditional_length}
+
+
+def _reward_model_spec(config: RunConfig, *, tokenizer, eos_ids: list[int], mesh) -> dict[str, Any]:
+    rewards = config.rewards
+    for name, model in rewards.reward_models.items():
+        field = f"rewards.reward_models.{name}.path"
+        if not model.path:
+            raise ConfigError(f"config.{field}: empty; give the directory of the score model that scores "
+                              f"{name!r} (--config.{field}=DIR)")
+        _model_dir(model.path, field)
+    return {"kind": rewards.kind, "names": tuple(rewards.names),
+            "reward_models": {name: model.to_dict() for name, model in rewards.reward_models.items()},
+            "offload": rewards.offload, "policy_tokenizer": tokenizer, "policy_eos_ids": list(eos_ids), "mesh": mesh}
+
+
+_REWARD_SPECS = {"tool_calling": _tool_calling_spec, "reward_model": _reward_model_spec}
+"""How each reward kind's `build_reward_function` spec is made from the config and the run."""
+
+
+def reward_spec(config: RunConfig, *, tokenizer=None, eos_ids=(), mesh=None) -> dict[str, Any]:
+    """The `build_reward_function` spec of ``config.rewards``: the options of its kind from the config,
+    and what the run gives the kinds that need it (a reward model: the policy's tokenizer and EOS ids,
+    which decode responses, and the mesh its parameters are sharded over). A kind registered
+    elsewhere gets ``names``.
+
+    Raises:
+      ConfigError: a reward model's path is empty or not a directory, naming its field.
+    """
+    make = _REWARD_SPECS.get(config.rewards.kind)
+    if make is None:
+        return {"kind": config.rewards.kind, "names": tuple(config.rewards.names)}
+    return make(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh)
+
+
+def eval_split(config: RunConfig, setup: RunSetup) -> str | None:
+    """The split evaluated before and after RL: ``config.eval.split``, None for "none".
+
+    Raises:
+      ConfigError: when the data has no such split, naming ``config.eval.split`` and the splits it has.
+    """
+    split = config.eval.split
+    if split == "none":
+        return None
+    if split not in setup.evals:
+        available = sorted(setup.evals) + ["none"]
+        field = task_of(config).split_field(config, split)
+        raise ConfigError(f"config.eval.split: the data has no {split!r} split (config.{field} gives it no rows); "
+                          f"choose one of {available} ('none': no evaluation during the run)")
+    return split
+
+
+def prepare(task, config: RunConfig, workdir: pathlib.Path) -> RunConfig:
+    """`gd2po_jax.tasks.Task.prepare` on every process: process 0 builds what the task needs (the
+    others wait), then each reads it and gets the config the run uses."""
+    if distributed.is_primary():
+        task.prepare(config, workdir)
+    distributed.barrier(f"task {task.name!r} prepared")
+    return task.prepare(config, workdir, progress=False)
+
+
+def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
+    """Data, tokenizer, reward function and mesh of a run; checks the config against the mesh first."""
+    try:
+        mesh = make_mesh(data=config.mesh.data, fsdp=config.mesh.fsdp, tensor=config.mesh.tensor)
+    except ValueError as err:
+        raise ConfigError(f"config.mesh: {err}") from err
+    config.check_mesh(num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
+    task = task_of(config)
+    splits, model_path = load_splits(config, workdir)
+    config = prepare(task, config, workdir)
+    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
+    eos_ids = eos_token_ids(tokenizer, model_path)
+    pad_id = pad_token_id(tokenizer, eos_ids)
+    reward_fn = build_reward_function(reward_spec(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh))
+    splits = task.usable_rows(config, splits, reward_fn)
+    limit, truncation = config.data.max_prompt_tokens, config.data.prompt_truncation
+    train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data",
+                             truncation=truncation)
+    evals = {}
+    for split in ("validation", "test"):
+        if split in splits and len(splits[split]):
+            dataset = splits[split]
+            if config.eval.max_examples:
+                dataset = dataset.select(range(min(config.eval.max_examples, len(dataset))))
+            evals[split] = build_prompt_set(dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data",
+                                            truncation=truncation)
+    longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
+    sft_dataset = None
+    if config.sft.enabled:
+        sft_dataset = load_file(config.sft.data, config) if config.sft.data else splits["train"]
+    return RunSetup(
+        model_path=model_path, tokenizer=tokenizer, eos_ids=eos_ids, pad_id=pad_id, reward_fn=reward_fn,
+        train=train, evals=evals, sft_dataset=sft_dataset, prompt_length=bucket_length(longest), mesh=mesh,
+    )

@@ -1,0 +1,449 @@
+"""The jitted RL update: advantages + filtering + clipped loss + gradients + optimizer, one program.
+
+Shapes: ``P`` prompts with ``G`` rollouts each (``B = P * G`` rows, prompt-major: rows
+``p * G .. p * G + G - 1`` answer prompt ``p``), ``K`` rewards, ``Lp`` padded prompt length, ``M``
+completion budget (``max_new_tokens``), ``S = Lp + M``.
+
+One call of the step function does, inside a single XLA program::
+
+    lengths    = sum(response_mask)                                     [P, G]
+    adv        = compute_advantages(rewards, lengths, method, ...)      [P, G] -> [B]
+    for epoch in range(ppo_epochs):                   (lax.scan)
+        rows   = permutation(B)                       (shuffle, from the state's RNG)
+        for minibatch in split(rows, num_minibatches):                  (lax.scan)
+            den    = aggregation denominator of the minibatch (independent of the parameters)
+            (with prompt windows: rows sorted by prompt length; each micro-batch's left padding
+             cut to its window, a lax.switch branch)
+            grads  = sum over micro-batches of grad(numerator_micro / den)   (lax.scan)
+            params = optax update(grads)      only if |grads| is finite, else skipped
+
+Dividing every micro-batch numerator by the whole minibatch's denominator makes gradient
+accumulation exact for every aggregation mode (`gd2po_jax.rl.losses.aggregate_loss`).
+
+An update whose gradient norm is not finite (an inf or NaN anywhere, e.g. a bf16 overflow) is
+skipped, as verl skips it: parameters and optimizer state stay as they were, and the metric
+``update/skipped_updates`` counts it. The trainer stops a run whose steps keep skipping
+(`count_skipped_steps`, ``train.max_consecutive_skipped_steps``).
+
+The batch is a `gd2po_jax.rl.rollout.RolloutBatch`; advantages come from `gd2po_jax.rl.advantages`,
+log-probs from `gd2po_jax.rl.logprobs`, the loss from `gd2po_jax.rl.losses` and the optimizer from
+`gd2po_jax.rl.optimizer`. The step's metrics carry their final names (``reward/<name>`` ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from gd2po_jax.config import RunConfig, check_batch_layout
+from gd2po_jax.rl import losses
+from gd2po_jax.rl.advantages import advantage_diagnostics, compute_advantages
+from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
+from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.runtime.sharding import batch_sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static hyperparameters of the update (frozen and hashable: part of the compiled program).
+
+    Symbols are those of docs/algorithm.md (#notation); build it from a run config with
+    `StepConfig.from_config` (the run-config field of each is named in brackets below).
+
+    Advantages (docs/algorithm.md#grpo .. #dapo-filter):
+      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr" | "low_conflict_half" |
+        "high_conflict_half" (``rl.algorithm``).
+      snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (``rl.snr_tau``).
+      reward_names: the K reward names, in the order of the reward tensor's last axis
+        (``rewards.names``); metrics are named ``reward/<name>``. Empty: the rewards' indices.
+      reward_weights: w_k, K weights of the rewards (``rewards.weights``); None or empty: all ones.
+      batch_norm: GDPO / GD2PO batch step: "token" (official) | "sequence" (TRL) | "none"
+        (``rl.batch_norm``).
+      group_eps: eps_group, added to the group std (``rl.group_eps``).
+      drop_zero_variance_groups: DAPO's filter of groups where every reward is constant
+        (``rl.drop_zero_variance_groups``).
+
+    Policy loss (docs/algorithm.md#policy-loss, #loss-aggregation, #kl-estimators):
+      clip_low, clip_high: eps_low, eps_high: the ratio rho is clipped to [1 - eps_low,
+        1 + eps_high] (``rl.clip_low``, ``rl.clip_high``).
+      dual_clip: c of dual clipping (> 1), bounding the loss at -A c where A < 0; None (or a value
+        <= 0, as ``rl.dual_clip`` writes it) disables it.
+      loss_agg_mode: how token losses become one number (``rl.loss_agg_mode``).
+      norm_length: the constant length of "seq-mean-token-sum-norm" (None: the padded length M;
+        not in the run config).
+      filtered_in_denominator: rollouts that GD2PO filters out (A = 0) still count in the
+        aggregation's denominator, as in the official code (``rl.filtered_in_denominator``).
+      kl_coef: beta, the coefficient of the KL term to the reference policy (``rl.kl_coef``).
+      kl_estimator: "k1" | "k3" (``rl.kl_estimator``).
+      entropy_coef: coefficient of the entropy bonus (``rl.entropy_coef``).
+      log_entropy: compute the policy's entropy for the metrics even when entropy_coef is 0 (not in
+        the run config).
+
+    Update (docs/algorithm.md#the-update):
+      ppo_epochs: passes over the rollouts of a step (``rl.ppo_epochs``).
+      num_minibatches: optimizer steps per epoch; they split the B = P x G rollouts
+        (``rl.num_minibatches``).
+      micro_batch_size: rows per gradient-accumulation micro-batch; 0: the whole minibatch
+        (``rl.micro_batch_size``).
+      prompt_windows: prompt lengths below the padded one (``Lp``) at which a micro-batch may run
+        (static; see `prompt_window_lengths`). With any, each minibatch's rows are sorted by
+        prompt length before they split into micro-batches, and each micro-batch runs on its
+        shortest window that holds its longest prompt: its left padding beyond the window is cut
+        (exact: those slots are masked out). One compiled branch per window (`jax.lax.switch`);
+        empty: every micro-batch at ``Lp``. Set by the trainer from ``rl.length_bucket``.
+      logit_chunk_size: positions per chunk of the vocabulary projection
+        (``train.logit_chunk_size``; see `gd2po_jax.rl.logprobs.chunked_token_logprobs`).
+      compute_dtype: dtype of the forward pass, "float32" | "bfloat16" (``model.dtype``); the
+        master weights keep theirs.
+      logprob_temperature: the log-probs of the loss are those of ``softmax(logits / T)`` (1: the
+        raw logits; verl: the rollout temperature). Read with `logprob_temperature` from
+        ``rl.tempered_logprobs`` and ``sampling.temperature``; the batch's old_logp must have been
+        sampled at the same T (`gd2po_jax.models.sampling.generate`'s ``logprob_temperature``).
+      skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (not in
+        the run config; False applies every update, as before the guard existed).
+    """
+
+    method: str
+    snr_tau: float
+    reward_names: tuple[str, ...]
+    reward_weights: tuple[float, ...] | None
+    batch_norm: str
+    group_eps: float
+    drop_zero_variance_groups: bool
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    loss_agg_mode: str
+    filtered_in_denominator: bool
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+    ppo_epochs: int
+    num_minibatches: int
+    micro_batch_size: int
+    logit_chunk_size: int
+    compute_dtype: str
+    logprob_temperature: float
+    # Not in the run config: what the trainer sets from the data, and switches for tests and benches.
+    prompt_windows: tuple[int, ...] = ()
+    norm_length: float | None = None
+    log_entropy: bool = True
+    skip_nonfinite_updates: bool = True
+
+    def __post_init__(self):
+        # Each value as its field's type (config files give ints for floats, lists for tuples), then
+        # the run config's spellings of "off": rl.dual_clip <= 0 and empty rewards.weights.
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, _as_type(hints[field.name], getattr(self, field.name)))
+        if self.dual_clip is not None and self.dual_clip <= 0:
+            object.__setattr__(self, "dual_clip", None)
+        if not self.reward_weights:
+            object.__setattr__(self, "reward_weights", None)
+        if not self.logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {self.logprob_temperature}")
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **changes: Any) -> StepConfig:
+        """The step's hyperparameters from a run config (the names of the class docstring), with
+        ``changes`` (field -> value) on top."""
+        rl = config.rl
+        values = dict(
+            method=rl.algorithm, snr_tau=rl.snr_tau, reward_names=config.rewards.names,
+            reward_weights=config.rewards.weights, batch_norm=rl.batch_norm, group_eps=rl.group_eps,
+            drop_zero_variance_groups=rl.drop_zero_variance_groups, clip_low=rl.clip_low, clip_high=rl.clip_high,
+            dual_clip=rl.dual_clip, loss_agg_mode=rl.loss_agg_mode, filtered_in_denominator=rl.filtered_in_denominator,
+            kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef, ppo_epochs=rl.ppo_epochs,
+            num_minibatches=rl.num_minibatches, micro_batch_size=rl.micro_batch_size,
+            logit_chunk_size=config.train.logit_chunk_size, compute_dtype=config.model.dtype,
+            logprob_temperature=logprob_temperature(config),
+        )
+        return cls(**(values | changes))
+
+
+def logprob_temperature(config: RunConfig) -> float:
+    """T of the policy whose log-probs enter the loss (old, new and reference), from a run config:
+    ``sampling.temperature`` with ``rl.tempered_logprobs`` (verl), else 1 (the raw logits)."""
+    return float(config.sampling.temperature) if config.rl.tempered_logprobs else 1.0
+
+
+def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_length: int) -> tuple[int, ...]:
+    """`StepConfig.prompt_windows` for a run: the multiples of ``length_bucket`` from the first
+    that holds ``shortest_prompt`` up to, not including, the padded ``prompt_length`` (Lp).
+
+    E.g. (16, 108, 192) -> (112, 128, 144, 160, 176). ``length_bucket`` 0: none.
+
+    Raises:
+      ValueError: naming ``rl.length_bucket``, when that makes more than `MAX_PROMPT_WINDOWS`
+        windows (each is a compiled branch of the update).
+    """
+    if length_bucket <= 0:
+        return ()
+    first = -(-max(shortest_prompt, 1) // length_bucket) * length_bucket
+    windows = tuple(range(first, prompt_length, length_bucket))
+    if len(windows) > MAX_PROMPT_WINDOWS:
+        raise ValueError(
+            f"rl.length_bucket: {length_bucket} tokens make {len(windows)} prompt lengths between the shortest "
+            f"training prompt ({shortest_prompt} tokens) and the padded length ({prompt_length}), each a compiled "
+            f"branch of the update; at most {MAX_PROMPT_WINDOWS}: use a larger bucket (or 0: off)"
+        )
+    return windows
+
+
+#: The most prompt windows (compiled branches of the update) `prompt_window_lengths` makes.
+MAX_PROMPT_WINDOWS = 16
+
+
+def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int) -> StepConfig:
+    """The `StepConfig` of a run: `StepConfig.from_config`, with the prompt windows of
+    ``rl.length_bucket`` for its training prompts (``shortest_prompt`` tokens at least, padded to
+    ``prompt_length``; `prompt_window_lengths`)."""
+    windows = prompt_window_lengths(config.rl.length_bucket, shortest_prompt, prompt_length)
+    return StepConfig.from_config(config, prompt_windows=windows)
+
+
+def _as_type(hint, value):
+    """``value`` converted to the annotated type ``hint``: a scalar type, ``tuple[X, ...]`` or
+    ``X | None``."""
+    if value is None:
+        return None
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType):
+        (hint,) = [arg for arg in args if arg is not type(None)]
+        return _as_type(hint, value)
+    if typing.get_origin(hint) is tuple:
+        return tuple(_as_type(args[0], item) for item in value)
+    return hint(value)
+
+
+def _constrain_rows(tree, mesh: Mesh | None):
+    if mesh is None:
+        return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape)), tree)
+
+
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: StepConfig,
+                    mesh: Mesh | None = None):
+    """The update function ``step(state, batch) -> (state, metrics)`` (not yet jitted).
+
+    Args:
+      graphdef: the policy's `nnx.GraphDef` (static structure; parameters come from the state).
+      optimizer: the optax transformation whose state is ``state.opt_state``.
+      config: `StepConfig`.
+      mesh: when given, micro-batches are constrained to stay split over the batch axes.
+
+    Returns:
+      A pure function; wrap it with `jit_train_step`.
+    """
+    compute_dtype = jnp.dtype(config.compute_dtype)
+
+    def micro_loss(params, rows: dict, denominator):
+        model = merge_model(graphdef, params, compute_dtype)
+        need_entropy = config.log_entropy or bool(config.entropy_coef)
+        logp, entropy = completion_logprobs(
+            model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
+            chunk_size=config.logit_chunk_size, with_entropy=need_entropy, temperature=config.logprob_temperature,
+        )
+        out = losses.policy_loss(
+            logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
+            clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
+            agg_mode=config.loss_agg_mode, norm_length=config.norm_length,
+            ref_logp=rows["ref_logp"] if config.kl_coef else None, kl_coef=config.kl_coef,
+            kl_estimator=config.kl_estimator, entropy=entropy, entropy_coef=config.entropy_coef,
+        )
+        return out.numerator / jnp.maximum(denominator, 1e-8), out
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def windowed_grad_fn(windows: tuple[int, ...], prompt_length: int):
+        """``fn(params, micro_batch, denominator) -> (grad_fn's value and gradients, window)``: the
+        micro-batch runs on the shortest of ``windows`` (ascending, the last ``prompt_length``) that
+        holds its longest prompt, with the left padding before the window cut."""
+        if len(windows) == 1:
+            return lambda *args: (grad_fn(*args), jnp.int32(prompt_length))
+
+        def on_window(window):
+            def run(params, micro_batch, denominator):
+                cut = prompt_length - window
+                trimmed = dict(micro_batch, input_ids=micro_batch["input_ids"][:, cut:],
+                               attention_mask=micro_batch["attention_mask"][:, cut:])
+                return grad_fn(params, trimmed, denominator)
+            return run
+
+        branches = [on_window(w) for w in windows]
+        window_array = jnp.asarray(windows, jnp.int32)
+
+        def run(params, micro_batch, denominator):
+            longest = jnp.max(micro_batch["prompt_lengths"])
+            branch = jnp.minimum(jnp.searchsorted(window_array, longest), len(windows) - 1)
+            return jax.lax.switch(branch, branches, params, micro_batch, denominator), window_array[branch]
+
+        return run
+
+    def step(state: TrainState, batch: RolloutBatch):
+        num_prompts, group, _ = batch.rewards.shape
+        rows_total = num_prompts * group
+        minibatch_rows, micro_rows = check_batch_layout(rows_total, config.num_minibatches, config.micro_batch_size)
+        lengths = jnp.sum(batch.response_mask, axis=-1).reshape(num_prompts, group)
+        adv = compute_advantages(
+            batch.rewards, lengths, config.method, snr_tau=config.snr_tau,
+            reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
+            batch_norm=config.batch_norm, group_eps=config.group_eps, valid=batch.valid,
+            drop_zero_variance_groups=config.drop_zero_variance_groups,
+        )
+        prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
+        windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
+        micro_grad_fn = windowed_grad_fn(windows, prompt_length)
+        prompt_lengths = jnp.sum(batch.attention_mask[:, :prompt_length], axis=-1, dtype=jnp.int32)
+        row_valid = jnp.repeat(batch.valid, group)
+        loss_mask = batch.response_mask & row_valid[:, None]
+        if not config.filtered_in_denominator:
+            loss_mask = loss_mask & adv.keep.reshape(-1)[:, None]
+        rows = {
+            "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+            "old_logp": batch.old_logp, "ref_logp": batch.ref_logp,
+            "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
+            "response_lengths": lengths.reshape(-1),
+        }
+
+        def update_minibatch(carry, indices):
+            params, opt_state, loss_sums = carry
+            if len(windows) > 1 and minibatch_rows > micro_rows:
+                # Micro-batches of similar prompt lengths, so that each runs on a short window.
+                indices = indices[jnp.argsort(rows["prompt_lengths"][indices], stable=True)]
+            minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
+            _, denominator = losses.aggregate_loss(
+                jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.loss_agg_mode,
+                norm_length=config.norm_length,
+            )
+            micro = jax.tree.map(
+                lambda x: x.reshape((minibatch_rows // micro_rows, micro_rows) + x.shape[1:]), minibatch
+            )
+
+            def accumulate_micro(acc, micro_batch):
+                grads, sums = acc
+                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh), denominator)
+                padding = _padding_slots(micro_batch, window)
+                return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), padding
+
+            zero_grads = jax.tree.map(jnp.zeros_like, params)
+            (grads, sums), padding = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()), micro)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            grad_norm = optax.global_norm(grads)
+            apply = jnp.isfinite(grad_norm) if config.skip_nonfinite_updates else jnp.bool_(True)
+            params, opt_state = updated_if(apply, (new_params, new_opt_state), (params, opt_state))
+            loss_sums = losses.accumulate(loss_sums, sums)
+            return (params, opt_state, loss_sums), (grad_norm, ~apply, jax.tree.map(jnp.sum, padding))
+
+        def update_epoch(carry, epoch_key):
+            params, opt_state, loss_sums = carry
+            order = jax.random.permutation(epoch_key, rows_total)
+            order = order.reshape(config.num_minibatches, minibatch_rows)
+            return jax.lax.scan(update_minibatch, (params, opt_state, loss_sums), order)
+
+        rng, shuffle_key = jax.random.split(state.rng)
+        epoch_keys = jax.random.split(shuffle_key, config.ppo_epochs)
+        init_sums = losses.empty_policy_loss()
+        (params, opt_state, loss_sums), (grad_norms, skipped, padding) = jax.lax.scan(
+            update_epoch, (state.params, state.opt_state, init_sums), epoch_keys
+        )
+        metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
+        metrics["update/skipped_updates"] = jnp.sum(skipped.astype(jnp.int32))
+        slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
+        metrics["update/prompt_padding"] = prompt_pads / slots
+        metrics["update/padding"] = (prompt_pads + completion_pads) / slots
+        new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
+        return new_state, metrics
+
+    return step
+
+
+def _padding_slots(micro_batch: dict, window: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(token slots, prompt-padding slots, completion slots after the response) of a micro-batch run
+    on a prompt ``window``: the update's metrics ``update/prompt_padding`` and ``update/padding``
+    are their sums' ratios."""
+    rows, completion = micro_batch["old_logp"].shape
+    slots = rows * (window + completion)
+    prompt_pads = jnp.sum(window - micro_batch["prompt_lengths"])
+    completion_pads = rows * completion - jnp.sum(micro_batch["response_lengths"])
+    return slots, prompt_pads, completion_pads
+
+
+def updated_if(condition: jax.Array, updated, current):
+    """``updated`` if the scalar bool ``condition`` holds, else ``current``, leaf by leaf (two trees
+    of the same structure: the parameters and optimizer state after and before an update). A
+    select, so an applied update is bitwise the update itself."""
+    return jax.tree.map(lambda new, old: jnp.where(condition, new, old), updated, current)
+
+
+def count_skipped_steps(consecutive: int, skipped_updates: float, step: int, limit: int) -> int:
+    """The number of consecutive RL steps, up to ``step``, in which an optimizer update was skipped
+    for a non-finite gradient (``skipped_updates``: the step's ``update/skipped_updates``).
+
+    Args:
+      consecutive: the count after the previous step.
+      limit: ``train.max_consecutive_skipped_steps``.
+
+    Raises:
+      RuntimeError: when the count reaches ``limit``: the gradients keep overflowing (or a reward,
+        advantage or log-prob is inf / NaN), and the run would go on without learning.
+    """
+    consecutive = consecutive + 1 if skipped_updates else 0
+    if consecutive >= limit:
+        raise RuntimeError(
+            f"train.max_consecutive_skipped_steps={limit}: the gradient was not finite (inf or NaN) in "
+            f"{consecutive} consecutive RL steps, up to step {step}, and their updates were skipped "
+            "(metric update/skipped_updates), so the policy stopped learning. Look for an overflow "
+            "(model.dtype='bfloat16', a large train.learning_rate) or a non-finite reward or log-prob; the "
+            "skipped updates left the parameters finite, and a rerun resumes from the last checkpoint."
+        )
+    return consecutive
+
+
+def _step_metrics(config: StepConfig, batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_norms,
+                  lengths) -> dict[str, jax.Array]:
+    """Scalar metrics of one update, under their final names (means over every minibatch of every
+    epoch): ``advantages/*``, ``loss/*``, ``reward/<name>`` and ``response_length``. ``loss/grad_norm``
+    is the mean norm before clipping, inf or NaN when an update was skipped."""
+    names = _reward_names(config, batch.rewards.shape[-1])
+    diagnostics = advantage_diagnostics(adv, batch.valid, reward_names=names)
+    metrics = {f"advantages/{k}": v for k, v in diagnostics.items()}
+    metrics.update({f"loss/{k}": v for k, v in loss_sums.metrics().items()})
+    metrics["loss/grad_norm"] = jnp.mean(grad_norms)
+    real = jnp.broadcast_to(batch.valid[:, None], lengths.shape)
+    rewards = batch.rewards
+    present = ~jnp.isnan(rewards) & real[..., None]
+    reward_means = jnp.sum(jnp.where(present, rewards, 0.0), axis=(0, 1)) / jnp.maximum(
+        jnp.sum(present, axis=(0, 1)), 1
+    )
+    for k, name in enumerate(names):
+        metrics[f"reward/{name}"] = reward_means[k]
+    metrics["response_length"] = jnp.sum(jnp.where(real, lengths, 0)) / jnp.maximum(jnp.sum(real), 1)
+    return metrics
+
+
+def _reward_names(config: StepConfig, num_rewards: int) -> tuple[str, ...]:
+    """The K names of the metrics' rewards: ``config.reward_names``, or the indices when empty."""
+    if not config.reward_names:
+        return tuple(str(k) for k in range(num_rewards))
+    if len(config.reward_names) != num_rewards:
+        raise ValueError(
+            f"rewards.names: {len(config.reward_names)} names {config.reward_names} for the {num_rewards} "
+            "rewards of the batch"
+        )
+    return config.reward_names
+
+
+def jit_train_step(step_fn, state_shardings=None):
+    """``jax.jit`` of the step with the state donated (and kept on its shardings)."""
+    if state_shardings is None:
+        return jax.jit(step_fn, donate_argnums=(0,))
+    return jax.jit(step_fn, donate_argnums=(0,), out_shardings=(state_shardings, None))

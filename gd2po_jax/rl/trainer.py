@@ -1,0 +1,262 @@
+"""The training loop: warm start, then prompts -> rollouts -> rewards -> one jitted update per step.
+
+``train_and_evaluate(config, workdir)`` is what ``python train.py`` runs. Everything a run needs to
+resume or be reproduced is in its workdir (`gd2po_jax.runtime.workdir`): config.json, the warm start, Orbax
+checkpoints, metrics.jsonl, evaluations before and after RL, the exported policy and results.json.
+Rerunning in the same workdir resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+from flax import nnx
+
+from gd2po_jax.runtime import distributed
+
+from gd2po_jax.runtime import workdir as run_dir
+
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.tasks import task_of
+from gd2po_jax.evaluation.run import evaluate_split
+from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
+from gd2po_jax.runtime.metrics_logging import MetricsWriter
+from gd2po_jax.models import load_pretrained, save_pretrained
+from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.data.prompts import EpochSampler
+from gd2po_jax.rewards.scoring import check_failures
+from gd2po_jax.rl.rollout import collect_rollouts
+from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
+from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split
+from gd2po_jax.rl.records import TrainState
+from gd2po_jax.rl.train_step import (count_skipped_steps, jit_train_step, logprob_temperature, make_train_step,
+                                     run_step_config)
+from gd2po_jax.sft.warm_start import warm_start
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------
+# RL.
+# ----------------------------------------------------------------------------------------------
+
+
+def host_metrics(rollouts, timings: dict[str, float], reward_names: tuple[str, ...]) -> dict[str, float]:
+    """The metrics of a step that only the host knows (the update's own come from `train_step`):
+    truncation, the share of rollouts each reward abstained on (``reward_abstained/<name>``) and
+    failed on (``reward_failed/<name>``, scored as the minimum with ``rewards.on_error='min'``),
+    the reward functions' own (`gd2po_jax.rewards.base.reward_step_metrics`: a reward model's
+    ``reward_truncated/<name>``, ``time/reward_model/<name>``), wall-clock time per phase
+    (``time/*``), generated tokens and their rate."""
+    metrics = {"truncation_rate": float(np.mean(rollouts.truncated))}
+    metrics.update(rollouts.reward_metrics)
+    metrics.update({f"reward_abstained/{name}": float(share) for name, share in zip(reward_names, rollouts.abstained)})
+    metrics.update({f"reward_failed/{name}": float(share) for name, share in zip(reward_names, rollouts.failed)})
+    metrics.update({f"time/{k}": v for k, v in timings.items()})
+    total = sum(timings.values())
+    metrics["tokens_per_second"] = rollouts.generated_tokens / max(total, 1e-9)
+    metrics["generated_tokens"] = rollouts.generated_tokens
+    return metrics
+
+
+def load_policy(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any]:
+    """(graphdef, params): the policy in ``policy_path`` in the master dtype, on the mesh."""
+    model = load_pretrained(policy_path, dtype=jnp.dtype(config.train.master_dtype), mesh=setup.mesh,
+                            remat=config.model.remat)
+    return nnx.split(model, nnx.Param)
+
+
+def init_state(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any, TrainState]:
+    """(graphdef, optimizer, state at step 0): the policy's parameters from ``policy_path`` in the
+    master dtype, AdamW (linear warm-up over ``train.warmup_steps``, then constant), the RL seed's
+    key, all placed on the mesh."""
+    graphdef, params = load_policy(config, setup, policy_path)
+    schedule = optax.linear_schedule(0.0, config.train.learning_rate, config.train.warmup_steps) \
+        if config.train.warmup_steps else config.train.learning_rate
+    optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
+    state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
+                                   jax.random.PRNGKey(config.train.seed)))
+    return graphdef, optimizer, state
+
+
+def resume(checkpoints: Checkpoints, state: TrainState, sampler: EpochSampler) -> tuple[TrainState, int]:
+    """(state, step) of the newest intact checkpoint (`Checkpoints.restore_intact`: a damaged newer
+    one is named in a warning and set aside), placed like ``state``, with ``sampler`` moved to its
+    data position; ``(state, 0)`` when there is none.
+
+    Raises:
+      CorruptCheckpointError: every checkpoint is damaged (naming each).
+    """
+    restored = checkpoints.restore_intact(state)
+    if restored is None:
+        return state, 0
+    step, state, meta = restored
+    sampler.restore(meta["data"])
+    logger.info("resumed from step %d (%s)", step, checkpoints.step_dir(step))
+    return state, step
+
+
+def check_num_steps(config: RunConfig, checkpoints: Checkpoints) -> None:
+    """A resumed run may extend ``train.num_steps`` but not go below its latest checkpoint.
+
+    Raises:
+      ConfigError: naming train.num_steps and the checkpoint.
+    """
+    latest = checkpoints.latest_step()
+    if latest is not None and config.train.num_steps < latest:
+        raise ConfigError(
+            f"config.train.num_steps: {config.train.num_steps} is below step {latest}, which the run has "
+            f"reached ({checkpoints.step_dir(latest)}); a resumed run cannot go back. Use a new --workdir, "
+            "or evaluate an earlier checkpoint with eval.py --checkpoint_step")
+
+
+def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) the whole job of ``config``; returns the results also written to
+    ``workdir/results.json``.
+
+    The workdir is locked for the whole job (`run_dir.lock_workdir`: a second process stops at
+    once), and a rerun whose config differs from the run's in more than `run_dir.RESUMABLE_FIELDS`
+    is refused (`run_dir.check_resume_config`). On several hosts every process calls this
+    (`gd2po_jax.runtime.distributed`): process 0 holds the lock, writes the workdir and reports.
+
+    Raises:
+      ConfigError: an invalid config, or one the run in ``workdir`` was not made with.
+      WorkdirBusyError: another process works in ``workdir``.
+      CorruptCheckpointError: no checkpoint of the run can be restored.
+      NonFiniteError: the parameters became NaN or infinite (nothing is checkpointed or exported).
+    """
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    primary = distributed.is_primary()  # several processes: process 0 locks, writes and reports
+    with run_dir.lock_workdir(workdir, "train.py") if primary else contextlib.nullcontext():
+        return _train_and_evaluate(config, workdir, progress=progress and primary)
+
+
+def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: bool) -> dict[str, Any]:
+    files = RunDir(workdir)
+    primary = distributed.is_primary()
+    if primary:
+        for directory in (workdir, files.eval_dir):  # left by killed writes; no one else writes here now
+            run_dir.remove_stale_staging(directory, all_stale=True)
+    run_dir.check_resume_config(workdir, config)
+    setup = build_setup(config, workdir)
+    split = eval_split(config, setup)  # checked before the warm start
+    checkpoints = Checkpoints(files.checkpoints, keep=config.checkpoint.keep)
+    check_num_steps(config, checkpoints)
+    if primary:
+        run_dir.write_config(workdir, config)
+
+    eval_dir = files.eval_dir
+    sampler = EpochSampler(len(setup.train), config.train.seed)
+    start, state = 0, None
+    if checkpoints.steps():
+        # The checkpoint holds the whole state; the base model only gives its structure and
+        # shardings, so resuming reads the warm start only if it needs the policy before RL.
+        graphdef, optimizer, state = init_state(config, setup, setup.model_path)
+        state, start = resume(checkpoints, state, sampler)
+    before_file = files.eval_report("before_rl")
+    evaluated_before = distributed.primary_decides(before_file.is_file())  # the same on every process
+    initial_params = None  # the policy before RL: the warm start (or model.path without SFT)
+    if start == 0 or config.rl.kl_coef or (split is not None and not evaluated_before):
+        policy_path = warm_start(config, setup, workdir, progress=progress) if config.sft.enabled else setup.model_path
+        if start == 0:
+            graphdef, optimizer, state = init_state(config, setup, policy_path)
+            initial_params = state.params
+        else:
+            _, initial_params = load_policy(config, setup, policy_path)
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    # A copy: the update donates the state's buffers.
+    ref_params = None if not config.rl.kl_coef else \
+        jax.tree.map(jnp.copy, initial_params) if start == 0 else initial_params
+
+    def policy_of(params):
+        return merge_model(graphdef, params, config.model.dtype)
+
+    before = None
+    if split is not None:
+        before = run_dir.read_json(before_file) if evaluated_before else evaluate_split(
+            config, setup, policy_of(initial_params), split, eval_dir, "before_rl", progress=progress)
+    del initial_params
+
+    writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
+    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length)
+    train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh), state_shardings)
+    ref_logp_fn = reference_logprobs_fn(graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
+                                        temperature=logprob_temperature(config))
+    sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
+    reward_names = tuple(config.rewards.names)
+    bar = tqdm.tqdm(range(start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
+                    initial=start, total=config.train.num_steps, disable=not progress)
+    skipped_in_a_row = 0  # RL steps that skipped an update for a non-finite gradient
+    for step in bar:
+        t0 = time.perf_counter()
+        prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
+        rollouts = collect_rollouts(
+            policy_of(state.params), prompts, setup.tokenizer, setup.reward_fn,
+            num_generations=config.rl.num_generations, sampling=config.sampling, eos_token_ids=setup.eos_ids,
+            pad_token_id=setup.pad_id, prompt_length=setup.prompt_length, rng=jax.random.fold_in(sample_key, step),
+            on_error=config.rewards.on_error, num_workers=config.rewards.num_workers,
+            timeout_s=config.rewards.timeout_s,
+            prompts_per_call=config.sampling.prompts_per_call, logprob_temperature=logprob_temperature(config),
+        )
+        check_failures(rollouts.failed, reward_names, config.rewards.max_failed_fraction, step=step + 1,
+                       first_error=rollouts.first_failure)
+        batch = rollouts.batch
+        if ref_params is not None:
+            batch = batch.replace(ref_logp=ref_logp_fn(ref_params, batch.input_ids, batch.attention_mask,
+                                                       batch.old_logp.shape[1]))
+        t1 = time.perf_counter()
+        state, raw = train_step(state, batch)
+        raw = jax.device_get(raw)
+        t2 = time.perf_counter()
+        timings = {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
+                   "update": t2 - t1, "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds)}
+        metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
+        done = step + 1
+        if config.eval.every_steps and split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
+            summary = evaluate_split(config, setup, policy_of(state.params), split, eval_dir, f"step_{done}",
+                                     progress=False)
+            metrics.update({f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        skipped = metrics["update/skipped_updates"]
+        if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
+            writer.write(done, metrics)
+        if skipped:
+            logger.warning("step %d: %d optimizer update(s) skipped for a non-finite gradient", done, skipped)
+        skipped_in_a_row = count_skipped_steps(skipped_in_a_row, skipped, done,
+                                               config.train.max_consecutive_skipped_steps)
+        bar.set_postfix({n: f"{metrics[f'reward/{n}']:.2f}" for n in reward_names}
+                        | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"})
+        if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps:
+            checkpoints.save(done, state, {"step": done, "data": sampler.state()})
+    if writer:
+        writer.close()
+    checkpoints.close()
+
+    check_finite(state.params, f"the policy after RL step {config.train.num_steps}")  # not exported
+    final = policy_of(state.params)
+    after = evaluate_split(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
+    staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
+    # The master weights are exported (identical to `final` when compute and master dtypes agree):
+    # a bf16-compute run's export keeps its float32 precision. Several processes: each parameter is
+    # gathered in turn and process 0 writes it.
+    save_pretrained(merge_model(graphdef, state.params, config.train.master_dtype), staging,
+                    tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
+    results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
+               "before_rl": before, "after_rl": after}
+    if primary:
+        run_dir.replace_dir(staging, files.policy)
+        run_dir.write_json(files.results, results)
+    distributed.barrier("train.py: policy exported")  # the run is complete when every process returns
+    if progress:
+        print(task_of(config).results_table(config, results))
+    return results

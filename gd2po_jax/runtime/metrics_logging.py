@@ -1,0 +1,97 @@
+"""Where per-step metrics go: ``WORKDIR/metrics.jsonl`` (one JSON object per step) and TensorBoard
+event files in ``WORKDIR/tensorboard``.
+
+metrics.jsonl is the record: on resume it is cut back to the restored step (so a resumed run's file
+equals an uninterrupted run's; a half-written last line, from a kill or a full disk, is dropped with
+a warning), and TensorBoard's event files are then rebuilt from it, so TensorBoard shows exactly
+what metrics.jsonl has (a killed process can leave its event file cut in the middle of a record, and
+points it wrote after the last flush lost). Non-finite values are written as JSON's non-standard
+``NaN``, ``Infinity`` and ``-Infinity``, which Python's `json` (`run_dir.read_jsonl`) reads back as
+floats.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from typing import Any
+
+from tensorboardX import SummaryWriter
+
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime.workdir import RunDir
+
+
+def _plain(value: Any) -> Any:
+    """A plain Python value (numpy and jax scalars unwrapped); NaN and infinities stay floats."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def jsonl_line(record: dict[str, Any]) -> str:
+    """One line of metrics.jsonl: sorted keys, non-finite floats as ``NaN`` / ``Infinity``."""
+    return json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
+
+
+def _scalars(record: dict[str, Any]):
+    """(name, value) of the record's numbers, for TensorBoard (not the step, not booleans)."""
+    for name, value in record.items():
+        if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield name, value
+
+
+def rebuild_tensorboard(directory: pathlib.Path, records: list[dict[str, Any]]) -> SummaryWriter:
+    """Delete ``directory``'s event files and write ``records`` (metrics.jsonl's) anew; returns the
+    open writer, to append to. Idempotent: a kill during the rebuild is repaired by the next one."""
+    shutil.rmtree(directory, ignore_errors=True)
+    writer = SummaryWriter(str(directory))
+    for record in records:
+        for name, value in _scalars(record):
+            writer.add_scalar(name, value, int(record["step"]))
+    writer.flush()
+    return writer
+
+
+class MetricsWriter:
+    """Appends step metrics to JSONL and TensorBoard.
+
+    Args:
+      workdir: the run directory (or ``WORKDIR/warm_start_logs`` for the warm start's loss).
+      resume_step: the step restored from a checkpoint (None for a fresh run): JSONL lines of later
+        steps (written before an interruption) are dropped, and TensorBoard is rebuilt from what
+        remains (`rebuild_tensorboard`).
+      tensorboard: write TensorBoard event files too.
+    """
+
+    def __init__(self, workdir: str | pathlib.Path, resume_step: int | None = None, tensorboard: bool = True):
+        files = RunDir(workdir)
+        self.path = files.metrics
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if self.path.exists() and resume_step is not None:
+            records = run_dir.read_jsonl(self.path, drop_torn_last_line=True)
+            kept = [r for r in records if r.get("step", 0) <= resume_step]
+        run_dir.write_text(self.path, "".join(jsonl_line(r) for r in kept))
+        self._file = self.path.open("a")
+        # Also on a fresh start: a run killed before its first checkpoint left events behind.
+        self._tb = rebuild_tensorboard(files.tensorboard, kept) if tensorboard else None
+
+    def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Write one step's metrics (scalars); returns them as plain Python values."""
+        record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(jsonl_line(record))
+        self._file.flush()
+        if self._tb is not None:
+            for name, value in _scalars(record):
+                self._tb.add_scalar(name, value, int(step))
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
+    """The records of ``WORKDIR/metrics.jsonl`` in order (non-finite values as float NaN / inf)."""
+    return run_dir.read_jsonl(RunDir(workdir).metrics)

@@ -1,0 +1,462 @@
+"""The workdir of a run: where each file lives, its lock, atomic writes and ``config.json``.
+
+Every module that reads or writes a workdir goes through here (trainer, warm start, evaluation,
+sweeps, report, metrics). A workdir holds everything a run needs to resume or be reproduced::
+
+    config.json         the resolved config (`write_config`, `load_run_config`)
+    base_model/         the embedded default's tokenizer + tiny random Qwen2 (HF format)
+    warm_start/         the supervised warm-start checkpoint (HF format), reused when present
+                        (with config.sft.cache_dir it lives in CACHE_DIR/<key> instead, shared)
+    warm_start_logs/    the SFT loss of the warm start, if this run trained it
+    checkpoints/        Orbax checkpoints of the RL state and data position
+                        (`gd2po_jax.runtime.checkpoints.Checkpoints`)
+    corrupt_checkpoints/  checkpoints found damaged on resume, moved aside (`Checkpoints.restore_intact`)
+    metrics.jsonl       one JSON object per RL step;  tensorboard/  the same as event files
+    eval/               <name>.json reports (before_rl, after_rl, test ...) + <name>.jsonl generations
+    policy/             the final policy in HF safetensors format
+    results.json        validation metrics before and after RL
+
+Files are written through a temporary file in the same directory and a rename (`write_text`,
+`write_json`), so a run killed at any moment leaves either the old file or the new one.
+
+One process at a time works in a workdir: train.py and eval.py hold an exclusive lock on
+``WORKDIR/.lock`` (`lock_workdir`), which names its holder; a second one stops at once. A rerun
+that would continue a run with another config is refused (`check_resume_config`): only
+`RESUMABLE_FIELDS` may change. The checkpoints and their integrity checks are
+`gd2po_jax.runtime.checkpoints`'s (it imports this module, never the reverse).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import pathlib
+import shutil
+import socket
+import tempfile
+import time
+from typing import Any, Iterable
+
+from gd2po_jax.config import ConfigError, RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+class RunDirError(ValueError):
+    """A workdir file that is missing or unreadable; the message names the file."""
+
+
+class WorkdirBusyError(RunDirError):
+    """Another process holds the workdir's lock; the message names it (`lock_workdir`)."""
+
+
+LOCK_FILE = ".lock"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """The paths of one run's workdir (nothing is created or read here)."""
+
+    path: pathlib.Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", pathlib.Path(self.path))
+
+    @property
+    def config(self) -> pathlib.Path:
+        return self.path / "config.json"
+
+    @property
+    def base_model(self) -> pathlib.Path:
+        return self.path / "base_model"
+
+    @property
+    def warm_start(self) -> pathlib.Path:
+        return self.path / "warm_start"
+
+    @property
+    def warm_start_logs(self) -> pathlib.Path:
+        return self.path / "warm_start_logs"
+
+    @property
+    def lock(self) -> pathlib.Path:
+        """``.lock``: held by the one process working in the workdir (`lock_workdir`)."""
+        return self.path / LOCK_FILE
+
+    @property
+    def checkpoints(self) -> pathlib.Path:
+        return self.path / "checkpoints"
+
+    @property
+    def corrupt_checkpoints(self) -> pathlib.Path:
+        """Where damaged checkpoints are moved on resume (kept for inspection, never read)."""
+        return self.path / "corrupt_checkpoints"
+
+    @property
+    def metrics(self) -> pathlib.Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> pathlib.Path:
+        return self.path / "tensorboard"
+
+    @property
+    def eval_dir(self) -> pathlib.Path:
+        return self.path / "eval"
+
+    def eval_report(self, name: str) -> pathlib.Path:
+        """``eval/<name>.json``: the summary of one evaluation."""
+        return self.eval_dir / f"{name}.json"
+
+    def eval_generations(self, name: str) -> pathlib.Path:
+        """``eval/<name>.jsonl``: its scored generations, one JSON object per example."""
+        return self.eval_dir / f"{name}.jsonl"
+
+    @property
+    def policy(self) -> pathlib.Path:
+        return self.path / "policy"
+
+    @property
+    def results(self) -> pathlib.Path:
+        return self.path / "results.json"
+
+
+# ----------------------------------------------------------------------------------------------
+# Files.
+# ----------------------------------------------------------------------------------------------
+
+
+def write_text(path: str | pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file in the same directory, then
+    `os.replace`. A kill at any moment leaves the old content or the new one, and no temporary file
+    survives an exception."""
+    path = pathlib.Path(path)
+    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(staging, path)
+    except BaseException:
+        pathlib.Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | pathlib.Path, value: Any) -> None:
+    """`write_text` of ``value`` as indented JSON with sorted keys."""
+    write_text(path, json.dumps(value, indent=2, sort_keys=True))
+
+
+def read_json(path: str | pathlib.Path) -> Any:
+    """The JSON value in ``path``.
+
+    Raises:
+      RunDirError: naming the file, when it is missing or not JSON.
+    """
+    try:
+        return json.loads(pathlib.Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise RunDirError(f"{path}: cannot read it as JSON ({err})") from None
+
+
+def read_jsonl(path: str | pathlib.Path, *, drop_torn_last_line: bool = False) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (``metrics.jsonl``, ``eval/<name>.jsonl``) in order.
+    Non-finite numbers read back as floats (``NaN``, ``Infinity``, ``-Infinity``: what
+    `json.dumps` writes for them).
+
+    Args:
+      drop_torn_last_line: a last line that is not JSON and has no newline after it (a write cut
+        short: the process was killed or the disk was full) is dropped with a warning naming the
+        file, instead of raising. An appending writer uses this to resume.
+
+    Raises:
+      RunDirError: naming the file (and the line), when it is missing or a line is not JSON.
+    """
+    try:
+        text = pathlib.Path(path).read_text(errors="replace")
+    except OSError as err:
+        raise RunDirError(f"{path}: cannot read it ({err})") from None
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                if drop_torn_last_line and number == len(lines) and not text.endswith("\n"):
+                    logger.warning("%s, line %d: dropped a half-written last line (%r)", path, number, line[:80])
+                    break
+                raise RunDirError(f"{path}, line {number}: not JSON ({err})") from None
+    return records
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json
+# ----------------------------------------------------------------------------------------------
+
+
+def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
+    """Write the resolved ``config`` to ``workdir/config.json`` (atomically): `RunConfig.to_json`,
+    indented JSON with sorted keys."""
+    write_text(RunDir(workdir).config, config.to_json())
+
+
+def load_run_config(path: str | pathlib.Path) -> RunConfig:
+    """The typed config of a run, as `write_config` wrote it: ``path`` is a workdir (its
+    ``config.json`` is read), or a file (a run's ``config.json`` or a copy of one; a path ending in
+    ``.json`` is taken for a file even when missing, for the error to name it). A file written
+    before some fields existed reads with their defaults, which are the values those runs used
+    (`RunConfig.from_config_dict`).
+
+    Raises:
+      RunDirError: the file is missing or not a JSON object.
+      ConfigError: naming the file and the first invalid or unknown field.
+    """
+    path = pathlib.Path(path)
+    is_file = path.is_file() or (path.suffix == ".json" and not path.is_dir())
+    file = path if is_file else RunDir(path).config
+    values = read_json(file)
+    if not isinstance(values, dict):
+        raise RunDirError(f"{file}: not a config (a JSON object of config sections)")
+    try:
+        return RunConfig.from_config_dict(values)
+    except ConfigError as err:
+        raise ConfigError(f"{file}: {err}") from None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested JSON objects as one level of dotted names (``{"rl": {"snr_tau": 0.8}}`` ->
+    ``{"rl.snr_tau": 0.8}``)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int | None = 5,
+                   ignore: Iterable[str] = ()) -> str:
+    """The fields whose values differ between two JSON configs (nested dicts), as
+    ``"rl.snr_tau (was 0.8, now 0.5), ..."``: the first ``limit`` by name (None: all), then how
+    many more; the dotted names in ``ignore`` are not compared. Empty when they agree."""
+    old, new, ignored = flatten(before), flatten(after), set(ignore)
+    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name) and name not in ignored)
+    shown = changed if limit is None else changed[:limit]
+    details = ", ".join(f"{name} (was {old.get(name)!r}, now {new.get(name)!r})" for name in shown)
+    more = f" and {len(changed) - len(shown)} more" if len(changed) > len(shown) else ""
+    return details + more
+
+
+# The fields a rerun may change when it resumes a run: how the run is executed, recorded and
+# guarded, not what it computes (memory and device layout change float rounding at most; the
+# stopping rules and the reward timeout only decide whether to stop, or to count a hung reward
+# call as failed; runs made before the timeout existed load it as 0, no limit; where reward models
+# wait between steps changes nothing they compute; the distributed settings say how the processes
+# of a multi-host run find each other, and differ between them). train.num_steps extends a run (it
+# may not go below the step already reached: the trainer checks that). Everything else must equal
+# config.json's.
+RESUMABLE_FIELDS = (
+    "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
+    "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
+    "rl.length_bucket",
+    "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
+    "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload", "distributed.coordinator_address",
+    "distributed.num_processes", "distributed.process_id", "distributed.initialization_timeout_s",
+    "distributed.heartbeat_timeout_s",
+)
+
+
+def has_progress(workdir: str | pathlib.Path) -> bool:
+    """Whether a run in ``workdir`` got past its warm start: an evaluation before RL, a checkpoint
+    (complete or not), metrics, an exported policy or results. (A warm start alone is checked
+    against the config by `gd2po_jax.sft.warm_start`.)"""
+    files = RunDir(workdir)
+    return (any(p.exists() for p in (files.eval_report("before_rl"), files.metrics, files.policy, files.results))
+            or (files.checkpoints.is_dir() and any(files.checkpoints.iterdir())))
+
+
+def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
+    """Refuse to continue the run in ``workdir`` with ``config`` (a `RunConfig` or a ConfigDict)
+    when it differs from the run's ``config.json`` in anything but `RESUMABLE_FIELDS`: the rerun
+    would carry on from the run's checkpoint and evaluations, and relabel them with the new values.
+    A workdir without ``config.json`` or without progress (`has_progress`) is not checked.
+
+    Raises:
+      ConfigError: naming every field that differs, with both values.
+      RunDirError: ``config.json`` is unreadable (naming it).
+    """
+    files = RunDir(workdir)
+    if not files.config.is_file() or not has_progress(workdir):
+        return
+    before = {"config": json.loads(load_run_config(workdir).to_json())}
+    changes = config_changes(before, {"config": json.loads(config.to_json())}, limit=None,
+                             ignore=[f"config.{name}" for name in RESUMABLE_FIELDS])
+    if changes:
+        raise ConfigError(
+            f"{changes}: the run in {files.path} was made with the values in {files.config}, and rerunning "
+            f"there resumes it. Use a new --workdir for another run (a resumed run may change only "
+            f"{', '.join(RESUMABLE_FIELDS)})."
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# The workdir lock.
+# ----------------------------------------------------------------------------------------------
+
+
+class WorkdirLock:
+    """An exclusive `fcntl.flock` on ``WORKDIR/.lock`` (`lock_workdir`); the file holds the
+    holder's pid, host, program and start time. The kernel drops the lock when the process ends,
+    however it ends (also ``kill -9``), so a stale file never blocks anyone."""
+
+    def __init__(self, path: pathlib.Path, fd: int):
+        self.path, self._fd = path, fd
+
+    def __enter__(self) -> WorkdirLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Remove the lock file (while still holding it) and drop the lock."""
+        if self._fd is None:
+            return
+        try:
+            if _same_file(self.path, self._fd):
+                self.path.unlink()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _same_file(path: pathlib.Path, fd: int) -> bool:
+    try:
+        st, mine = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock file, from what it wrote into it."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict):
+        return "another process (it has not written its name yet)"
+    return (f"{info.get('program', 'a process')} (pid {info.get('pid')} on {info.get('host')}, "
+            f"since {info.get('started')})")
+
+
+def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
+    """Take the workdir's exclusive lock (creating ``workdir``), or stop at once if another
+    process holds it: two processes writing one workdir corrupt its metrics and checkpoints.
+    Release it with `WorkdirLock.release` (or use it as a context manager); it is also released
+    when the process dies.
+
+    Args:
+      program: what the holder is ("train.py", "eval.py"), written into the lock file for the
+        message another process gets.
+
+    Raises:
+      WorkdirBusyError: naming the lock file and its holder.
+    """
+    path = RunDir(workdir).lock
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise WorkdirBusyError(f"{path.parent} is in use by {holder}; its lock is {path}. Wait for it to "
+                                   "finish, or use another --workdir") from None
+        except OSError as err:
+            os.close(fd)
+            raise RunDirError(f"{path}: cannot lock it ({err})") from None
+        if _same_file(path, fd):  # not removed by a holder that released it meanwhile
+            break
+        os.close(fd)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "program": program,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    return WorkdirLock(path, fd)
+
+
+def staging_name(target: str | pathlib.Path) -> pathlib.Path:
+    """A staging path next to ``target`` that is unique to this process:
+    ``<target>.tmp-<host>-<pid>-<random>``; `remove_stale_staging` recognizes it."""
+    target = pathlib.Path(target)
+    return target.with_name(f"{target.name}.tmp-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}")
+
+
+def publish_dir(staging: pathlib.Path, target: pathlib.Path) -> bool:
+    """Rename the finished ``staging`` directory (a Hugging Face model directory) to ``target``; if
+    another process got there first (``target`` holds a config.json), discard ``staging`` and keep
+    theirs. Returns whether ours was published."""
+    try:
+        os.rename(staging, target)  # atomic; fails if target is a non-empty directory
+        return True
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+
+
+def replace_dir(staging: pathlib.Path, target: pathlib.Path) -> None:
+    """Put the finished directory ``staging`` in the place of ``target`` (replacing what is there),
+    so that ``target`` is never half written: a kill in between leaves no ``target`` and staging
+    names that `remove_stale_staging` removes."""
+    previous = None
+    if target.exists():
+        previous = staging_name(target)
+        os.rename(target, previous)
+    os.rename(staging, target)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staging(directory: str | pathlib.Path, *, all_stale: bool = False) -> list[pathlib.Path]:
+    """Remove the staging files and directories that killed processes left in ``directory``:
+    `staging_name`s whose process (on this host) is gone, and, with ``all_stale`` (the caller holds
+    the directory's lock, so no one else is writing there), every `staging_name` and every
+    temporary file of `write_text` (``.<name>.*.tmp``). Returns what was removed."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        return []
+    host, removed = socket.gethostname(), []
+    for path in directory.iterdir():
+        name, stale = path.name, False
+        if ".tmp-" in name:
+            _, _, tail = name.rpartition(".tmp-")
+            owner, _, rest = tail.rpartition("-")
+            owner_host, _, pid = owner.rpartition("-")
+            stale = all_stale or (owner_host == host and pid.isdigit() and not _pid_alive(int(pid)))
+        elif all_stale and name.startswith(".") and name.endswith(".tmp") and path.is_file():
+            stale = True
+        if stale:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed what interrupted writes left in %s: %s", directory, [p.name for p in removed])
+    return removed

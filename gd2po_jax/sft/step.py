@@ -1,0 +1,109 @@
+"""Supervised warm start: next-token cross-entropy on the ``target`` column (ToolRL SFT style).
+
+Each example is the chat-template prompt followed by the target and the template's end-of-turn
+text; the loss covers the completion tokens only. Prompts are left-padded to one length ``Lp`` and
+completions right-padded to ``Lc``, the layout of the RL batch: the step compiles once, and the
+vocabulary projection only runs on the completion positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import datasets
+import jax
+import numpy as np
+import optax
+
+from gd2po_jax.rl import losses
+from gd2po_jax.data.chat import render_sft_example
+from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
+from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
+from gd2po_jax.rl.records import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+    """Tokenized examples, ``S = Lp + Lc``.
+
+    input_ids: [N, S] int32, left-padded prompt then right-padded completion.
+    attention_mask: [N, S] bool, False on the prompt's left padding.
+    loss_mask: [N, Lc] bool, the completion tokens to predict.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    loss_mask: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, where: str) -> SFTData:
+    """Tokenize the rows of ``dataset`` that have a ``target``.
+
+    Raises:
+      ValueError: no row has a target, or an example is longer than ``max_length`` (naming the row).
+    """
+    prompts, completions = [], []
+    pad_id = pad_token_id(tokenizer, eos_token_ids(tokenizer))
+    for row, (messages, target) in enumerate(zip(dataset["prompt"], dataset["target"])):
+        if not target:
+            continue
+        prompt_text, completion_text = render_sft_example(messages, target, tokenizer)
+        prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+        completion_ids = list(tokenizer(completion_text, add_special_tokens=False)["input_ids"])
+        if len(prompt_ids) + len(completion_ids) > max_length:
+            raise ValueError(
+                f"{where}, row {row} (0-based): prompt + target is {len(prompt_ids) + len(completion_ids)} "
+                f"tokens, more than config.sft.max_length={max_length}"
+            )
+        prompts.append(prompt_ids)
+        completions.append(completion_ids)
+    if not prompts:
+        raise ValueError(f"{where}: no row has a 'target' to train on (config.sft)")
+    prompt_length = max(len(p) for p in prompts)
+    completion_length = max(len(c) for c in completions)
+    count = len(prompts)
+    input_ids = np.full((count, prompt_length + completion_length), pad_id, np.int32)
+    attention_mask = np.ones((count, prompt_length + completion_length), bool)
+    loss_mask = np.zeros((count, completion_length), bool)
+    for i, (prompt_ids, completion_ids) in enumerate(zip(prompts, completions)):
+        input_ids[i, prompt_length - len(prompt_ids) : prompt_length] = prompt_ids
+        attention_mask[i, : prompt_length - len(prompt_ids)] = False
+        input_ids[i, prompt_length : prompt_length + len(completion_ids)] = completion_ids
+        loss_mask[i, : len(completion_ids)] = True
+    return SFTData(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+
+
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_dtype="float32",
+                  chunk_size: int = 128):
+    """``step(state, input_ids [B, S], attention_mask [B, S], loss_mask [B, Lc]) -> (state,
+    metrics)``, to be jitted."""
+
+    def loss_fn(params, input_ids, attention_mask, loss_mask):
+        model = merge_model(graphdef, params, compute_dtype)
+        logp, _ = completion_logprobs(model, input_ids, attention_mask, loss_mask.shape[1], chunk_size=chunk_size)
+        numerator, denominator = losses.aggregate_loss(-logp, loss_mask, "token-mean")
+        return losses.safe_ratio(numerator, denominator), denominator
+
+    def step(state: TrainState, input_ids, attention_mask, loss_mask):
+        (loss, tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, input_ids, attention_mask, loss_mask
+        )
+        metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": optax.global_norm(grads)}
+        return state.apply_gradients(optimizer, grads), metrics
+
+    return step
+
+
+def sft_batches(num_examples: int, batch_size: int, num_steps: int, seed: int):
+    """Row indices of ``num_steps`` batches: epochs of seeded permutations, concatenated."""
+    needed = num_steps * batch_size
+    orders = []
+    epoch = 0
+    while sum(len(o) for o in orders) < needed:
+        orders.append(np.random.default_rng([seed, 10_000 + epoch]).permutation(num_examples))
+        epoch += 1
+    flat = np.concatenate(orders)[:needed] if orders else np.zeros((0,), np.int64)
+    return flat.reshape(num_steps, batch_size)

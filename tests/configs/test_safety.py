@@ -1,0 +1,95 @@
+"""configs/safety.py end to end on CPU, tiny: a random policy and two random score models in two
+layouts (one with the policy's tokenizer, one with another vocabulary and chat template), the
+Alpaca test prompts as training data. One run trains a step, is resumed for a second, and
+`eval.py --data=...` scores the three helpfulness-safety sets with its reward models.
+"""
+
+import json
+
+import pytest
+
+from configs import safety
+from gd2po_jax.evaluation.run import EvalOptions, run
+from gd2po_jax.runtime.metrics_logging import read_metrics
+from gd2po_jax.runtime.checkpoints import Checkpoints
+from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.rl.trainer import train_and_evaluate
+from tests.fakes import tiny_safety_policy, tiny_score_model_dir
+from tests.fakes import as_run_config
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_safety_config(shared_dir, num_steps: int):
+    """configs/safety.py shrunk: 2 prompts x 4 rollouts of at most 8 tokens (prompts cut to their last
+    48 tokens), float32, validation on 8 Alpaca prompts, a checkpoint every step."""
+    config = safety.get_config()
+    config.model.path = str(tiny_safety_policy(shared_dir))
+    config.model.update(dtype="float32", remat=False)
+    config.data.train = str(shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet")
+    config.data.max_prompt_tokens = 48  # some Alpaca prompts are longer: cut on the left
+    models = {"useful": ("amo", "chatml"), "harmless": ("sequence_classification", "plain")}
+    for name, (layout, template) in models.items():
+        config.rewards.reward_models[name].update(path=str(tiny_score_model_dir(shared_dir, layout, template)),
+                                                  max_length=512, batch_size=8, dtype="float32")
+    config.rl.update(num_minibatches=1, micro_batch_size=8)
+    config.sampling.update(max_new_tokens=8, prompts_per_call=0)
+    config.train.update(num_steps=num_steps, prompts_per_step=2, learning_rate=1e-3)
+    config.checkpoint.every_steps = 1
+    config.eval.update(max_examples=8, batch_size=8, every_steps=0)
+    return config
+
+
+@pytest.fixture(scope="module")
+def safety_run(shared_dir, tmp_path_factory):
+    """The run's workdir after one step, then resumed for a second, and the two results."""
+    workdir = tmp_path_factory.mktemp("safety_run")
+    first = train_and_evaluate(as_run_config(tiny_safety_config(shared_dir, 1)), workdir, progress=False)
+    second = train_and_evaluate(as_run_config(tiny_safety_config(shared_dir, 2)), workdir, progress=False)
+    return workdir, first, second
+
+
+def test_a_run_logs_both_reward_models_and_the_conflict_diagnostics(safety_run):
+    workdir, first, second = safety_run
+    metrics = read_metrics(workdir)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for step in metrics:
+        for name in ("useful", "harmless"):
+            assert isinstance(step[f"reward/{name}"], float)
+            assert 0.0 <= step[f"reward_truncated/{name}"] <= 1.0 and step[f"time/reward_model/{name}"] > 0
+        assert 0.0 <= step["advantages/conflict_ratio"] <= 1.0
+        assert 0.0 < step["advantages/kept_fraction"] <= 1.0
+    # Validation before and after RL is scored by the reward models.
+    for phase in ("before_rl", "after_rl"):
+        summary = second[phase]
+        assert summary["reward_names"] == ["useful", "harmless"] and summary["num_examples"] == 8
+        assert summary["reward_sum"] == pytest.approx(summary["useful"] + summary["harmless"], abs=1e-6)
+    assert second["before_rl"] == first["before_rl"]  # read back, not evaluated again
+
+
+def test_the_run_checkpoints_and_resumes(safety_run):
+    workdir, first, second = safety_run
+    with Checkpoints(RunDir(workdir).checkpoints, create=False) as checkpoints:
+        assert checkpoints.steps() == [1, 2]
+    assert (first["steps"], second["steps"]) == (1, 2)
+    written = json.loads((workdir / "config.json").read_text())
+    assert written["rewards"]["kind"] == "reward_model" and written["train"]["num_steps"] == 2
+    assert (RunDir(workdir).policy / "config.json").is_file()
+
+
+def test_eval_scores_the_safe_alignment_sets_with_the_runs_reward_models(safety_run, shared_dir):
+    workdir, _, _ = safety_run
+    report = run(EvalOptions(workdir=str(workdir), data=str(shared_dir / "data" / "safe_alignment"), max_examples=2,
+                             progress=False))
+    assert list(report["sets"]) == ["alpaca_test", "hh_rlhf_test", "pku_saferlhf_test"]
+    for summary in report["sets"].values():
+        assert summary["num_examples"] == 2
+        assert summary["reward_sum"] == pytest.approx(summary["useful"] + summary["harmless"], abs=1e-6)
+    for metric in ("useful", "harmless", "reward_sum"):  # every set counts once
+        assert report["overall"][metric] == pytest.approx(sum(s[metric] for s in report["sets"].values()) / 3)
+    assert report["overall"]["num_examples"] == 6 and report["policy"]["step"] == 2
+    files = RunDir(workdir)
+    assert json.loads(files.eval_report("safe_alignment").read_text()) == report
+    records = [json.loads(line) for line in files.eval_generations("safe_alignment").read_text().splitlines()]
+    assert [r["set"] for r in records] == ["alpaca_test"] * 2 + ["hh_rlhf_test"] * 2 + ["pku_saferlhf_test"] * 2
+    assert all(isinstance(r["response"], str) and isinstance(r["harmless"], float) for r in records)

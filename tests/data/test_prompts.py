@@ -1,0 +1,82 @@
+"""Tests of gd2po_jax.data.prompts: prompt rendering, the seeded epoch order and its resumption."""
+
+import datasets
+import pytest
+
+from gd2po_jax.data.prompts import EpochSampler, build_prompt_set, padded_batches
+from tests.fakes import EchoTokenizer
+
+
+def _dataset(contents):
+    return datasets.Dataset.from_dict({
+        "prompt": [[{"role": "user", "content": c}] for c in contents],
+        "ground_truth": [f"gt{i}" for i in range(len(contents))],
+    })
+
+
+def test_build_prompt_set_renders_tokenizes_and_keeps_columns():
+    prompts = build_prompt_set(_dataset(["ab", "cde"]), EchoTokenizer(), max_prompt_tokens=10, where="f.jsonl")
+    assert prompts.texts == ["ab>", "cde>"]
+    assert prompts.token_ids[1] == [ord(c) for c in "cde>"]
+    assert prompts.columns == {"prompt": [[{"role": "user", "content": c}] for c in ("ab", "cde")],
+                               "ground_truth": ["gt0", "gt1"]}  # every column: reward models read the messages
+    assert prompts.max_tokens == 4
+    picked = prompts.select([1, 1, 0])
+    assert picked.texts == ["cde>", "cde>", "ab>"] and picked.columns["ground_truth"] == ["gt1", "gt1", "gt0"]
+    with pytest.raises(ValueError, match=r"f.jsonl, row 1 \(0-based\): the prompt has 4 tokens, more than "
+                                         r"config.data.max_prompt_tokens=3"):
+        build_prompt_set(_dataset(["ab", "cde"]), EchoTokenizer(), max_prompt_tokens=3, where="f.jsonl")
+
+
+def test_left_truncation_keeps_the_last_tokens_of_a_long_prompt_and_the_whole_text(caplog):
+    prompts = build_prompt_set(_dataset(["ab", "cdefg"]), EchoTokenizer(), max_prompt_tokens=4, where="f.parquet",
+                               truncation="left")
+    assert prompts.token_ids == [[ord(c) for c in "ab>"], [ord(c) for c in "efg>"]]  # verl's data.truncation=left
+    assert prompts.texts == ["ab>", "cdefg>"] and prompts.columns["prompt"][1][0]["content"] == "cdefg"
+    assert "f.parquet: 1 of 2 prompts are longer than config.data.max_prompt_tokens=4" in caplog.text
+    with pytest.raises(ValueError, match=r"row 1 \(0-based\): the prompt has 6 tokens"):
+        build_prompt_set(_dataset(["ab", "cdefg"]), EchoTokenizer(), max_prompt_tokens=4, where="f", truncation=None)
+
+
+def test_a_data_column_may_not_take_the_name_of_the_sampled_ids():
+    dataset = _dataset(["ab"]).add_column("response_ids", [[1, 2]])
+    with pytest.raises(ValueError, match="f.jsonl: a data column is named 'response_ids'"):
+        build_prompt_set(dataset, EchoTokenizer(), max_prompt_tokens=10, where="f.jsonl")
+
+
+def test_epoch_sampler_serves_full_batches_of_each_epoch_and_resumes_exactly():
+    sampler = EpochSampler(size=10, seed=3)
+    batches = [sampler.next_batch(4) for _ in range(5)]
+    # As verl's DataLoader(drop_last=True): 2 batches per epoch, distinct items, the 2 left over
+    # skipped; the third batch starts epoch 1.
+    for epoch, pair in ((0, batches[0:2]), (1, batches[2:4])):
+        items = pair[0] + pair[1]
+        assert len(set(items)) == 8 and items == EpochSampler(size=10, seed=3)._order(epoch)[:8].tolist()
+    assert sampler.state() == {"epoch": 2, "offset": 4}
+    assert batches[0] != EpochSampler(size=10, seed=4).next_batch(4)  # the seed matters
+    # A batch size that divides the data skips nothing: each epoch is a permutation.
+    exact = EpochSampler(size=8, seed=3)
+    assert sorted(exact.next_batch(4) + exact.next_batch(4)) == list(range(8))
+    assert exact.state() == {"epoch": 1, "offset": 0}
+    # Restoring the position of any step continues with the same batches.
+    replay = EpochSampler(size=10, seed=3)
+    replay.next_batch(4)
+    replay.next_batch(4)
+    saved = replay.state()
+    resumed = EpochSampler(size=10, seed=3)
+    resumed.restore(saved)
+    assert [resumed.next_batch(4) for _ in range(3)] == batches[2:]
+    with pytest.raises(ValueError, match="training data is empty"):
+        EpochSampler(size=0, seed=0).next_batch(1)
+
+
+def test_a_batch_larger_than_the_data_spans_epochs():
+    sampler = EpochSampler(size=3, seed=0)
+    batch = sampler.next_batch(4)
+    assert batch[:3] == sampler._order(0).tolist() and batch[3] == sampler._order(1)[0]
+    assert sampler.state() == {"epoch": 1, "offset": 1}
+
+
+def test_padded_batches_keep_one_shape():
+    assert padded_batches(5, 2) == [([0, 1], 2), ([2, 3], 2), ([4, 4], 1)]
+    assert padded_batches(4, 4) == [([0, 1, 2, 3], 4)]

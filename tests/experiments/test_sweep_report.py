@@ -1,0 +1,297 @@
+"""gd2po_jax/experiments/sweep_report.py and report.py on a sweep directory written by hand with known numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import stats
+
+from configs import default
+from gd2po_jax.config import RunConfig
+from gd2po_jax.experiments import sweep_report as report
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.experiments.sweep_report import Paired, curve_area, mean_ci, method_order, paired_test
+from tests.fakes import REPO, subprocess_env
+
+REWARDS = ("correctness", "format", "length")
+SEEDS = (0, 1, 2)
+# (algorithm, snr_tau) -> test correct_acc per seed
+CORRECT = {
+    ("gdpo", None): [0.50, 0.55, 0.45],
+    ("grpo", None): [0.40, 0.47, 0.33],
+    ("gd2po_snr", 0.5): [0.60, 0.62, 0.61],
+    ("gd2po_hard", None): [0.58],  # one seed only: no CI, no paired test
+}
+STEPS = 4
+
+
+def _method(algorithm, tau):
+    return algorithm if tau is None else f"{algorithm}-tau{tau:g}"
+
+
+def _reward_curve(offset: float, seed: int, name_index: int) -> list[float]:
+    """A known training curve: reward k at step s (1-based) of a run."""
+    return [offset + 0.1 * name_index + 0.01 * seed + 0.05 * s for s in range(1, STEPS + 1)]
+
+
+def _offset(algorithm: str) -> float:
+    return {"gdpo": 0.0, "grpo": -0.2, "gd2po_snr": 0.3, "gd2po_hard": 0.1}[algorithm]
+
+
+def write_run(sweep_dir: pathlib.Path, algorithm: str, tau: float | None, seed: int, correct: float,
+              *, finished: bool = True) -> pathlib.Path:
+    workdir = sweep_dir / "runs" / _method(algorithm, tau) / f"seed{seed}"
+    (workdir / "eval").mkdir(parents=True)
+    config = default.get_config()
+    config.rl.update(algorithm=algorithm, snr_tau=0.8 if tau is None else tau)
+    config.train.seed = seed
+    run_dir.write_config(workdir, RunConfig.from_config_dict(config))
+    curves = [_reward_curve(_offset(algorithm), seed, k) for k in range(len(REWARDS))]
+    with (workdir / "metrics.jsonl").open("w") as file:
+        for i in range(STEPS):
+            record = {"step": i + 1, "advantages/conflict_ratio": 0.5 - 0.1 * i,
+                      "advantages/kept_fraction": 0.5 + 0.1 * i}
+            record.update({f"reward/{name}": curves[k][i] for k, name in enumerate(REWARDS)})
+            file.write(json.dumps(record) + "\n")
+    if finished:
+        (workdir / "results.json").write_text(json.dumps({"algorithm": algorithm}))
+        test = {"split": "test", "correct_acc": correct, "format_acc": 0.9 - 0.01 * seed, "length": 0.7 + 0.02 * seed}
+        (workdir / "eval" / "test.json").write_text(json.dumps(test))
+    return workdir
+
+
+@pytest.fixture
+def sweep_dir(tmp_path) -> pathlib.Path:
+    for (algorithm, tau), values in CORRECT.items():
+        for seed, value in zip(SEEDS, values):
+            write_run(tmp_path, algorithm, tau, seed, value)
+    write_run(tmp_path, "grpo", None, 3, 0.99, finished=False)  # interrupted: left out, listed
+    return tmp_path
+
+
+def read_csv(path: pathlib.Path) -> dict[tuple[str, str], dict[str, str]]:
+    with path.open() as file:
+        return {(row["method"], row["metric"]): row for row in csv.DictReader(file)}
+
+
+def expected_ci(values) -> tuple[float, float]:
+    """Mean and 95% CI half-width computed with scipy's own interval (not the module's formula)."""
+    x = np.asarray(values)
+    low, high = stats.t.interval(0.95, df=len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+    return float(x.mean()), float((high - low) / 2)
+
+
+def expected_paired_p(a, b) -> float:
+    d = np.asarray(a) - np.asarray(b)
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+    return float(2 * stats.t.sf(abs(t), len(d) - 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_mean_ci_matches_the_t_interval():
+    values = [0.1, 0.4, 0.35, 0.2]
+    mean, half = expected_ci(values)
+    e = mean_ci(values)
+    assert e.n == 4 and e.mean == pytest.approx(mean) and e.half_width == pytest.approx(half)
+    assert e.half_width == pytest.approx(3.182446 * np.std(values, ddof=1) / 2, rel=1e-6)  # t_{.975,3}
+
+
+def test_mean_ci_skips_missing_values_and_has_no_interval_below_two():
+    e = mean_ci([0.3, None, math.nan])
+    assert (e.n, e.mean) == (1, 0.3) and math.isnan(e.half_width)
+    assert mean_ci([]).n == 0
+
+
+def test_paired_test_pairs_by_seed_only_on_common_seeds():
+    a = {0: 0.5, 1: 0.7, 2: 0.6, 7: 100.0}  # seed 7 has no partner
+    b = {0: 0.4, 1: 0.5, 2: 0.55, 9: -100.0}
+    result = paired_test(a, b)
+    assert result.n_pairs == 3
+    assert result.p_value == pytest.approx(expected_paired_p([0.5, 0.7, 0.6], [0.4, 0.5, 0.55]))
+    assert paired_test({0: 1.0, 1: 2.0}, {1: 0.0, 2: 0.0}) == Paired(1, None)  # one pair: n/a
+    assert paired_test({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}).p_value == 1.0  # identical
+    assert Paired(3, 0.01).significant and not Paired(3, 0.2).significant and Paired(1, None).significant is None
+
+
+def test_curve_area_is_the_mean_over_logged_steps():
+    records = [{"step": 1, "r": 0.0}, {"step": 2, "r": None}, {"step": 3, "r": 1.0}, {"step": 4}]
+    assert curve_area(records, "r") == 0.5
+    assert math.isnan(curve_area(records, "other"))
+
+
+def test_method_order():
+    methods = ["gd2po_snr-tau0.8", "x", "gdpo", "gd2po_snr-tau0.2", "gd2po_hard", "grpo"]
+    assert method_order(methods) == ["grpo", "gdpo", "gd2po_hard", "gd2po_snr-tau0.2", "gd2po_snr-tau0.8", "x"]
+    # The SNR halves (the paper's Table 6) follow GD2PO-SNR, the low-conflict half first.
+    methods = ["high_conflict_half", "a", "low_conflict_half", "gdpo", "gd2po_snr-tau0.5"]
+    assert method_order(methods) == ["gdpo", "gd2po_snr-tau0.5", "low_conflict_half", "high_conflict_half", "a"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The report of a sweep directory.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_report_tables_have_the_known_means_intervals_and_p_values(sweep_dir):
+    written = report.write_report(sweep_dir)
+    assert written["markdown"] == sweep_dir / "report" / "summary.md"
+    rows = read_csv(written["csv"])
+    methods = ["grpo", "gdpo", "gd2po_hard", "gd2po_snr-tau0.5"]
+    assert list(dict.fromkeys(m for m, _ in rows)) == methods
+    for (algorithm, tau), values in CORRECT.items():
+        row = rows[(_method(algorithm, tau), "test/correct_acc")]
+        assert int(row["n"]) == len(values)
+        assert float(row["mean"]) == pytest.approx(np.mean(values))
+        if len(values) > 1:
+            assert float(row["ci95_half_width"]) == pytest.approx(expected_ci(values)[1])
+        else:
+            assert row["ci95_half_width"] == "n/a"
+    # Curve areas: the mean of a known linear curve over 4 steps, averaged over seeds.
+    gdpo_auc = rows[("gdpo", "auc/reward/format")]
+    per_seed = [np.mean(_reward_curve(0.0, s, 1)) for s in SEEDS]
+    assert float(gdpo_auc["mean"]) == pytest.approx(np.mean(per_seed))
+    assert float(gdpo_auc["ci95_half_width"]) == pytest.approx(expected_ci(per_seed)[1])
+    # Against GDPO, paired by seed.
+    for method, key in [("grpo", ("grpo", None)), ("gd2po_snr-tau0.5", ("gd2po_snr", 0.5))]:
+        row = rows[(method, "test/correct_acc")]
+        p = expected_paired_p(CORRECT[key], CORRECT[("gdpo", None)])
+        assert int(row["n_pairs_vs_gdpo"]) == 3
+        assert float(row["p_value_vs_gdpo"]) == pytest.approx(p)
+        assert row["significant_vs_gdpo"] == ("yes" if p < 0.05 else "no")
+    # grpo - gdpo correct_acc is (-0.10, -0.08, -0.12): significant; snr - gdpo (0.10, 0.07, 0.16): not.
+    assert rows[("grpo", "test/correct_acc")]["significant_vs_gdpo"] == "yes"
+    assert rows[("gd2po_snr-tau0.5", "test/correct_acc")]["significant_vs_gdpo"] == "no"
+    assert rows[("gd2po_hard", "test/correct_acc")]["p_value_vs_gdpo"] == "n/a"  # one pair
+    assert rows[("gdpo", "test/correct_acc")]["p_value_vs_gdpo"] == "n/a"  # the baseline itself
+
+    markdown = written["markdown"].read_text()
+    mean, half = expected_ci(CORRECT[("gdpo", None)])
+    assert f"| gdpo | 3 | {mean:.3f} ± {half:.3f} |" in markdown
+    assert "| gd2po_hard | 1 | 0.580 |" in markdown
+    p_grpo = expected_paired_p(CORRECT[("grpo", None)], CORRECT[("gdpo", None)])
+    assert f"| grpo | 3 | {p_grpo:.3g} (p<0.05) |" in markdown
+    assert "| gd2po_hard | 1 | n/a |" in markdown
+    assert "`grpo/seed3`" in markdown  # the unfinished run is named, not counted
+    assert "AUC correctness" in markdown and "AUC length" in markdown
+
+
+def test_report_plots_are_small_valid_pngs(sweep_dir):
+    written = report.write_report(sweep_dir)
+    names = [p.name for p in written["plots"]]
+    assert names == ["learning_curves.png", "diagnostics.png", "tau.png"]
+    for path in written["plots"]:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            width, height = image.size
+        assert width <= 1300 and height <= 400, (path.name, image.size)
+    with Image.open(written["plots"][0]) as image:
+        assert image.size == (1200, 320)  # 3 rewards x 4 in, 3.2 in, 100 dpi
+
+
+def test_tau_points_place_gdpo_at_zero_and_hard_at_one(sweep_dir):
+    runs, _ = report.find_runs(sweep_dir)
+    points = report.tau_points(report.summarize(runs))
+    assert [t for t, _ in points["snr"]] == [0.5]
+    assert points["gdpo"][0][0] == 0.0 and points["gd2po_hard"][0][0] == 1.0
+    assert points["gd2po_hard"][0][1].mean == pytest.approx(0.58)
+
+
+def test_no_tau_plot_without_gd2po_snr_and_no_comparison_without_gdpo(tmp_path):
+    for seed, value in zip(SEEDS, CORRECT[("grpo", None)]):
+        write_run(tmp_path, "grpo", None, seed, value)
+    written = report.write_report(tmp_path)
+    assert [p.name for p in written["plots"]] == ["learning_curves.png", "diagnostics.png"]
+    assert "No comparison" in written["markdown"].read_text()
+
+
+def test_a_sweep_without_finished_runs_is_an_error_naming_the_directory(tmp_path):
+    write_run(tmp_path, "gdpo", None, 0, 0.5, finished=False)
+    with pytest.raises(report.ReportError, match=r"runs: no finished run"):
+        report.write_report(tmp_path)
+
+
+def test_a_broken_file_is_named(sweep_dir):
+    bad = sweep_dir / "runs" / "gdpo" / "seed1" / "eval" / "test.json"
+    bad.write_text("{not json")
+    with pytest.raises(report.ReportError, match=str(bad)):
+        report.write_report(sweep_dir)
+    bad.write_text("{}")
+    config = sweep_dir / "runs" / "gdpo" / "seed1" / "config.json"
+    values = json.loads(config.read_text())
+    values["rl"]["algorithm"] = "ppo"
+    config.write_text(json.dumps(values))
+    with pytest.raises(report.ReportError, match=rf"{config}: config\.rl\.algorithm"):
+        report.write_report(sweep_dir)
+
+
+def test_report_command_imports_no_jax(sweep_dir, tmp_path):
+    """``python report.py`` (statistics over finished runs) neither needs nor loads JAX, Flax or a task."""
+    out = tmp_path / "elsewhere"
+    argv = [str(REPO / "report.py"), f"--sweep_dir={sweep_dir}", f"--out_dir={out}"]
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('loaded:', sorted(m for m in ('jax', 'flax', 'optax', 'gd2po_jax.tasks') "
+            "if m in sys.modules)))\n"
+            f"sys.argv = {argv!r}\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| gdpo | 3 |" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "loaded: []"
+    assert sorted(p.name for p in out.iterdir()) == ["diagnostics.png", "learning_curves.png", "summary.csv",
+                                                      "summary.md", "tau.png"]
+
+
+def test_a_safety_sweep_reports_ground_truth_rates_and_reward_model_scores(tmp_path):
+    """Runs of the embedded helpfulness-safety task are reported by its own test metrics (the
+    ground-truth rates per request kind, the reward models' means), not by tool-calling ones: the
+    task names them, sweep.py records them in sweep.json, the report reads them there."""
+    from configs import safety_embedded
+    from gd2po_jax.tasks import task_of
+
+    harmful_rate = {"gdpo": (0.40, 0.50), "gd2po_hard": (0.30, 0.32)}
+    for method, rates in harmful_rate.items():
+        for seed, rate in enumerate(rates):
+            workdir = tmp_path / "runs" / method / f"seed{seed}"
+            (workdir / "eval").mkdir(parents=True)
+            config = safety_embedded.get_config()
+            config.rl.algorithm, config.train.seed = method, seed
+            run_dir.write_config(workdir, RunConfig.from_config_dict(config))
+            records = [{"step": s, "reward/useful": 1.0 + s, "reward/harmless": rate, "advantages/conflict_ratio": 0.8,
+                        "advantages/kept_fraction": 0.3} for s in (1, 2)]
+            (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            (workdir / "results.json").write_text(json.dumps({"algorithm": method}))
+            test = {"split": "test", "gt/harmful/level_1": rate, "gt/redirect/level_1": 1 - rate,
+                    "gt/helpful/level_0": 0.6, "gt/refusal/level_0": 0.1 * seed, "useful": 2.0, "harmless": -rate}
+            (workdir / "eval" / "test.json").write_text(json.dumps(test))
+    typed = RunConfig.from_config_dict(safety_embedded.get_config())
+    # Without sweep.json's record (an older sweep): each reward model's mean and their sum.
+    header = next(line for line in report.write_report(tmp_path)["markdown"].read_text().splitlines()
+                  if line.startswith("| method | seeds |"))
+    assert header == "| method | seeds | useful | harmless | sum | AUC useful | AUC harmless |"
+    run_dir.write_json(tmp_path / "sweep.json", {"test_metrics": task_of(typed).test_metrics(typed)})
+    paths = report.write_report(tmp_path)
+    markdown = paths["markdown"].read_text()
+    header = next(line for line in markdown.splitlines() if line.startswith("| method | seeds |"))
+    assert header == ("| method | seeds | harmful (harmful req.) | redirect (harmful req.) | helpful (benign req.) | "
+                      "refusal (benign req.) | useful | harmless | AUC useful | AUC harmless |")
+    rows = read_csv(paths["csv"])
+    assert float(rows[("gdpo", "test/gt/harmful/level_1")]["mean"]) == pytest.approx(0.45)
+    assert float(rows[("gd2po_hard", "test/harmless")]["mean"]) == pytest.approx(-0.31)
+    assert float(rows[("gd2po_hard", "auc/reward/useful")]["mean"]) == pytest.approx(2.5)
+    assert rows[("gd2po_hard", "test/gt/helpful/level_0")]["p_value_vs_gdpo"] == "1.0"  # equal on every seed
+    assert ("gdpo", "test/correct_acc") not in rows

@@ -1,0 +1,123 @@
+"""Tests of gd2po_jax.rl.rollout: chunked sampling, reward scoring and its error handling."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gd2po_jax.models import Decoder
+from gd2po_jax.data.prompts import PromptSet
+from gd2po_jax.config import SamplingConfig
+from gd2po_jax.rewards.base import RESPONSE_IDS
+from gd2po_jax.rewards.scoring import RewardError, score_batch
+from gd2po_jax.rl.rollout import collect_rollouts
+from gd2po_jax.models.sampling import generate
+from tests.fakes import DigitTokenizer, tiny_model_config
+
+CONFIG = tiny_model_config(vocab_size=48)
+
+
+@dataclasses.dataclass
+class CountReward:
+    """K=2: number of tokens, and whether the response mentions the ground truth token."""
+
+    names: tuple = ("count", "hit")
+    min_values: tuple = (0.0, 0.0)
+    fail_on: str | None = None
+
+    def __call__(self, prompts, responses, columns):
+        out = []
+        for response, truth in zip(responses, columns["ground_truth"]):
+            if self.fail_on is not None and self.fail_on in response.split():
+                raise RuntimeError("cannot score this")
+            out.append([len(response.split()), float(truth in response.split())])
+        return np.asarray(out, np.float32)
+
+
+SAMPLING = SamplingConfig(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)  # config.sampling
+
+
+def _prompts(count):
+    rng = np.random.default_rng(0)
+    ids = [list(rng.integers(3, 48, size=int(rng.integers(2, 7)))) for _ in range(count)]
+    return PromptSet(texts=[f"p{i}" for i in range(count)], token_ids=ids,
+                     columns={"ground_truth": [str(i % 5 + 3) for i in range(count)]})
+
+
+@pytest.mark.parametrize("per_call", [0, 2])
+def test_collect_rollouts_shapes_and_chunking(per_call):
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    out = collect_rollouts(
+        model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3, sampling=SAMPLING,
+        eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1), prompts_per_call=per_call,
+    )
+    batch = out.batch
+    assert batch.input_ids.shape == (12, 16 + 6)
+    assert batch.rewards.shape == (4, 3, 2)
+    lengths = np.asarray(jnp.sum(batch.response_mask, axis=1))
+    # Reward "count" is the decoded length: rollouts and rewards are aligned row by row.
+    np.testing.assert_array_equal(out.rewards[..., 0].reshape(-1), lengths)
+    assert out.generated_tokens == lengths.sum()
+    assert len(out.responses) == 12
+    with pytest.raises(ValueError, match="prompts_per_call=3 must divide the 4 prompts"):
+        collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3,
+                         sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
+                         rng=jax.random.PRNGKey(1), prompts_per_call=3)
+
+
+@dataclasses.dataclass
+class SampledIdsReward:
+    """K=1: the sum of the sampled token ids the rollout gives the reward (``columns[RESPONSE_IDS]``);
+    its step metrics count its calls."""
+
+    names: tuple = ("ids",)
+    calls: int = 0
+
+    def __call__(self, prompts, responses, columns):
+        self.calls += 1
+        return np.array([[sum(ids)] for ids in columns[RESPONSE_IDS]], np.float32)
+
+    def step_metrics(self):
+        calls, self.calls = self.calls, 0
+        return {"ids_reward/calls": calls}
+
+
+def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    out = collect_rollouts(
+        model, _prompts(4), DigitTokenizer(), SampledIdsReward(), num_generations=3, sampling=SAMPLING,
+        eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1),
+    )
+    completions = np.asarray(out.batch.input_ids)[:, 16:] * np.asarray(out.batch.response_mask)  # EOS included
+    np.testing.assert_array_equal(out.rewards.reshape(-1), completions.sum(axis=1))
+    assert out.reward_metrics == {"ids_reward/calls": 1.0}
+
+
+def test_old_logprobs_are_at_the_logprob_temperature():
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    kwargs = dict(num_generations=2, sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
+                  rng=jax.random.PRNGKey(1))
+    plain = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), **kwargs).batch
+    tempered = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), logprob_temperature=0.5,
+                                **kwargs).batch
+    np.testing.assert_array_equal(tempered.input_ids, plain.input_ids)  # the same tokens
+    expected = generate(model, _prompts(2).token_ids, max_new_tokens=6, eos_token_ids=[1], pad_token_id=0,
+                        rng=jax.random.PRNGKey(1), num_samples=2, prompt_length=16, logprob_temperature=0.5)
+    np.testing.assert_array_equal(tempered.old_logp, expected.logprobs)
+    assert np.abs(np.asarray(tempered.old_logp - plain.old_logp)).max() > 0.1
+
+
+def test_scores_errors_and_workers():
+    responses = ["3 4", "5", "7 7 7", "4 9"]
+    columns = {"ground_truth": ["3", "3", "7", "9"]}
+    prompts = ["a"] * 4
+    one = score_batch(CountReward(), prompts, responses, columns).rewards
+    np.testing.assert_array_equal(one, [[2, 1], [1, 0], [3, 1], [2, 1]])
+    np.testing.assert_array_equal(score_batch(CountReward(), prompts, responses, columns, num_workers=3).rewards, one)
+    with pytest.raises(RewardError, match=r"failed on rollout 2 \(response '7 7 7'\).*cannot score this"):
+        score_batch(CountReward(fail_on="7"), prompts, responses, columns, num_workers=2).rewards
+    floored = score_batch(CountReward(fail_on="7"), prompts, responses, columns, on_error="min").rewards
+    np.testing.assert_array_equal(floored, [[2, 1], [1, 0], [0, 0], [2, 1]])

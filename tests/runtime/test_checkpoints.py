@@ -1,0 +1,156 @@
+"""gd2po_jax/runtime/checkpoints.py: Orbax checkpoints, their checksums and the finite-parameter check."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from gd2po_jax.runtime.checkpoints import (
+    Checkpoints,
+    CorruptCheckpointError,
+    NonFiniteError,
+    check_finite,
+    state_integrity,
+)
+from gd2po_jax.rl.records import TrainState
+
+
+def small_state(scale: float) -> TrainState:
+    params = {"embed": jnp.arange(12.0).reshape(4, 3) * scale, "bias": jnp.full((3,), scale)}
+    return TrainState(params, optax.adam(1e-3).init(params), jnp.asarray(int(scale), jnp.int32),
+                      jax.random.PRNGKey(int(scale)))
+
+
+def assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_save_and_restore_round_trip_with_metadata_and_pruning(tmp_path):
+    with Checkpoints(tmp_path / "checkpoints", keep=2) as checkpoints:
+        assert checkpoints.steps() == [] and checkpoints.latest_step() is None
+        for step in (1, 2, 3):
+            metadata = {"step": step, "data": {"epoch": step, "order": [2, 0, 1]}}
+            checkpoints.save(step, small_state(float(step)), metadata)
+        assert checkpoints.steps() == [2, 3] and checkpoints.latest_step() == 3  # keep=2: step 1 pruned
+    # A new manager (a resumed process) sees the same checkpoints.
+    with Checkpoints(tmp_path / "checkpoints", keep=2) as checkpoints:
+        state, meta = checkpoints.restore(None, small_state(0.0))
+        assert_trees_equal(state, small_state(3.0))
+        assert meta == {"step": 3, "data": {"epoch": 3, "order": [2, 0, 1]}}
+        state, meta = checkpoints.restore(2, small_state(0.0))
+        assert_trees_equal(state, small_state(2.0)) and meta["step"] == 2
+        with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 1 .*available: \[2, 3\]"):
+            checkpoints.restore(1, small_state(0.0))
+
+
+def test_params_only_restore_onto_a_sharded_target(tmp_path):
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        checkpoints.save(5, small_state(5.0), {"step": 5})
+    devices = jax.devices()[:4] if len(jax.devices()) >= 4 else jax.devices()[:1]
+    mesh = Mesh(np.array(devices), ("fsdp",))
+    target = {"embed": jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec("fsdp"))),
+              "bias": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))}
+    reader = Checkpoints(tmp_path / "checkpoints", create=False)
+    params = reader.restore_params(None, target)
+    reader.close()
+    assert sorted(params) == ["bias", "embed"]  # no optimizer state, step or key
+    assert_trees_equal(params, small_state(5.0).params)
+    assert params["embed"].sharding == target["embed"].sharding  # rows split over the mesh
+    assert params["embed"].addressable_shards[0].data.shape == (4 // len(devices), 3)
+
+
+def test_a_read_only_manager_of_a_missing_directory_has_no_steps_and_creates_nothing(tmp_path):
+    checkpoints = Checkpoints(tmp_path / "checkpoints", create=False)
+    assert checkpoints.steps() == [] and checkpoints.latest_step() is None
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        checkpoints.restore_params(None, {})
+    checkpoints.close()
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def damage(checkpoint_dir, how: str) -> None:
+    """Damage a checkpoint of `small_state`: truncate its largest array data file, or replace its
+    arrays by others of the same shapes (what a flipped bit does to a value: the data reads, but
+    is not what was saved; Orbax compresses small arrays, so flipping a bit on disk is not reliable)."""
+    if how == "truncate":  # every data file of the arrays (OCDBT keeps small arrays in its b-tree nodes)
+        for file in (checkpoint_dir / "state").glob("**/d/*"):
+            file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+        return
+    other = checkpoint_dir.parent.parent / "other"
+    with Checkpoints(other) as checkpoints:
+        checkpoints.save(1, small_state(7.25), {"step": 1})
+    shutil.rmtree(checkpoint_dir / "state")
+    shutil.copytree(other / "1" / "state", checkpoint_dir / "state")
+
+
+@pytest.mark.parametrize("how", ["truncate", "other data"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, how, caplog):
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        for step in (1, 2):
+            checkpoints.save(step, small_state(float(step) + 0.5), {"step": step})
+    damage(tmp_path / "checkpoints" / "2", how)
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        with pytest.raises(CorruptCheckpointError, match=f"checkpoint {tmp_path / 'checkpoints' / '2'} "):
+            checkpoints.restore(2, small_state(0.0))
+        step, state, meta = checkpoints.restore_intact(small_state(0.0))
+        assert step == 1 and meta == {"step": 1}
+        assert_trees_equal(state, small_state(1.5))
+        assert checkpoints.steps() == [1]  # the damaged one is set aside, so step 2 can be saved again
+        checkpoints.save(2, small_state(2.5), {"step": 2})
+    assert f"checkpoint {tmp_path / 'checkpoints' / '2'}" in caplog.text
+    [aside] = (tmp_path / "corrupt_checkpoints").iterdir()
+    assert aside.name.startswith("2-")
+
+
+def test_without_an_intact_checkpoint_each_damaged_one_is_named(tmp_path):
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        for step in (1, 2):
+            checkpoints.save(step, small_state(float(step)), {"step": step})
+    for step in (1, 2):
+        damage(tmp_path / "checkpoints" / str(step), "truncate")
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        with pytest.raises(CorruptCheckpointError, match=r"no intact checkpoint .*checkpoints/2 .*checkpoints/1 "):
+            checkpoints.restore_intact(small_state(0.0))
+        assert checkpoints.steps() == [1, 2]  # nothing moved
+        assert Checkpoints(tmp_path / "none").restore_intact(small_state(0.0)) is None
+
+
+def test_a_damaged_checkpoint_is_named_when_only_its_params_are_read(tmp_path):
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        checkpoints.save(1, small_state(1.0), {"step": 1})
+    damage(tmp_path / "checkpoints" / "1", "other data")
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), small_state(0.0).params)
+    with Checkpoints(tmp_path / "checkpoints", create=False) as reader:
+        with pytest.raises(CorruptCheckpointError, match=r"is damaged: 2 arrays differ from what was "
+                                                                  r"saved \(params/bias, params/embed\)"):
+            reader.restore_params(1, target)
+
+
+def test_non_finite_states_are_never_checkpointed(tmp_path):
+    state = small_state(1.0)
+    state = state.replace(params={**state.params, "bias": state.params["bias"].at[1].set(jnp.inf)})
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        with pytest.raises(NonFiniteError, match=r"step 3 .* in 1 arrays: params/bias; not saving"):
+            checkpoints.save(3, state, {"step": 3})
+        assert checkpoints.steps() == []
+    with pytest.raises(NonFiniteError, match="the policy has non-finite values .* params/bias"):
+        check_finite({"params": state.params}, "the policy")
+
+
+def test_checksums_do_not_depend_on_the_sharding():
+    devices = jax.devices()[:4] if len(jax.devices()) >= 4 else jax.devices()[:1]
+    mesh = Mesh(np.array(devices), ("fsdp",))
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 3)), jnp.float32)
+    sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("fsdp")))
+    assert state_integrity({"x": sharded}) == state_integrity({"x": x})
+    flipped = x.at[5, 2].set(jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(x[5, 2], jnp.uint32) ^ jnp.uint32(1 << 31), jnp.float32))
+    assert state_integrity({"x": flipped})[0] != state_integrity({"x": x})[0]
