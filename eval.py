@@ -25,10 +25,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from gd2po_jax import cli
-
-from gd2po_jax.runtime import distributed
 from gd2po_jax.config import ConfigError, DistributedConfig
 from gd2po_jax.evaluation.run import DEFAULT_API_BANK_DIR, EvalError, EvalOptions, run
+from gd2po_jax.runtime import distributed
 from gd2po_jax.runtime.workdir import RunDirError
 
 _DEFAULTS = EvalOptions()
@@ -78,7 +77,8 @@ def main(argv):
     cli.start(argv)
     with distributed.stop_all_on_error():  # several processes: one's error stops them all
         try:
-            distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))  # before any other use of JAX
+            # Before any other use of JAX.
+            distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))
             run(options_from_flags())
         except (EvalError, RunDirError, ConfigError, distributed.DistributedError) as err:
             # a bad flag or file, a busy workdir, a damaged checkpoint, processes that did not join

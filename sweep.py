@@ -42,7 +42,8 @@ def main(argv):
     cli.start(argv)
     try:
         sweep = sweeps.plan_sweep(
-            FLAGS.sweep_dir, config=RunConfig.from_config_dict(FLAGS.config), config_file=config_flags.get_config_filename(FLAGS["config"]),
+            FLAGS.sweep_dir, config=RunConfig.from_config_dict(FLAGS.config),
+            config_file=config_flags.get_config_filename(FLAGS["config"]),
             overrides=config_flags.get_override_values(FLAGS["config"]),
             algorithms=FLAGS.algorithms, snr_taus=FLAGS.snr_taus, seeds=FLAGS.seeds, parallel=FLAGS.parallel,
         )

@@ -20,10 +20,10 @@ from absl import app, flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.rl.trainer import train_and_evaluate
 from gd2po_jax.runtime import distributed
 from gd2po_jax.runtime.checkpoints import NonFiniteError
 from gd2po_jax.runtime.workdir import RunDirError
-from gd2po_jax.rl.trainer import train_and_evaluate
 from gd2po_jax.sft.warm_start import build_warm_start
 
 cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")

@@ -142,16 +142,13 @@ def step_rollouts(config, setup, policy, step: int):
     around) rather than a shuffled epoch's, and the sampling key is ``jax.random.key(step)``, so that
     a measurement is the same in every run."""
     # Imported here: the scripts that time no RL step (decode_layouts) need not import the trainer.
-    from gd2po_jax.rl.rollout import collect_rollouts  # noqa: PLC0415
-    from gd2po_jax.rl.train_step import logprob_temperature  # noqa: PLC0415
+    from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts  # noqa: PLC0415
 
     count = config.train.prompts_per_step
     prompts = setup.train.select([(step * count + j) % len(setup.train) for j in range(count)])
-    return collect_rollouts(
-        policy, prompts, setup.tokenizer, setup.reward_fn, num_generations=config.rl.num_generations,
-        sampling=config.sampling, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
-        prompt_length=setup.prompt_length, rng=jax.random.key(step), prompts_per_call=config.sampling.prompts_per_call,
-        logprob_temperature=logprob_temperature(config))
+    settings = RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
+                                      prompt_length=setup.prompt_length)
+    return collect_rollouts(policy, prompts, setup.tokenizer, setup.reward_fn, settings, rng=jax.random.key(step))
 
 
 # The update's hyperparameters the benches start from (`step_config`): GD2PO-SNR as the paper runs

@@ -20,7 +20,7 @@ import logging
 import pathlib
 from typing import Any
 
-from absl import app, flags
+from absl import app
 from ml_collections import config_flags
 from ml_collections.config_flags import tuple_parser
 

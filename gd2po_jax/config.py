@@ -13,7 +13,8 @@ same dotted names (``config.rl.algorithm``, ``config.sampling.temperature`` ...)
 Each field is checked where it is defined (``__post_init__``), before anything is computed; a
 `ConfigError` names the dotted field and the value. The fields only one task reads (``data.synthetic``,
 ``data.safety``, the files task's paths) are checked by that task (`gd2po_jax.tasks.task_of`) when
-the run starts. This module imports nothing of the package: every other module may import it. Every number must be finite (``inf`` or
+the run starts. This module imports nothing of the package: every other module may import it.
+Every number must be finite (``inf`` or
 ``nan`` from the command line is refused). Fields that depend on more than one section
 (the batch layout, the files task's data) are checked by `RunConfig`, and those that depend on the
 device mesh by `RunConfig.check_mesh`. The paper's symbols (G, tau, eps_low ...) are those of
@@ -886,7 +887,7 @@ class DistributedConfig(_Section):
     """``config.distributed``: one process per host on JAX's multi-controller runtime
     (`gd2po_jax.runtime.distributed`; docs/multihost.md). Every process runs the same command with the same
     ``--workdir`` (shared storage). How a run is launched, not what it computes: a rerun may change
-    any of these (`run_dir.RESUMABLE_FIELDS`).
+    any of these (`gd2po_jax.runtime.workdir.RESUMABLE_FIELDS`).
 
     Attributes:
       coordinator_address: ``HOST:PORT`` of process 0's coordinator; ``"auto"``: detected from the

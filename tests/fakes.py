@@ -12,7 +12,6 @@ import functools
 import importlib.util
 import os
 import pathlib
-import sys
 import tempfile
 
 import jax
@@ -22,7 +21,6 @@ from flax import nnx
 
 from gd2po_jax.config import RunConfig
 from gd2po_jax.models import ModelConfig
-from gd2po_jax.rl.train_step import StepConfig
 from tests.xla_env import SUBPROCESS_DEVICES, xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository root (train.py, configs/, ...)
@@ -150,21 +148,6 @@ def as_run_config(config) -> RunConfig:
 def tiny_run_config(**changes) -> RunConfig:
     """`tiny_config` (**changes) as a `RunConfig`."""
     return as_run_config(tiny_config(**changes))
-
-
-STEP_DEFAULTS = dict(
-    method="gd2po_snr", snr_tau=0.8, reward_names=(), reward_weights=None, batch_norm="token", group_eps=1e-6,
-    drop_zero_variance_groups=False, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg_mode="token-mean",
-    filtered_in_denominator=True, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, ppo_epochs=1, num_minibatches=1,
-    micro_batch_size=0, logit_chunk_size=128, compute_dtype="float32", logprob_temperature=1.0,
-)
-"""The update's hyperparameters of the unit tests of the step: verl's clipping (0.2, dual clip 3),
-GD2PO-SNR at tau 0.8, one epoch of one minibatch, float32, no KL or entropy term."""
-
-
-def step_config(**changes) -> StepConfig:
-    """A `StepConfig` of `STEP_DEFAULTS` with ``changes``."""
-    return StepConfig(**(STEP_DEFAULTS | changes))
 
 
 def _with_changes(config, changes):
@@ -348,8 +331,8 @@ def tiny_policy(shared_dir: pathlib.Path, vocab_size: int = 8192, seed: int = 0)
     Built once per process."""
     import jax.numpy as jnp
 
-    from gd2po_jax.models import Decoder, save_pretrained
     from gd2po_jax.data.corpus_tokenizer import build_tokenizer
+    from gd2po_jax.models import Decoder, save_pretrained
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"qwen2-tiny-{vocab_size}-{seed}"
     tokenizer = build_tokenizer(shared_corpus(shared_dir), vocab_size)
@@ -408,8 +391,8 @@ def _numpy_init(module_fn, seed: int, scale: float = 0.2):
 @functools.lru_cache(maxsize=None)
 def tiny_safety_policy(shared_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
     """A random 2-layer, 32-wide Qwen2 policy with the "chatml" `safety_tokenizer_dir` (EOS <|im_end|>)."""
-    from gd2po_jax.models import Decoder, save_pretrained
     from gd2po_jax.data.tokenization import load_tokenizer
+    from gd2po_jax.models import Decoder, save_pretrained
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"safety-policy-{seed}"
     tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, "chatml"))
@@ -425,8 +408,8 @@ def tiny_score_model_dir(shared_dir: pathlib.Path, layout: str, template: str = 
     """A random 2-layer, 32-wide Qwen2 score model saved in ``layout`` ("sequence_classification", "amo"
     or "beaver") with the ``template`` `safety_tokenizer_dir`; with ``nan_token``, that token's
     embedding is NaN (every conversation holding it scores NaN). Built once per process."""
-    from gd2po_jax.models import ScoreModel, save_score_model
     from gd2po_jax.data.tokenization import load_tokenizer
+    from gd2po_jax.models import ScoreModel, save_score_model
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"score-{layout}-{template}-{seed}-{nan_token}"
     tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, template))

@@ -15,11 +15,11 @@ from absl import flags
 
 from configs import default, safety, safety_embedded, tiny, toolrl
 from gd2po_jax import cli
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.rewards.tool_calling import SETTINGS
 from gd2po_jax.rl.advantages import METHODS
 from gd2po_jax.tasks import task_of
 from gd2po_jax.tasks.synthetic_tools import task as synthetic_tools
-from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.rewards.tool_calling import SETTINGS
 from gd2po_jax.tasks.synthetic_tools.data import SyntheticToolsConfig
 from tests.fakes import as_run_config, tiny_policy, tiny_safety_policy, tiny_score_model_dir
 
@@ -373,7 +373,8 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     # warm-start key), as before.
     assert config.data.synthetic.num_candidates is None
     task = synthetic_tools.world_config(config.data.synthetic)
-    assert (task.num_candidates, task.habit_rate) == (SyntheticToolsConfig.num_candidates, SyntheticToolsConfig.habit_rate)
+    assert (task.num_candidates, task.habit_rate) == (SyntheticToolsConfig.num_candidates,
+                                                      SyntheticToolsConfig.habit_rate)
     assert task.habit_fraction == 0.5  # what it sets
     assert "num_candidates" not in config.to_dict()["data"]["synthetic"]
 

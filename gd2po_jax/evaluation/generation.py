@@ -15,13 +15,13 @@ from typing import Any, Protocol
 import numpy as np
 import tqdm
 
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.data.prompts import PromptSet, padded_batches
+from gd2po_jax.data.tokenization import decode_completions
+from gd2po_jax.models.sampling import generate
 from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.tool_calling import is_correct, score_tool_call
-from gd2po_jax.models.sampling import generate
-from gd2po_jax.data.tokenization import decode_completions
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime.distributed import host_value, is_primary
 
 Scorer = Callable[[str, dict[str, Any]], dict[str, float]]
 """Scores one response against its data row (the row's columns, and `RESPONSE_IDS`)."""

@@ -36,21 +36,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gd2po_jax.runtime import workdir as run_dir
-
-from gd2po_jax.tasks.safety import task as safety_embedded
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import load_data
-from gd2po_jax.runtime.distributed import is_primary
+from gd2po_jax.data.prompts import PromptSet, build_prompt_set
+from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
 from gd2po_jax.evaluation.api_bank import (
     DEFAULT_MAX_THINK_WORDS,
     ApiBankReport,
     api_bank_report,
     api_bank_scorer,
 )
-from gd2po_jax.evaluation.generation import evaluate, tool_calling_scorer, write_report
+from gd2po_jax.evaluation.generation import evaluate, write_report
 from gd2po_jax.evaluation.safe_alignment import (
-    RewardModelScorer,
     evaluate_safe_alignment,
     is_safe_alignment_data,
     resolve_sets,
@@ -58,17 +55,18 @@ from gd2po_jax.evaluation.safe_alignment import (
 )
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.config import load_hf_config
-from gd2po_jax.data.prompts import PromptSet, build_prompt_set
 from gd2po_jax.models.sampling import bucket_length
-from gd2po_jax.runtime.sharding import make_mesh, mesh_of, variable_sharding
-from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
-from gd2po_jax.runtime.checkpoints import Checkpoints
-from gd2po_jax.runtime.workdir import RunDir, RunDirError
 from gd2po_jax.rewards.base import build_reward_function
-from gd2po_jax.rl.setup import RunSetup, build_setup, reward_spec
-from gd2po_jax.tasks.synthetic_tools.habits import habits_of_run, habits_table
-from gd2po_jax.tasks import task_of
 from gd2po_jax.rl.logprobs import merge_model
+from gd2po_jax.rl.setup import RunSetup, build_setup, reward_spec
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime.checkpoints import Checkpoints
+from gd2po_jax.runtime.distributed import is_primary
+from gd2po_jax.runtime.sharding import make_mesh, mesh_of, variable_sharding
+from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks.safety import task as safety_embedded
+from gd2po_jax.tasks.synthetic_tools.habits import habits_of_run, habits_table
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_BANK = "api_bank"

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from gd2po_jax.data.loaders import load_data
-from gd2po_jax.evaluation.generation import evaluate, write_report
 from gd2po_jax.data.prompts import build_prompt_set
+from gd2po_jax.evaluation.generation import evaluate, write_report
+from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.reward_model import RewardModelReward
-from gd2po_jax.models.sampling import bucket_length
 
 SAFE_ALIGNMENT = "safe_alignment"
 """What ``--data=`` names the default sets by, and the name of the report."""

@@ -35,11 +35,19 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.config import SNR_HALF_ALGORITHMS, ConfigError, RunConfig
+from gd2po_jax.experiments.sweeps import (
+    FINISHED,
+    SNR_ALGORITHM,
+    TEST_SPLIT,
+    TRAINED,
+    method_name,
+    parse_method,
+    run_status,
+)
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.runtime.workdir import RunDir, RunDirError
-from gd2po_jax.experiments.sweeps import FINISHED, SNR_ALGORITHM, TEST_SPLIT, TRAINED, method_name, parse_method, run_status
 
 BASELINE = "gdpo"
 CONFIDENCE = 0.95

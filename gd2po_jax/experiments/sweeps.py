@@ -42,9 +42,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tqdm
 
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.config import ALGORITHMS as METHODS
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.workdir import RunDir, RunDirError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]

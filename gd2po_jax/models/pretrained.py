@@ -19,10 +19,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_config
 from gd2po_jax.models.decoder import Decoder
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
+from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.runtime.sharding import variable_sharding
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.

@@ -31,9 +31,9 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from gd2po_jax.runtime.distributed import batch_rows
 from gd2po_jax.models.decode_step import decode_step, decode_weights
 from gd2po_jax.models.decoder import Decoder, KVCache, init_cache
+from gd2po_jax.runtime.distributed import batch_rows
 from gd2po_jax.runtime.sharding import BATCH_AXES, mesh_of, named_sharding
 
 

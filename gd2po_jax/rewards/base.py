@@ -48,7 +48,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-
 RESPONSE_IDS = "response_ids"
 """The column `gd2po_jax.rl.rollout.collect_rollouts` (and greedy evaluation) adds for each rollout: the
 policy's sampled token ids of the response, EOS included, padding not (a list of ints). A dataset

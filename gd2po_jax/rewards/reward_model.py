@@ -64,11 +64,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from gd2po_jax.runtime.distributed import host_value
+from gd2po_jax.data.tokenization import load_tokenizer
 from gd2po_jax.models.score_model import load_score_model
 from gd2po_jax.rewards.base import RESPONSE_IDS, RewardOutputError, register_reward_kind
+from gd2po_jax.runtime.distributed import host_value
 from gd2po_jax.runtime.sharding import batch_sharding
-from gd2po_jax.data.tokenization import load_tokenizer
 
 MIN_BUCKET = 128
 """The shortest padded length of a scored conversation (`length_buckets`)."""

@@ -13,14 +13,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gd2po_jax.rl.records import RolloutBatch
-from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
+from gd2po_jax.config import RunConfig, SamplingConfig
 from gd2po_jax.data.prompts import PromptSet
+from gd2po_jax.data.tokenization import decode_completions
+from gd2po_jax.models.sampling import GenerateOutput, completion_mask, generate
 from gd2po_jax.rewards.base import RESPONSE_IDS, RewardFunction, reward_step_metrics, scores_on_devices
 from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
-from gd2po_jax.models.sampling import GenerateOutput, completion_mask, generate
+from gd2po_jax.rl.records import RolloutBatch
+from gd2po_jax.rl.train_step import logprob_temperature
+from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
 from gd2po_jax.runtime.sharding import mesh_of
-from gd2po_jax.data.tokenization import decode_completions
 
 
 @dataclasses.dataclass
@@ -44,42 +46,59 @@ class Rollouts:
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the reward functions' own
 
 
-def collect_rollouts(
-    model,
-    prompt_set: PromptSet,
-    tokenizer,
-    reward_fn: RewardFunction,
-    *,
-    num_generations: int,
-    sampling,
-    eos_token_ids: list[int],
-    pad_token_id: int,
-    prompt_length: int,
-    rng: jax.Array,
-    on_error: str = "raise",
-    num_workers: int = 1,
-    timeout_s: float = 0.0,
-    valid: np.ndarray | None = None,
-    prompts_per_call: int = 0,
-    logprob_temperature: float = 1.0,
-) -> Rollouts:
-    """Sample ``num_generations`` completions of every prompt, decode and score them.
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """How a step's rollouts are sampled and scored; `of_run` reads them from a run.
+
+    num_generations: G, rollouts per prompt (``rl.num_generations``).
+    sampling: max_new_tokens, temperature, top_p, top_k (``config.sampling``).
+    eos_token_ids, pad_token_id: of the policy's tokenizer.
+    prompt_length: padded prompt length Lp (fixed for a run: one compiled program).
+    prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
+      cache of large steps; 0 (or at least P) samples the whole step at once.
+    logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
+      (`gd2po_jax.rl.train_step.logprob_temperature`).
+    on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
+    """
+
+    num_generations: int
+    sampling: SamplingConfig
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    prompt_length: int
+    prompts_per_call: int = 0
+    logprob_temperature: float = 1.0
+    on_error: str = "raise"
+    num_workers: int = 1
+    timeout_s: float = 0.0
+
+    @classmethod
+    def of_run(cls, config: RunConfig, *, eos_token_ids, pad_token_id: int, prompt_length: int) -> RolloutSettings:
+        """The settings of a run: its config and its tokenizer's ids (`gd2po_jax.rl.setup.RunSetup`)."""
+        return cls(num_generations=config.rl.num_generations, sampling=config.sampling,
+                   eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id, prompt_length=prompt_length,
+                   prompts_per_call=config.sampling.prompts_per_call, logprob_temperature=logprob_temperature(config),
+                   on_error=config.rewards.on_error, num_workers=config.rewards.num_workers,
+                   timeout_s=config.rewards.timeout_s)
+
+
+def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardFunction, settings: RolloutSettings,
+                     *, rng: jax.Array, valid: np.ndarray | None = None) -> Rollouts:
+    """Sample ``settings.num_generations`` completions of every prompt, decode and score them.
 
     Args:
       model: the policy `Decoder` to sample from.
       prompt_set: P prompts.
-      sampling: ``config.sampling`` (max_new_tokens, temperature, top_p, top_k).
-      prompt_length: padded prompt length Lp (fixed for a run: one compiled program).
-      on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
+      tokenizer: decodes the completions for the reward functions.
+      reward_fn: the run's reward function ([P * G, K] scores).
+      settings: `RolloutSettings`.
+      rng: the step's sampling key.
       valid: [P] bool, False for filler prompts of a partly filled batch.
-      prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
-        cache of large steps; 0 (or at least P) samples the whole step at once.
-      logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
-        (`gd2po_jax.rl.train_step.logprob_temperature`).
     """
     num_prompts = len(prompt_set)
     start = time.perf_counter()
-    chunk = min(prompts_per_call, num_prompts) or num_prompts
+    sampling, num_generations = settings.sampling, settings.num_generations
+    chunk = min(settings.prompts_per_call, num_prompts) or num_prompts
     if num_prompts % chunk:
         raise ValueError(
             f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step"
@@ -88,9 +107,10 @@ def collect_rollouts(
         generate(
             model, prompt_set.token_ids[i : i + chunk], max_new_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+            eos_token_ids=list(settings.eos_token_ids), pad_token_id=settings.pad_token_id,
             rng=rng if chunk == num_prompts else jax.random.fold_in(rng, i // chunk),
-            num_samples=num_generations, prompt_length=prompt_length, logprob_temperature=logprob_temperature,
+            num_samples=num_generations, prompt_length=settings.prompt_length,
+            logprob_temperature=settings.logprob_temperature,
         )
         for i in range(0, num_prompts, chunk)
     ]
@@ -109,7 +129,8 @@ def collect_rollouts(
     columns = {name: [values[r // num_generations] for r in rows] for name, values in prompt_set.columns.items()}
     columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), lengths[rows])]
     scores = score_batch(
-        reward_fn, prompts, responses, columns, on_error=on_error, num_workers=num_workers, timeout_s=timeout_s,
+        reward_fn, prompts, responses, columns, on_error=settings.on_error, num_workers=settings.num_workers,
+        timeout_s=settings.timeout_s,
         first_rollout=int(rows[0]),
     )
     reward_metrics = reward_step_metrics(reward_fn)

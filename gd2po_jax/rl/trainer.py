@@ -21,27 +21,30 @@ import optax
 import tqdm
 from flax import nnx
 
-from gd2po_jax.runtime import distributed
-
-from gd2po_jax.runtime import workdir as run_dir
-
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.tasks import task_of
-from gd2po_jax.evaluation.run import evaluate_split
-from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
-from gd2po_jax.runtime.metrics_logging import MetricsWriter
-from gd2po_jax.models import load_pretrained, save_pretrained
-from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.data.prompts import EpochSampler
+from gd2po_jax.evaluation.run import evaluate_split
+from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.rewards.scoring import check_failures
-from gd2po_jax.rl.rollout import collect_rollouts
-from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
-from gd2po_jax.runtime.workdir import RunDir
-from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split
+from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
+from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import TrainState
-from gd2po_jax.rl.train_step import (count_skipped_steps, jit_train_step, logprob_temperature, make_train_step,
-                                     run_step_config)
+from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
+from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split
+from gd2po_jax.rl.train_step import (
+    count_skipped_steps,
+    jit_train_step,
+    logprob_temperature,
+    make_train_step,
+    run_step_config,
+)
+from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
+from gd2po_jax.runtime.metrics_logging import MetricsWriter
+from gd2po_jax.runtime.workdir import RunDir
 from gd2po_jax.sft.warm_start import warm_start
+from gd2po_jax.tasks import task_of
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +197,8 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     ref_logp_fn = reference_logprobs_fn(graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
                                         temperature=logprob_temperature(config))
     sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
+    rollout_settings = RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
+                                              prompt_length=setup.prompt_length)
     reward_names = tuple(config.rewards.names)
     bar = tqdm.tqdm(range(start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
                     initial=start, total=config.train.num_steps, disable=not progress)
@@ -201,14 +206,8 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     for step in bar:
         t0 = time.perf_counter()
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
-        rollouts = collect_rollouts(
-            policy_of(state.params), prompts, setup.tokenizer, setup.reward_fn,
-            num_generations=config.rl.num_generations, sampling=config.sampling, eos_token_ids=setup.eos_ids,
-            pad_token_id=setup.pad_id, prompt_length=setup.prompt_length, rng=jax.random.fold_in(sample_key, step),
-            on_error=config.rewards.on_error, num_workers=config.rewards.num_workers,
-            timeout_s=config.rewards.timeout_s,
-            prompts_per_call=config.sampling.prompts_per_call, logprob_temperature=logprob_temperature(config),
-        )
+        rollouts = collect_rollouts(policy_of(state.params), prompts, setup.tokenizer, setup.reward_fn,
+                                    rollout_settings, rng=jax.random.fold_in(sample_key, step))
         check_failures(rollouts.failed, reward_names, config.rewards.max_failed_fraction, step=step + 1,
                        first_error=rollouts.first_failure)
         batch = rollouts.batch

@@ -28,7 +28,8 @@ asynchronously whatever the flag, so their buffers still page-fault.
 library use gets it. It must come before JAX starts its backend (the flag is read when the CPU
 client is made): import gd2po_jax before running any JAX computation; a later import says so in a
 warning. ``import gd2po_jax`` does not import JAX itself: when JAX is not imported yet, the flag is
-set right after its import (`after_import`), so a tool that never uses JAX (report.py) never loads it. The allocator settings only act on glibc (Linux); elsewhere, or with
+set right after its import (`after_import`), so a tool that never uses JAX (report.py) never loads it.
+The allocator settings only act on glibc (Linux); elsewhere, or with
 ``GD2PO_JAX_MALLOC=system`` in the environment, nothing changes. On a GPU or TPU only the host's
 own allocations are concerned (the flag is the CPU backend's).
 """

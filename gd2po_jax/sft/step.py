@@ -15,10 +15,10 @@ import jax
 import numpy as np
 import optax
 
-from gd2po_jax.rl import losses
 from gd2po_jax.data.chat import render_sft_example
-from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
 from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
+from gd2po_jax.rl import losses
+from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.records import TrainState
 
 

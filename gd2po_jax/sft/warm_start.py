@@ -26,18 +26,17 @@ import optax
 import tqdm
 from flax import nnx
 
-from gd2po_jax.runtime import distributed
-
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.runtime.metrics_logging import MetricsWriter
 from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.runtime.checkpoints import check_finite
-from gd2po_jax.runtime.workdir import RunDir, publish_dir
-from gd2po_jax.rl.setup import RunSetup, build_setup
-from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
 from gd2po_jax.rl.records import TrainState
+from gd2po_jax.rl.setup import RunSetup, build_setup
+from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime.checkpoints import check_finite
+from gd2po_jax.runtime.metrics_logging import MetricsWriter
+from gd2po_jax.runtime.workdir import RunDir, publish_dir
+from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,8 @@ def check_warm_start_inputs(warm_start_path: pathlib.Path, config: RunConfig) ->
         )
 
 
-def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path, *, progress: bool = True) -> tuple[Any, Any]:
+def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path, *,
+                     progress: bool = True) -> tuple[Any, Any]:
     """SFT of ``setup.model_path`` on ``setup.sft_dataset``'s targets for ``config.sft.num_steps``;
     logs the loss to ``logs_dir``. Returns (graphdef, trained params)."""
     data = build_sft_data(setup.sft_dataset, setup.tokenizer, max_length=config.sft.max_length,

@@ -5,8 +5,8 @@ Built in: ``synthetic_tools`` (the embedded default, `gd2po_jax.tasks.synthetic_
 user's data files, `gd2po_jax.tasks.files`). Importing this package registers them.
 """
 
-from gd2po_jax.tasks.base import Task, register_task, registered_tasks, task_of
 from gd2po_jax.tasks import files  # noqa: F401  (registers the built-in tasks)
+from gd2po_jax.tasks.base import Task, register_task, registered_tasks, task_of
 from gd2po_jax.tasks.safety import task as _safety  # noqa: F401
 from gd2po_jax.tasks.synthetic_tools import task as _synthetic_tools  # noqa: F401
 

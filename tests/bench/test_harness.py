@@ -154,7 +154,8 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
 
     config = SimpleNamespace(train=SimpleNamespace(prompts_per_step=3),
                              rl=SimpleNamespace(num_generations=2, tempered_logprobs=True),
-                             sampling=SimpleNamespace(temperature=0.7, prompts_per_call=3))
+                             sampling=SimpleNamespace(temperature=0.7, prompts_per_call=3),
+                             rewards=SimpleNamespace(on_error="min", num_workers=2, timeout_s=5.0))
     setup = SimpleNamespace(train=Prompts(["a", "b", "c", "d", "e"]), tokenizer="tok", reward_fn="reward",
                             eos_ids=(1,), pad_id=0, prompt_length=16)
     calls = []
@@ -163,11 +164,13 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
     harness.step_rollouts(config, setup, "policy", 0)
     harness.step_rollouts(config, setup, "policy", 1)
     assert [c[1] for c in calls] == [["a", "b", "c"], ["d", "e", "a"]]  # in order, wrapping around
-    policy, _, args, kwargs = calls[1]
-    assert policy == "policy" and args == ("tok", "reward")
+    policy, _, (tokenizer, reward_fn, settings), kwargs = calls[1]
+    assert (policy, tokenizer, reward_fn) == ("policy", "tok", "reward")
     assert jax.random.key_data(kwargs.pop("rng")).tolist() == jax.random.key_data(jax.random.key(1)).tolist()
-    assert kwargs == {"num_generations": 2, "sampling": config.sampling, "eos_token_ids": (1,), "pad_token_id": 0,
-                      "prompt_length": 16, "prompts_per_call": 3, "logprob_temperature": 0.7}
+    assert kwargs == {}
+    assert settings == gd2po_jax.rl.rollout.RolloutSettings(
+        num_generations=2, sampling=config.sampling, eos_token_ids=(1,), pad_token_id=0, prompt_length=16,
+        prompts_per_call=3, logprob_temperature=0.7, on_error="min", num_workers=2, timeout_s=5.0)
 
 
 def test_step_config_is_the_defaults_with_the_changes():

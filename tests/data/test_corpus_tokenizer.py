@@ -6,7 +6,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from gd2po_jax.data.chat import render_prompt, render_sft_example
-from gd2po_jax.tasks.synthetic_tools import data as st
 from gd2po_jax.data.corpus_tokenizer import (
     MIN_VOCAB_SIZE,
     SPECIAL_TOKENS,
@@ -14,6 +13,7 @@ from gd2po_jax.data.corpus_tokenizer import (
     build_tokenizer,
 )
 from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer
+from gd2po_jax.tasks.synthetic_tools import data as st
 
 PROMPT_TOKEN_BUDGET = 256
 COMPLETION_TOKEN_BUDGET = 96

@@ -8,13 +8,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from gd2po_jax.data.chat import render_prompt
-from gd2po_jax.models.sampling import completion_mask
 from gd2po_jax.data.tokenization import (
     decode_completions,
     eos_token_ids,
     load_tokenizer,
     pad_token_id,
 )
+from gd2po_jax.models.sampling import completion_mask
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
 WORDS = ["user", "assistant", "system", "what", "is", "two", "plus", "four", "hello", "you", "<unk>"]

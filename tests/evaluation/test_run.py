@@ -18,8 +18,7 @@ from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.rl.setup import build_setup
 from gd2po_jax.rl.trainer import train_and_evaluate
-from tests.fakes import REPO, subprocess_env, tiny_policy
-from tests.fakes import as_run_config
+from tests.fakes import REPO, as_run_config, subprocess_env, tiny_policy
 
 LEVELS = ("level_1", "level_2", "level_3")
 

@@ -7,6 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from gd2po_jax.data.tokenization import load_tokenizer
 from gd2po_jax.evaluation.safe_alignment import (
     REWARD_SUM,
     RewardModelScorer,
@@ -16,7 +17,6 @@ from gd2po_jax.evaluation.safe_alignment import (
     safe_alignment_table,
 )
 from gd2po_jax.rewards.base import RESPONSE_IDS, build_reward_function
-from gd2po_jax.data.tokenization import load_tokenizer
 from tests.fakes import alpaca_prompts, tiny_safety_policy, tiny_score_model_dir
 
 

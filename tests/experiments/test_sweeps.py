@@ -17,7 +17,6 @@ import time
 import pytest
 
 from gd2po_jax.experiments import sweeps
-from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.experiments.sweeps import (
     FAILED,
     FINISHED,
@@ -33,9 +32,9 @@ from gd2po_jax.experiments.sweeps import (
     run_status,
     worker_devices,
 )
-from tests.fakes import as_run_config, REPO, subprocess_env, tiny_config
+from gd2po_jax.runtime.metrics_logging import read_metrics
+from tests.fakes import REPO, as_run_config, subprocess_env, tiny_config
 from tests.xla_env import xla_flags
-
 
 # ----------------------------------------------------------------------------------------------
 # The grid.

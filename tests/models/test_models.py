@@ -11,7 +11,6 @@ import torch
 from flax import nnx
 from transformers import AutoModelForCausalLM
 
-from gd2po_jax.rl.logprobs import completion_logprobs
 from gd2po_jax.models import (
     Decoder,
     config_from_hf_dict,
@@ -23,6 +22,7 @@ from gd2po_jax.models import (
 from gd2po_jax.models.decoder import linear
 from gd2po_jax.models.pretrained import get_variable, ours_to_hf, tensor_maps
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
+from gd2po_jax.rl.logprobs import completion_logprobs
 from tests.fakes import (
     VOCAB,
     build_hf_model,

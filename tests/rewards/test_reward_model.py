@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from gd2po_jax.data.tokenization import load_tokenizer
 from gd2po_jax.models import load_score_model, score_fn
 from gd2po_jax.rewards.base import RESPONSE_IDS, RewardOutputError, build_reward_function, reward_step_metrics
 from gd2po_jax.rewards.reward_model import (
@@ -22,7 +23,6 @@ from gd2po_jax.rewards.reward_model import (
 )
 from gd2po_jax.rewards.scoring import score_batch
 from gd2po_jax.runtime.sharding import make_mesh
-from gd2po_jax.data.tokenization import load_tokenizer
 from tests.fakes import alpaca_prompts, safety_tokenizer_dir, tiny_safety_policy, tiny_score_model_dir
 
 NUM = 12  # rollouts per test batch

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.rl.advantages import compute_advantages
 from gd2po_jax.config import SamplingConfig
-from gd2po_jax.models import Decoder
 from gd2po_jax.data.prompts import PromptSet
+from gd2po_jax.models import Decoder
 from gd2po_jax.rewards import CombinedReward, ToolCallingReward
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.scoring import (
@@ -29,10 +28,10 @@ from gd2po_jax.rewards.scoring import (
     repeat_columns,
     score_batch,
 )
-from gd2po_jax.rl.rollout import collect_rollouts
+from gd2po_jax.rl.advantages import compute_advantages
+from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.trainer import host_metrics
-from tests.fakes import DigitTokenizer, tiny_model_config
-from tests.fakes import as_run_config
+from tests.fakes import DigitTokenizer, as_run_config, tiny_model_config
 
 CONFIG = tiny_model_config(vocab_size=48)
 GT_CALL = ('<think> t </think>\n<tool_call>\n{"name": "GetNews", "parameters": {"page": "1"}}\n'
@@ -258,9 +257,10 @@ def test_abstentions_reach_the_advantages_as_missing_rewards():
     prompts = _prompt_set(num_prompts)
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
     valid = np.array([True, True, True, False])
-    out = collect_rollouts(model, prompts, DigitTokenizer(), reward_fn, num_generations=group, sampling=SAMPLING,
-                           eos_token_ids=[1], pad_token_id=0, prompt_length=8, rng=jax.random.PRNGKey(3),
-                           valid=valid, num_workers=2)
+    settings = RolloutSettings(num_generations=group, sampling=SAMPLING, eos_token_ids=(1,), pad_token_id=0,
+                               prompt_length=8, num_workers=2)
+    out = collect_rollouts(model, prompts, DigitTokenizer(), reward_fn, settings, rng=jax.random.PRNGKey(3),
+                           valid=valid)
 
     abstained = np.array([_abstains(r, judge) for r in out.responses]).reshape(num_prompts, group)
     assert 0 < abstained[valid].sum() < abstained[valid].size  # the seed gives both kinds
@@ -293,9 +293,10 @@ def test_failed_rollouts_reach_the_step_metrics():
     num_prompts, group = 4, 8
     prompts = _prompt_set(num_prompts)
     valid = np.array([True, True, True, False])
-    out = collect_rollouts(Decoder(CONFIG, rngs=nnx.Rngs(0)), prompts, DigitTokenizer(), reward_fn,
-                           num_generations=group, sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0,
-                           prompt_length=8, rng=jax.random.PRNGKey(3), valid=valid, num_workers=2, on_error="min")
+    settings = RolloutSettings(num_generations=group, sampling=SAMPLING, eos_token_ids=(1,), pad_token_id=0,
+                               prompt_length=8, num_workers=2, on_error="min")
+    out = collect_rollouts(Decoder(CONFIG, rngs=nnx.Rngs(0)), prompts, DigitTokenizer(), reward_fn, settings,
+                           rng=jax.random.PRNGKey(3), valid=valid)
     crashed = np.array(["7" in r.split() for r in out.responses]).reshape(num_prompts, group)
     assert 0 < crashed[valid].sum() < crashed[valid].size  # the seed gives both kinds
     np.testing.assert_allclose(out.failed, [0.0, crashed[valid].mean()])

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.rewards import training as rt
+from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from gd2po_jax.models import ScoreModel
+from gd2po_jax.rewards import training as rt
 from gd2po_jax.rewards.reward_model import render_conversation
 from gd2po_jax.tasks.safety import world as sw
-from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from tests.fakes import tiny_model_config
 
 

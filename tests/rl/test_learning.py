@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.runtime.metrics_logging import read_metrics
-from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
+from gd2po_jax.models import Decoder, save_pretrained
+from gd2po_jax.runtime.metrics_logging import read_metrics
 from tests.fakes import REPO, subprocess_env, tiny_model_config
 from tests.xla_env import xla_flags
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from gd2po_jax.models import load_pretrained
 from gd2po_jax.rl.logprobs import (
     chunked_token_logprobs,
     completion_logprobs,
@@ -16,7 +17,6 @@ from gd2po_jax.rl.logprobs import (
     token_logprobs,
     unembedding,
 )
-from gd2po_jax.models import load_pretrained
 from tests.fakes import logits_of, ragged_batch, random_normal, tiny_checkpoint
 from tests.tolerances import ulps
 

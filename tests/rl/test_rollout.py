@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gd2po_jax.models import Decoder
-from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.config import SamplingConfig
+from gd2po_jax.data.prompts import PromptSet
+from gd2po_jax.models import Decoder
+from gd2po_jax.models.sampling import generate
 from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.scoring import RewardError, score_batch
-from gd2po_jax.rl.rollout import collect_rollouts
-from gd2po_jax.models.sampling import generate
+from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from tests.fakes import DigitTokenizer, tiny_model_config
 
 CONFIG = tiny_model_config(vocab_size=48)
@@ -40,6 +40,12 @@ class CountReward:
 SAMPLING = SamplingConfig(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)  # config.sampling
 
 
+def settings(**changes) -> RolloutSettings:
+    """3 rollouts of at most 6 tokens per prompt, EOS 1, padding 0, prompts padded to 16, with ``changes``."""
+    return RolloutSettings(**({"num_generations": 3, "sampling": SAMPLING, "eos_token_ids": (1,), "pad_token_id": 0,
+                               "prompt_length": 16} | changes))
+
+
 def _prompts(count):
     rng = np.random.default_rng(0)
     ids = [list(rng.integers(3, 48, size=int(rng.integers(2, 7)))) for _ in range(count)]
@@ -50,10 +56,8 @@ def _prompts(count):
 @pytest.mark.parametrize("per_call", [0, 2])
 def test_collect_rollouts_shapes_and_chunking(per_call):
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
-    out = collect_rollouts(
-        model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3, sampling=SAMPLING,
-        eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1), prompts_per_call=per_call,
-    )
+    out = collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), settings(prompts_per_call=per_call),
+                           rng=jax.random.PRNGKey(1))
     batch = out.batch
     assert batch.input_ids.shape == (12, 16 + 6)
     assert batch.rewards.shape == (4, 3, 2)
@@ -63,9 +67,8 @@ def test_collect_rollouts_shapes_and_chunking(per_call):
     assert out.generated_tokens == lengths.sum()
     assert len(out.responses) == 12
     with pytest.raises(ValueError, match="prompts_per_call=3 must divide the 4 prompts"):
-        collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), num_generations=3,
-                         sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
-                         rng=jax.random.PRNGKey(1), prompts_per_call=3)
+        collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), settings(prompts_per_call=3),
+                         rng=jax.random.PRNGKey(1))
 
 
 @dataclasses.dataclass
@@ -87,10 +90,8 @@ class SampledIdsReward:
 
 def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
-    out = collect_rollouts(
-        model, _prompts(4), DigitTokenizer(), SampledIdsReward(), num_generations=3, sampling=SAMPLING,
-        eos_token_ids=[1], pad_token_id=0, prompt_length=16, rng=jax.random.PRNGKey(1),
-    )
+    out = collect_rollouts(model, _prompts(4), DigitTokenizer(), SampledIdsReward(), settings(),
+                           rng=jax.random.PRNGKey(1))
     completions = np.asarray(out.batch.input_ids)[:, 16:] * np.asarray(out.batch.response_mask)  # EOS included
     np.testing.assert_array_equal(out.rewards.reshape(-1), completions.sum(axis=1))
     assert out.reward_metrics == {"ids_reward/calls": 1.0}
@@ -98,11 +99,11 @@ def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
 
 def test_old_logprobs_are_at_the_logprob_temperature():
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
-    kwargs = dict(num_generations=2, sampling=SAMPLING, eos_token_ids=[1], pad_token_id=0, prompt_length=16,
-                  rng=jax.random.PRNGKey(1))
-    plain = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), **kwargs).batch
-    tempered = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), logprob_temperature=0.5,
-                                **kwargs).batch
+    key = jax.random.PRNGKey(1)
+    plain = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(), settings(num_generations=2),
+                             rng=key).batch
+    tempered = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(),
+                                settings(num_generations=2, logprob_temperature=0.5), rng=key).batch
     np.testing.assert_array_equal(tempered.input_ids, plain.input_ids)  # the same tokens
     expected = generate(model, _prompts(2).token_ids, max_new_tokens=6, eos_token_ids=[1], pad_token_id=0,
                         rng=jax.random.PRNGKey(1), num_samples=2, prompt_length=16, logprob_temperature=0.5)

@@ -15,9 +15,8 @@ from gd2po_jax.data.loaders import DataFormatError
 from gd2po_jax.models.pretrained import load_pretrained
 from gd2po_jax.rewards.base import build_reward_function
 from gd2po_jax.rewards.reward_model import RewardModelReward
-from gd2po_jax.tasks import task_of
 from gd2po_jax.rl.setup import build_setup, eval_split, load_splits, reward_spec
-from gd2po_jax.data.tokenization import load_tokenizer
+from gd2po_jax.tasks import task_of
 from tests.fakes import as_run_config, tiny_config, tiny_safety_policy, tiny_score_model_dir
 
 

@@ -15,17 +15,15 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bench.harness import step_config
 from configs import default as default_config
-from gd2po_jax.config import RunConfig
-from gd2po_jax.rl.losses import LOSS_AGG_MODES
+from gd2po_jax.config import RunConfig, check_batch_layout
 from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
-from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.rl.rollout import rollout_batch
-from gd2po_jax.rl.records import RolloutBatch
 from gd2po_jax.models.sampling import generate
-from gd2po_jax.runtime.sharding import batch_sharding, make_mesh
-from gd2po_jax.config import check_batch_layout
-from gd2po_jax.rl.records import TrainState
+from gd2po_jax.rl.losses import LOSS_AGG_MODES
+from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.rl.rollout import rollout_batch
 from gd2po_jax.rl.train_step import (
     StepConfig,
     count_skipped_steps,
@@ -34,9 +32,9 @@ from gd2po_jax.rl.train_step import (
     make_train_step,
     prompt_window_lengths,
 )
+from gd2po_jax.runtime.sharding import batch_sharding, make_mesh
 from tests.fakes import tiny_model_config
 from tests.tolerances import ulps
-from tests.fakes import step_config
 
 P, G, K = 4, 4, 3  # prompts, rollouts per prompt, rewards: B = 16 rows (divides 8 devices)
 NAMES = ("correctness", "format", "length")  # of the K rewards, for the metrics

@@ -27,11 +27,10 @@ import jax
 import numpy as np
 import pytest
 
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.config import ConfigError
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
-from tests.fakes import REPO, subprocess_env, tensorboard_scalars, tiny_config, write_config_file
-from tests.fakes import as_run_config
+from tests.fakes import REPO, as_run_config, subprocess_env, tensorboard_scalars, tiny_config, write_config_file
 
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs
 

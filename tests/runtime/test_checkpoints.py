@@ -11,6 +11,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gd2po_jax.rl.records import TrainState
 from gd2po_jax.runtime.checkpoints import (
     Checkpoints,
     CorruptCheckpointError,
@@ -18,7 +19,6 @@ from gd2po_jax.runtime.checkpoints import (
     check_finite,
     state_integrity,
 )
-from gd2po_jax.rl.records import TrainState
 
 
 def small_state(scale: float) -> TrainState:

@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gd2po_jax.runtime import distributed
 from gd2po_jax.config import ConfigError, DistributedConfig
+from gd2po_jax.runtime import distributed
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.runtime.sharding import make_mesh
-from tests.runtime import multihost_worker
 from tests.fakes import REPO, subprocess_env, write_config_file
+from tests.runtime import multihost_worker
 
 HEARTBEAT_S = 10  # config.distributed.heartbeat_timeout_s of the runs here
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs

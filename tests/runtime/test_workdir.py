@@ -8,8 +8,8 @@ import os
 import pytest
 
 from configs.default import get_config as default_config
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.config import ConfigError
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.workdir import RunDir, RunDirError
 from gd2po_jax.tasks.synthetic_tools import task as synthetic_tools
 from tests.fakes import as_run_config

@@ -9,8 +9,8 @@ from flax import nnx
 
 from gd2po_jax.models import Decoder
 from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
 from gd2po_jax.rl.records import TrainState
+from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
 from tests.fakes import TagTokenizer, tiny_model_config
 
 

@@ -5,7 +5,8 @@ reward models trained here on the world's preference pairs.
 In a run's setup (`gd2po_jax.rl.setup.build_setup`), `SafetyTask`:
 
 1. `safety_splits`: the world's train / validation / test prompts (`gd2po_jax.tasks.safety.world`);
-2. `build_base_model` (`SafetyTask.load_splits`): ``WORKDIR/base_model``, the tokenizer (ChatML template) and the random policy;
+2. `build_base_model` (`SafetyTask.load_splits`): ``WORKDIR/base_model``, the tokenizer (ChatML
+   template) and the random policy;
 3. `build_reward_models`: one score model per reward name (``useful``: the helpfulness annotator's
    ``better_response_id``; ``harmless``: the harmlessness annotator's ``safer_response_id``),
    Bradley–Terry + 0.001 score² training as align-anything's (`gd2po_jax.rewards.training`) on the
@@ -14,7 +15,8 @@ In a run's setup (`gd2po_jax.rl.setup.build_setup`), `SafetyTask`:
    the test prompts' pairs. They are trained once and reused: in ``WORKDIR/reward_models/<name>``,
    or with ``config.sft.cache_dir`` in ``CACHE_DIR/reward_models-<key>/<name>``, the key a hash of
    everything that determines them (`reward_model_inputs`: ``data.safety`` and the reward names);
-4. `with_reward_models` (`SafetyTask.prepare`): the config with each empty ``rewards.reward_models.<name>.path`` set to the
+4. `with_reward_models` (`SafetyTask.prepare`): the config with each empty
+   ``rewards.reward_models.<name>.path`` set to the
    trained model, so that the reward-model reward loads them as it loads a 7B reward model.
 
 Each reward model's directory has ``training_report.json`` (its held-out accuracy, training
@@ -45,18 +47,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.config import ConfigError, RunConfig, SafetyDataConfig
+from gd2po_jax.config import ConfigError, RewardTrainingConfig, RunConfig, SafetyDataConfig
+from gd2po_jax.data.tokenization import load_tokenizer
 from gd2po_jax.evaluation.safe_alignment import RewardModelScorer
 from gd2po_jax.models import ModelConfig, ScoreModel, load_score_model, save_score_model
 from gd2po_jax.models.config import tiny_qwen2_config
-from gd2po_jax.runtime import distributed
-from gd2po_jax.tasks.base import Task, build_tiny_model, register_task
 from gd2po_jax.rewards.training import build_pair_data, pair_scores, train_reward_model
+from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.checkpoints import check_finite
 from gd2po_jax.runtime.workdir import RunDir, publish_dir
+from gd2po_jax.tasks.base import Task, build_tiny_model, register_task
 from gd2po_jax.tasks.safety import world as safety_world
-from gd2po_jax.data.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ def reward_models_root(config: RunConfig, workdir: pathlib.Path) -> pathlib.Path
     return pathlib.Path(workdir) / REWARD_MODELS_DIR
 
 
-def score_model_config(training, vocab_size: int) -> ModelConfig:
+def score_model_config(training: RewardTrainingConfig, vocab_size: int) -> ModelConfig:
     """The tiny Qwen2 body of a reward model (``data.safety.reward_training``'s shape)."""
     return tiny_qwen2_config(training, vocab_size, max_position_embeddings=max(512, training.max_length))
 

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from gd2po_jax.runtime import workdir as run_dir
-
-from gd2po_jax.tasks.safety import task as safety_embedded
-from gd2po_jax.tasks import task_of
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.models import load_score_model
+from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime.metrics_logging import read_metrics
+from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks.safety import task as safety_embedded
 from gd2po_jax.tasks.safety import world as sw
 from tests.fakes import subprocess_env, tiny_safety_config, write_config_file
 from tests.rl.test_trainer import policy_tensors, run_train, stable_metrics

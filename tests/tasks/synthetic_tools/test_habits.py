@@ -9,7 +9,6 @@ import pytest
 
 from configs import default
 from gd2po_jax.config import RunConfig
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.evaluation.run import EvalError, EvalOptions, run
 from gd2po_jax.tasks.synthetic_tools import habits
 from gd2po_jax.tasks.synthetic_tools.data import habit_tools

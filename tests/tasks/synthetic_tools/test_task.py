@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from configs import tiny
+from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer
+from gd2po_jax.models import load_pretrained
 from gd2po_jax.tasks.base import build_tiny_model
 from gd2po_jax.tasks.synthetic_tools import task as embedded
-from gd2po_jax.models import load_pretrained
-from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer
 from tests.fakes import as_run_config
 
 

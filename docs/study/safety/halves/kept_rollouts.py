@@ -24,15 +24,14 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.rl.advantages import compute_advantages
 from gd2po_jax.rl.logprobs import merge_model
-from gd2po_jax.rl.rollout import collect_rollouts
+from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.setup import build_setup
-from gd2po_jax.tasks.safety.world import label_response, parse_ground_truth
-from gd2po_jax.rl.train_step import logprob_temperature
 from gd2po_jax.rl.trainer import load_policy
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.sft.warm_start import warm_start_dir
+from gd2po_jax.tasks.safety.world import label_response, parse_ground_truth
 
 flags.DEFINE_string("sweep_dir", None, "The sweep directory (its runs/gdpo/seed0 and warm start).", required=True)
 flags.DEFINE_string("scratch_dir", None, "An empty directory for the run setup's files.", required=True)
@@ -53,11 +52,9 @@ def main(argv):
     policy = merge_model(graphdef, params, config.model.dtype)
     prompts = setup.train.select(range(FLAGS.num_prompts))
     group = config.rl.num_generations
-    rollouts = collect_rollouts(
-        policy, prompts, setup.tokenizer, setup.reward_fn, num_generations=group, sampling=config.sampling,
-        eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
-        rng=jax.random.PRNGKey(0), logprob_temperature=logprob_temperature(config),
-    )
+    settings = RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
+                                      prompt_length=setup.prompt_length)
+    rollouts = collect_rollouts(policy, prompts, setup.tokenizer, setup.reward_fn, settings, rng=jax.random.PRNGKey(0))
     lengths = np.asarray(rollouts.batch.response_mask.sum(-1)).reshape(-1, group)
     outs = {m: compute_advantages(rollouts.rewards, lengths, m) for m in METHODS}
     truths = [parse_ground_truth(t) for t in prompts.columns["ground_truth"]]
