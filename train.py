@@ -1,57 +1,8 @@
-"""Train a policy with GRPO / GDPO / GD2PO.
+# python train.py [--config=configs/*.py] [--workdir=DIR] ...: train a policy with GRPO / GDPO / GD2PO.
+# The command is gd2po_jax/cli/train.py (its flags, main and --help text); an install runs the same
+# code as the console script gd2po-train (docs/install.md).
 
-    python train.py                                         # the embedded default, ./runs/default
-    python train.py --config=configs/safety_embedded.py     # the embedded safety task, ./runs/safety_embedded
-    python train.py --config=configs/default.py --workdir=DIR --config.rl.algorithm=gd2po_hard
-    python train.py --config=configs/resolved.py:DIR/config.json --workdir=NEW_DIR  # rerun a run's config
-
-Rerunning the same command resumes from the latest intact checkpoint in the workdir (a rerun with
-another config is refused, naming the fields: see gd2po_jax/runtime/workdir.py's RESUMABLE_FIELDS); a
-second process on a busy workdir stops at once, naming the holder of WORKDIR/.lock. With
---warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
-config.sft.cache_dir) and stops; sweep.py does this once before its runs.
-
-On several hosts, every host runs the same command with the same --workdir (shared storage) and
---config.distributed.coordinator_address=HOST:PORT --config.distributed.num_processes=N
---config.distributed.process_id=I (docs/multihost.md).
-"""
-
-from absl import app, flags
-
-from gd2po_jax import cli
-from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.rl.trainer import train_and_evaluate
-from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime.checkpoints import NonFiniteError
-from gd2po_jax.runtime.workdir import RunDirError
-from gd2po_jax.sft.warm_start import build_warm_start
-
-cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")
-flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and results; default runs/<config file "
-                    "name> (runs/default for configs/default.py).")
-flags.DEFINE_bool("warm_start_only", False, "Only build the SFT warm start, then stop.")
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    cli.start(argv)
-    workdir = FLAGS.workdir or cli.default_workdir(FLAGS["config"])
-    with distributed.stop_all_on_error():  # several processes: one's error stops them all
-        try:
-            config = RunConfig.from_config_dict(FLAGS.config)  # the one typed config from here on
-            distributed.initialize(config.distributed)  # before any other use of JAX
-            if FLAGS.warm_start_only:
-                path = build_warm_start(config, workdir)
-                if distributed.is_primary():
-                    print(f"warm start: {path}")
-            else:
-                train_and_evaluate(config, workdir)
-        except (ConfigError, RunDirError, NonFiniteError, distributed.DistributedError) as err:
-            # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
-            # checkpoint, parameters that became NaN, processes that did not join: one line naming
-            # the field, file, arrays or processes.
-            raise SystemExit(f"train.py: {err}") from None
-
+from gd2po_jax.cli import train
 
 if __name__ == "__main__":
-    app.run(main)
+    train.run()

@@ -23,6 +23,9 @@ each check means)::
     pip install -r requirements.txt && pip install "jax[cuda12]==0.10.2"
     timeout 600 python -m bench.accelerator_check --out=docs/accelerator/report-$(date +%F)-h200.json
 
+On this workplace's lent H200 (jax 0.11.2 preinstalled, no network) the command is
+``bash bench/accelerator/device_check.sh`` with the wheels of bench/accelerator/fetch_wheels.sh carried.
+
 On a machine without an accelerator every part is skipped with its reason. ``--cpu-smoke`` runs a
 miniature of every part on CPU (8 simulated devices; part 4 is ``train.py --config=configs/tiny.py``
 shrunk further), in one to two minutes on 2 cores: tests/bench/test_accelerator_check.py runs it so
@@ -739,19 +742,28 @@ def run_part(fn: Callable[[Context], dict], ctx: Context) -> dict:
     return result
 
 
-def run_parts(functions: dict[str, Callable[[Context], dict]], ctx: Context | None) -> dict:
+def run_parts(functions: dict[str, Callable[[Context], dict]], ctx: Context | None,
+              on_part: Callable[[dict], None] | None = None) -> dict:
     """{part name: result} of each function in turn (every part is skipped, with the reason, when
-    ``ctx`` is None: no accelerator)."""
+    ``ctx`` is None: no accelerator; a part that would start after the time budget is skipped, saying
+    so). ``on_part(results so far)`` runs after each part (main writes the report so far: a run killed
+    by an outer time limit keeps the parts it finished)."""
     if ctx is None:
         reason = (f"no accelerator: jax's default backend is {jax.default_backend()!r}. The numbers wait for a "
                   "device machine; --cpu-smoke runs a miniature of every part on CPU")
         return {name: {"status": "skipped", "reason": reason} for name in functions}
     results = {}
     for name, fn in functions.items():
-        print(f"[accelerator_check] {name} ...", file=sys.stderr, flush=True)
-        results[name] = run_part(fn, ctx)
-        print(f"[accelerator_check] {name}: {results[name]['status']} in {results[name]['seconds']:.1f} s",
-              file=sys.stderr, flush=True)
+        if ctx.remaining() <= 0:
+            results[name] = {"status": "skipped", "reason": f"time budget spent before it started; run "
+                             f"--parts={name} alone"}
+        else:
+            print(f"[accelerator_check] {name} ...", file=sys.stderr, flush=True)
+            results[name] = run_part(fn, ctx)
+            print(f"[accelerator_check] {name}: {results[name]['status']} in {results[name]['seconds']:.1f} s",
+                  file=sys.stderr, flush=True)
+        if on_part is not None:
+            on_part(results)
     return results
 
 
@@ -860,13 +872,24 @@ def main(argv):
         if smoke or accelerator else None
     functions = {name: PART_FUNCTIONS[name] for name in PARTS if name in FLAGS.parts}
     report = {"script": "bench/accelerator_check.py", "mode": profile.name, "environment": environment(),
-              "time_budget_s": FLAGS.time_budget_s, "parts": run_parts(functions, ctx)}
+              "time_budget_s": FLAGS.time_budget_s}
+
+    def write(text: str) -> None:
+        if FLAGS.out:  # written whole, then renamed: a kill never leaves half a file
+            path = pathlib.Path(FLAGS.out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.with_name(path.name + ".tmp").write_text(text + "\n")
+            path.with_name(path.name + ".tmp").replace(path)
+
+    def write_so_far(results: dict) -> None:  # marked incomplete until the last part has run
+        write(json.dumps(jsonable(report | {"parts": results, "complete": False}), indent=1))
+
+    report["parts"] = run_parts(functions, ctx, on_part=write_so_far)
     report["passed"] = exit_code(report) == 0
+    report["complete"] = True
     report = jsonable(report)
     text = json.dumps(report, indent=1, sort_keys=False)
-    if FLAGS.out:
-        pathlib.Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(FLAGS.out).write_text(text + "\n")
+    write(text)
     print(text)
     print()
     print(summary_table(report))

@@ -96,6 +96,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.logit_chunk_size = 128  # response tokens per chunk of the log-prob computation
     config.train.log_every = 1  # metrics every this many steps
     config.train.max_consecutive_skipped_steps = 5  # stop after this many steps skipping a non-finite update
+    # A preemption notice (docs/preemption.md): finish the step, checkpoint it, exit 128 + signal
+    config.train.preemption_signals = ("SIGTERM", "SIGUSR1")  # SIGUSR1: SLURM's --signal=USR1@120
+    config.train.preemption_grace_s = 25.0  # at most this long after the signal (under a spot VM's 30 s)
 
     # Supervised warm start on the data's `target` column, trained once and reused: in
     # WORKDIR/warm_start, or with sft.cache_dir in CACHE_DIR/<hash of its inputs> (see sweep.py).
@@ -121,6 +124,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Devices per mesh axis; -1: all remaining. The batch is split over data x fsdp.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+    # The policy exported in Hugging Face format (WORKDIR/policy; export.py): "" = model.dtype | float32 | bfloat16.
+    config.export = ml_collections.ConfigDict(dict(dtype=""))
 
     # Several hosts, one process each (docs/multihost.md): process 0's HOST:PORT ("auto": detected on
     # TPU pods / SLURM; empty: one process), the number of processes and this one's index.

@@ -4,27 +4,25 @@ hyperparameters of the ``safe-alignment/`` scripts).
     python train.py --config=configs/safety.py --workdir=runs/safety-snr \
         --config.model.path=/models/Qwen2.5-7B-Instruct --config.data.train=/data/alpaca/train.parquet \
         --config.rewards.reward_models.useful.path=/models/Qwen2.5-7B-SafeRLHF-RM \
-        --config.rewards.reward_models.harmless.path=/models/Qwen2.5-7B-SafeRLHF-CM
-    python eval.py --workdir=runs/safety-snr --data=safe_alignment
+        --config.rewards.reward_models.harmless.path=/models/Qwen2.5-7B-SafeRLHF-CM \
+        --config.data.validation=/data/alpaca/test.parquet --config.data.test=/data/alpaca/test.parquet
+    python eval.py --workdir=runs/safety-snr --data=/data/safe_alignment
 
 The algorithm is ``config.rl.algorithm`` (gdpo, gd2po_hard, gd2po_snr; the paper runs all three
-with these values). The four paths have no default and a run stops naming the empty field:
-``config.model.path`` (the instruct policy), ``config.data.train`` (the Alpaca prompt-only training
-parquet, ``safe-alignment/dataset/alpaca_prompt_only/train.parquet`` of the GD2PO repository), and
-the two score models. Validation is greedy on ``../shared/data/safe_alignment/alpaca_test.parquet``,
-scored by the reward models. docs/safety.md lists the values and estimates the memory.
+with these values). No path has a default, and a run stops naming the empty field (and, for the
+data, where it is published): ``config.model.path`` (the instruct policy), ``config.data.train`` (the
+Alpaca prompt-only training parquet, ``safe-alignment/dataset/alpaca_prompt_only/train.parquet`` of
+github.com/Qwen-Applications/GD2PO), ``config.data.validation`` (the 512 Alpaca test prompts,
+``test.parquet`` in the same folder: validation is greedy on them, scored by the reward models) and
+the two score models. ``config.data.test`` is optional: the split that ``eval.py --workdir=RUN``
+scores by default. ``eval.py --data=DIR`` scores the three helpfulness-safety test sets of a directory
+(docs/safety.md). docs/safety.md lists the values and estimates the memory.
 """
-
-import pathlib
 
 import ml_collections
 from ml_collections import config_dict
 
 from configs import default
-
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-ALPACA_TEST = str(SHARED_DATA / "safe_alignment" / "alpaca_test.parquet")
-"""The official validation file (512 Alpaca prompts), also the test split."""
 
 REWARD_NAMES = ("useful", "harmless")
 PROMPTS_PER_STEP = 512
@@ -53,8 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.remat = True  # gradient checkpointing
 
     config.data.train = ""  # the Alpaca prompt-only training parquet; required
-    config.data.validation = ALPACA_TEST
-    config.data.test = ALPACA_TEST  # what `eval.py --workdir=RUN` scores by default
+    config.data.validation = ""  # the Alpaca test prompts (512), the official validation file; required (eval.split)
+    config.data.test = ""  # what `eval.py --workdir=RUN` scores by default (officially the validation file)
     config.data.max_prompt_tokens = 512
     config.data.prompt_truncation = "left"  # verl's data.truncation=left: keep a prompt's last 512 tokens
 

@@ -1,7 +1,8 @@
 """The paper's tool-calling runs (ToolRL RLLA data, GD2PO official hyperparameters) for one model.
 
     python train.py --config=configs/toolrl.py:qwen2.5-3b --workdir=runs/qwen2.5-3b-snr \
-        --config.model.path=/models/Qwen2.5-3B-Instruct --config.data.train=/data/rlla_4k/train.parquet
+        --config.model.path=/models/Qwen2.5-3B-Instruct --config.data.train=/data/rlla_4k/train.parquet \
+        --config.data.validation=/data/rlla_4k/test.parquet --config.data.test=/data/rlla_4k/test.parquet
     python train.py --config=configs/toolrl.py:qwen2.5-3b,correctness_length --config.rl.algorithm=gdpo ...
 
 The config argument is ``MODEL[,SETTING]``: MODEL one of `MODELS`, SETTING one of the reward settings
@@ -10,21 +11,18 @@ of `gd2po_jax.rewards.tool_calling.SETTINGS` (default ``correctness_format_lengt
 gd2po_snr). Everything else is the official run scripts' value; docs/paper.md ("What the config
 fixes") lists them, and gd2po_jax/config.py documents each field.
 
-``config.model.path`` (a local Hugging Face directory of the instruct model, with its chat template)
-has no default: the files task fails naming that field. ``config.data.train`` defaults to the
-80-row RLLA test split in ../shared, which is only good for a smoke run; pass the 4k training parquet.
+No path has a default; a run stops naming the empty field (and where the data set is published):
+``config.model.path`` (a local Hugging Face directory of the instruct model, with its chat template),
+``config.data.train`` (the RLLA 4K training parquet, ``dataset/rlla_4k/train.parquet`` of ToolRL,
+github.com/qiancheng0/ToolRL) and ``config.data.validation`` (its 80-row ``test.parquet``, the official
+validation file, evaluated before and after RL). ``config.data.test`` is optional: the split that
+``eval.py --workdir=RUN`` scores by default (the official runs use test.parquet again).
 """
-
-import pathlib
 
 import ml_collections
 
 from configs import default
 from gd2po_jax.rewards.tool_calling import SETTINGS
-
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-RLLA_TEST = str(SHARED_DATA / "rlla_4k" / "test.parquet")
-"""The official validation file (also the test split, and the smoke default of data.train)."""
 
 MODELS = {
     # name: (Hugging Face repository of the instruct model, rl.micro_batch_size in rollouts).
@@ -66,9 +64,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.dtype = "bfloat16"  # compute; master weights and AdamW state in train.master_dtype
     config.model.remat = True  # gradient checkpointing
 
-    config.data.train = RLLA_TEST
-    config.data.validation = RLLA_TEST
-    config.data.test = RLLA_TEST  # the same file: what `eval.py --workdir=RUN` scores by default
+    config.data.train = ""  # the RLLA 4K training parquet; required
+    config.data.validation = ""  # the RLLA test parquet, the official validation file; required (eval.split)
+    config.data.test = ""  # what `eval.py --workdir=RUN` scores by default (officially the validation file)
     config.data.max_prompt_tokens = 2048  # longer prompts are an error naming the row
 
     config.rewards.names = SETTINGS[setting]  # the K rewards of the reward setting

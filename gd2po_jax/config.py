@@ -53,6 +53,11 @@ PROMPT_TRUNCATIONS = ("error", "left")
 EVAL_SPLITS = ("validation", "test", "none")
 """The values of ``config.eval.split``."""
 
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGXCPU")
+"""The values of ``config.train.preemption_signals``: what schedulers send ahead of a stop (SIGTERM:
+spot VMs, Kubernetes, JAX's TPU maintenance notifier; SIGUSR1/2: SLURM's --signal; SIGXCPU: a CPU
+time limit)."""
+
 MIN_BF16_MASTER_LEARNING_RATE = 1e-4
 """The smallest ``train.learning_rate`` that ``train.master_dtype="bfloat16"`` accepts. An AdamW
 update (about lr per step) rounds away on a bf16 weight w when it is below half a unit in the last
@@ -271,10 +276,11 @@ class PolicyModelConfig(_Section):
     """``config.model``: the policy to train and the dtypes it runs in.
 
     Attributes:
-      path: a local Hugging Face checkpoint directory. Empty: the embedded tiny random Qwen2
+      path: a Hugging Face checkpoint directory, or a Hub id ``org/name[@revision]`` (fetched into
+        the Hugging Face cache: `gd2po_jax.runtime.hub`). Empty: the embedded tiny random Qwen2
         (`TinyModelConfig`, built in ``WORKDIR/base_model`` with a tokenizer trained on the
         synthetic task); the files task needs a path.
-      tokenizer_path: the tokenizer's directory; empty: ``path``.
+      tokenizer_path: the tokenizer's directory or Hub id; empty: ``path``.
       dtype: compute dtype of sampling and of the forward pass (float32 | bfloat16). The master
         weights and optimizer state are in ``train.master_dtype``.
       remat: recompute each decoder layer in the backward pass (gradient checkpointing): less
@@ -425,8 +431,10 @@ class DataConfig(_Section):
     """``config.data``: where the prompts (and the warm start's targets) come from.
 
     Attributes:
-      train, validation, test: data files of the files task (a verl parquet, ToolRL JSON, API-Bank
-        JSON or JSONL file); validation and test may be empty.
+      train, validation, test: the files task's data (`gd2po_jax.data.sources`): a verl parquet,
+        ToolRL JSON, API-Bank JSON or JSONL file, a directory or glob of such files, a datasets
+        ``save_to_disk`` folder (``DIR`` or ``DIR:split``) or a Hub data set id (``org/name:split``);
+        validation and test may be empty.
       kind: the files' format: auto (from the extension and keys) or one of
         `gd2po_jax.data.loaders.KINDS`.
       on_error: raise | skip: what a malformed row does (skipped rows are counted and logged).
@@ -471,7 +479,7 @@ class RewardModelConfig(_Section):
     which knows the name.
 
     Attributes:
-      path: a local Hugging Face score-model directory (a transformers ``*ForSequenceClassification``,
+      path: a Hugging Face score-model directory or Hub id (a transformers ``*ForSequenceClassification``,
         align-anything or safe-rlhf checkpoint: `gd2po_jax.models.score_model`) whose tokenizer has
         a chat template. Empty: the run stops when it starts, naming this field.
       negate: flip the sign of the score (a model where higher = worse); None: only for a safe-rlhf
@@ -727,6 +735,14 @@ class TrainConfig(_Section):
       max_consecutive_skipped_steps: stop the run when this many RL steps in a row skipped an
         optimizer update for a non-finite gradient (`gd2po_jax.rl.train_step.count_skipped_steps`).
         Absent from older runs' config.json: 5.
+      preemption_signals: the signals that stop the run for a preemption (docs/preemption.md,
+        `gd2po_jax.runtime.preemption`): the step in flight finishes and is checkpointed, and
+        train.py exits with 128 + the signal's number (143 for SIGTERM). Absent from older runs'
+        config.json: ("SIGTERM", "SIGUSR1"); () handles none.
+      preemption_grace_s: seconds from the preemption signal to the process's end at the latest
+        (the step in flight plus its checkpoint; past it the process ends at once, the previous
+        checkpoint intact); 0: no limit. Keep it under the notice (SLURM's --signal lead time, a
+        spot VM's 30 s). Absent from older runs' config.json: 25.
     """
 
     _path: ClassVar[str] = "train"
@@ -742,6 +758,8 @@ class TrainConfig(_Section):
     logit_chunk_size: int
     log_every: int
     max_consecutive_skipped_steps: int = 5
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    preemption_grace_s: float = 25.0
 
     def __post_init__(self):
         _int_at_least(self.num_steps, "train.num_steps", minimum=0)
@@ -763,6 +781,13 @@ class TrainConfig(_Section):
         _int_at_least(self.logit_chunk_size, "train.logit_chunk_size")
         _int_at_least(self.log_every, "train.log_every")
         _int_at_least(self.max_consecutive_skipped_steps, "train.max_consecutive_skipped_steps")
+        _require(isinstance(self.preemption_signals, tuple) and all(
+            isinstance(name, str) and name in PREEMPTION_SIGNALS for name in self.preemption_signals),
+            "train.preemption_signals", f"must be a tuple of signal names from {PREEMPTION_SIGNALS}, "
+            f"got {self.preemption_signals!r}")
+        _number(self.preemption_grace_s, "train.preemption_grace_s")
+        _require(self.preemption_grace_s >= 0, "train.preemption_grace_s",
+                 f"must be >= 0 (0: no limit), got {self.preemption_grace_s}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -851,6 +876,30 @@ class EvalConfig(_Section):
         _int_at_least(self.max_examples, "eval.max_examples", minimum=0)
         _int_at_least(self.batch_size, "eval.batch_size")
         _int_at_least(self.every_steps, "eval.every_steps", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig(_Section):
+    """``config.export``: the policy exported in Hugging Face format, by train.py at the end of a run
+    (``WORKDIR/policy``) and by export.py from a checkpoint (its ``--dtype`` default). How the result
+    is stored, not what is trained: a rerun may change it (`gd2po_jax.runtime.workdir.RESUMABLE_FIELDS`).
+
+    Attributes:
+      dtype: the safetensors' dtype: float32 | bfloat16; empty: ``model.dtype``, the dtype the policy
+        computes in (the master weights, in ``train.master_dtype``, are cast to it).
+    """
+
+    _path: ClassVar[str] = "export"
+
+    dtype: str = ""
+
+    def __post_init__(self):
+        _require(self.dtype == "" or self.dtype in DTYPES, "export.dtype",
+                 f"must be one of {DTYPES} or empty (model.dtype), got {self.dtype!r}")
+
+    def resolved_dtype(self, model_dtype: str) -> str:
+        """The dtype an export is stored in: ``dtype``, or ``model_dtype`` when empty."""
+        return self.dtype or model_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -989,6 +1038,7 @@ class RunConfig(_Section):
         ``data.safety``, with reward models trained on it).
       model, data, rewards, rl, sampling, train, sft, checkpoint, eval, mesh: the sections.
       distributed: how the processes of a multi-host run find each other (defaults: one process).
+      export: the dtype of the exported policy (default: model.dtype; older config.json files lack it).
     """
 
     task: str
@@ -1003,6 +1053,7 @@ class RunConfig(_Section):
     eval: EvalConfig
     mesh: MeshConfig
     distributed: DistributedConfig = DistributedConfig()
+    export: ExportConfig = ExportConfig()
 
     def __post_init__(self):
         _text(self.task, "task", "the name of a registered task (gd2po_jax.tasks)")

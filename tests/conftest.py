@@ -19,15 +19,27 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tests.fakes import SHARED as SHARED_DIR  # noqa: E402
+DATA_DIR_VARIABLE = "GD2PO_JAX_DATA_DIR"
+"""The environment variable naming a directory of the real public data sets, laid out as
+tests/fixture_data.py writes its tiny ones: rlla_4k/{test.parquet,rlla_sft.json} (ToolRL's RLLA 4K,
+github.com/qiancheng0/ToolRL), api_bank/level-{1,2,3}-api_processed.json (tool-calling/API_Bank of
+github.com/Qwen-Applications/GD2PO) and safe_alignment/{alpaca,hh_rlhf,pku_saferlhf}_test.parquet
+(safe-alignment/dataset of the GD2PO repository, renamed). .ci/run sets it."""
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> pathlib.Path:
-    """Path of the read-only ../shared folder (spec, reference vectors, data)."""
-    if not SHARED_DIR.is_dir():
-        pytest.fail(f"../shared not found at {SHARED_DIR}: tests need the reference vectors and data")
-    return SHARED_DIR
+def data_dir() -> pathlib.Path:
+    """The directory of real public data that ``GD2PO_JAX_DATA_DIR`` names. Unset: the test is skipped,
+    saying so (the same code paths run on the tiny data sets of `tests.fakes.data_files` in other
+    tests); set to a directory that does not exist: the test fails."""
+    value = os.environ.get(DATA_DIR_VARIABLE, "")
+    if not value:
+        pytest.skip(f"{DATA_DIR_VARIABLE} is not set: set it to a directory of the real public data sets "
+                    "(rlla_4k/, api_bank/, safe_alignment/; see tests/conftest.py) to run this test on them")
+    path = pathlib.Path(value)
+    if not path.is_dir():
+        pytest.fail(f"{DATA_DIR_VARIABLE}={value}: no such directory (unset it to skip the tests on real data)")
+    return path
 
 
 # Hypothesis: deterministic examples in CI (a failure there reproduces locally with CI=true).

@@ -1,6 +1,7 @@
 """The suite's fakes, in one place: paths, fake tokenizers, tiny model and run configs, tiny
-checkpoints (random transformers models, a random policy with a tokenizer trained on the shared
-data). Everything is built locally; nothing is downloaded.
+checkpoints (random transformers models, a random policy with a tokenizer trained on the tool-calling
+data), and the tiny data sets in the real formats (`data_files`, written by tests/fixture_data.py).
+Everything is built locally; nothing is downloaded, and nothing outside the repository is read.
 
 Heavy imports (torch, transformers, datasets) happen inside the functions that need them, so that
 a ``train.py`` subprocess whose config file imports `tiny_config` from here stays light.
@@ -24,7 +25,7 @@ from gd2po_jax.models import ModelConfig
 from tests.xla_env import SUBPROCESS_DEVICES, xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository root (train.py, configs/, ...)
-SHARED = REPO.parent / "shared"  # the read-only data: spec, reference vectors, data sets
+REFERENCE = REPO / "tests" / "reference"  # numbers of the official code (tests/reference/README.md)
 
 
 def load_bench_script(name: str):
@@ -309,33 +310,45 @@ def logits_of(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# A tiny random policy that reads the real tool-calling data.
+# The tiny data sets in the real formats, and a tiny random policy that reads the tool-calling ones.
 # ----------------------------------------------------------------------------------------------
 
 
-def shared_corpus(shared_dir: pathlib.Path) -> list[str]:
-    """Every message of the RLLA test split and of the API-Bank files, plus the RLLA ground truths."""
+@functools.lru_cache(maxsize=None)
+def data_files() -> pathlib.Path:
+    """A directory laid out as the real data directory (``GD2PO_JAX_DATA_DIR``) with the tiny data sets
+    of tests/fixture_data.py: rlla_4k/test.parquet, rlla_4k/rlla_sft.json,
+    api_bank/level-{1,2,3}-api_processed.json, safe_alignment/{alpaca,hh_rlhf,pku_saferlhf}_test.parquet.
+    Written once per process; read-only for tests (copy a file before changing it)."""
+    from tests.fixture_data import write_data_dir
+
+    return write_data_dir(pathlib.Path(_SCRATCH.name) / "data")
+
+
+def tool_calling_corpus() -> list[str]:
+    """Every message of the RLLA rows and of the API-Bank files of `data_files`, plus the RLLA ground
+    truths."""
     from gd2po_jax.data.loaders import load_api_bank, load_verl_parquet
 
-    rlla = load_verl_parquet(shared_dir / "data" / "rlla_4k" / "test.parquet").dataset
-    api_bank = load_api_bank(shared_dir / "data" / "api_bank").dataset
+    rlla = load_verl_parquet(data_files() / "rlla_4k" / "test.parquet").dataset
+    api_bank = load_api_bank(data_files() / "api_bank").dataset
     texts = [m["content"] for d in (rlla, api_bank) for p in d["prompt"] for m in p]
     return texts + list(rlla["ground_truth"])
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_policy(shared_dir: pathlib.Path, vocab_size: int = 8192, seed: int = 0) -> pathlib.Path:
+def tiny_policy(vocab_size: int = 8192, seed: int = 0) -> pathlib.Path:
     """Directory of a Hugging Face policy whose tokenizer (ChatML template, EOS <|im_end|>) is
-    trained on the tool-calling data in ``shared_dir``, so RLLA and API-Bank prompts tokenize to a
-    few hundred tokens (at most ~2,100 for the longest RLLA prompt), and a random 1-layer Qwen2.
-    Built once per process."""
+    trained on the tool-calling data of `data_files` (at most ``vocab_size`` tokens: the corpus is
+    small), so its RLLA and API-Bank prompts tokenize to a few hundred tokens, and a random 1-layer
+    Qwen2. Built once per process."""
     import jax.numpy as jnp
 
     from gd2po_jax.data.corpus_tokenizer import build_tokenizer
     from gd2po_jax.models import Decoder, save_pretrained
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"qwen2-tiny-{vocab_size}-{seed}"
-    tokenizer = build_tokenizer(shared_corpus(shared_dir), vocab_size)
+    tokenizer = build_tokenizer(tool_calling_corpus(), vocab_size)
     config = tiny_model_config(vocab_size=len(tokenizer), num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                                tie_word_embeddings=True, max_position_embeddings=8192)
     model = Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(seed))
@@ -345,7 +358,7 @@ def tiny_policy(shared_dir: pathlib.Path, vocab_size: int = 8192, seed: int = 0)
 
 # ----------------------------------------------------------------------------------------------
 # The helpfulness-safety setting, tiny: a policy and score models whose tokenizers are trained on
-# the Alpaca test prompts in ../shared.
+# the Alpaca prompts of `data_files`.
 # ----------------------------------------------------------------------------------------------
 
 PLAIN_CHAT_TEMPLATE = (
@@ -358,22 +371,26 @@ PLAIN_CHAT_TEMPLATE = (
 special tokens (the "other" reward models render conversations with it)."""
 
 
-def alpaca_prompts(shared_dir: pathlib.Path) -> list:
-    """The chat messages of the 512 Alpaca test prompts."""
+def alpaca_path() -> pathlib.Path:
+    """The prompt-only Alpaca parquet of `data_files` (the format of the real alpaca_test.parquet)."""
+    return data_files() / "safe_alignment" / "alpaca_test.parquet"
+
+
+def alpaca_prompts() -> list:
+    """The chat messages of the Alpaca prompts of `data_files`."""
     from gd2po_jax.data.loaders import load_verl_parquet
 
-    path = shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet"
-    return load_verl_parquet(path, require_ground_truth=False).dataset["prompt"]
+    return load_verl_parquet(alpaca_path(), require_ground_truth=False).dataset["prompt"]
 
 
 @functools.lru_cache(maxsize=None)
-def safety_tokenizer_dir(shared_dir: pathlib.Path, template: str = "chatml") -> pathlib.Path:
-    """A saved tokenizer trained on the Alpaca test prompts: "chatml" (512 tokens, ChatML template:
-    the policy's) or "plain" (384 tokens, `PLAIN_CHAT_TEMPLATE`). Built once per process."""
+def safety_tokenizer_dir(template: str = "chatml") -> pathlib.Path:
+    """A saved tokenizer trained on the Alpaca prompts: "chatml" (at most 512 tokens, ChatML template:
+    the policy's) or "plain" (at most 384 tokens, `PLAIN_CHAT_TEMPLATE`). Built once per process."""
     from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"safety-tokenizer-{template}"
-    corpus = [m["content"] for prompt in alpaca_prompts(shared_dir) for m in prompt]
+    corpus = [m["content"] for prompt in alpaca_prompts() for m in prompt]
     tokenizer = build_tokenizer(corpus, 512 if template == "chatml" else 384)
     if template == "plain":
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
@@ -389,13 +406,13 @@ def _numpy_init(module_fn, seed: int, scale: float = 0.2):
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_safety_policy(shared_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
+def tiny_safety_policy(seed: int = 0) -> pathlib.Path:
     """A random 2-layer, 32-wide Qwen2 policy with the "chatml" `safety_tokenizer_dir` (EOS <|im_end|>)."""
     from gd2po_jax.data.tokenization import load_tokenizer
     from gd2po_jax.models import Decoder, save_pretrained
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"safety-policy-{seed}"
-    tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, "chatml"))
+    tokenizer = load_tokenizer(safety_tokenizer_dir("chatml"))
     config = tiny_model_config(vocab_size=len(tokenizer), tie_word_embeddings=True)
     save_pretrained(_numpy_init(lambda: Decoder(config, rngs=nnx.Rngs(0)), seed, 0.05), out_dir,
                     tokenizer=tokenizer)
@@ -403,7 +420,7 @@ def tiny_safety_policy(shared_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_score_model_dir(shared_dir: pathlib.Path, layout: str, template: str = "chatml", seed: int = 0,
+def tiny_score_model_dir(layout: str, template: str = "chatml", seed: int = 0,
                          nan_token: int | None = None) -> pathlib.Path:
     """A random 2-layer, 32-wide Qwen2 score model saved in ``layout`` ("sequence_classification", "amo"
     or "beaver") with the ``template`` `safety_tokenizer_dir`; with ``nan_token``, that token's
@@ -412,7 +429,7 @@ def tiny_score_model_dir(shared_dir: pathlib.Path, layout: str, template: str = 
     from gd2po_jax.models import ScoreModel, save_score_model
 
     out_dir = pathlib.Path(_SCRATCH.name) / f"score-{layout}-{template}-{seed}-{nan_token}"
-    tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, template))
+    tokenizer = load_tokenizer(safety_tokenizer_dir(template))
     config = tiny_model_config(vocab_size=len(tokenizer))
     model = _numpy_init(lambda: ScoreModel(config, rngs=nnx.Rngs(0), head_bias=layout == "beaver"), seed)
     if nan_token is not None:

@@ -21,7 +21,16 @@ from gd2po_jax.rl.advantages import METHODS
 from gd2po_jax.tasks import task_of
 from gd2po_jax.tasks.synthetic_tools import task as synthetic_tools
 from gd2po_jax.tasks.synthetic_tools.data import SyntheticToolsConfig
-from tests.fakes import as_run_config, tiny_policy, tiny_safety_policy, tiny_score_model_dir
+from tests.fakes import (
+    REPO,
+    alpaca_path,
+    as_run_config,
+    data_files,
+    subprocess_env,
+    tiny_policy,
+    tiny_safety_policy,
+    tiny_score_model_dir,
+)
 
 NUM_GPUS = 8  # one node, as the official scripts use
 
@@ -117,7 +126,7 @@ def test_official_hyperparameters(model):
     assert c.rl.tempered_logprobs  # verl's log-probs at the rollout temperature (1: the same numbers)
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (1, -1, 1)
     assert c.task == "files" and c.model.path == "" and not c.sft.enabled
-    assert c.data.validation.endswith("rlla_4k/test.parquet") and c.data.test == c.data.validation
+    assert (c.data.train, c.data.validation, c.data.test) == ("", "", "")  # no default: the user gives them
     assert (c.eval.every_steps, c.checkpoint.every_steps, c.train.num_steps) == (10, 5, 7 * 30)
 
 
@@ -410,21 +419,55 @@ def test_as_run_config_converts_once():
 # ----------------------------------------------------------------------------------------------
 
 
+def _rlla() -> str:
+    """The RLLA-format parquet of the tiny data sets (tests/fixture_data.py)."""
+    return str(data_files() / "rlla_4k" / "test.parquet")
+
+
 def test_missing_model_path_names_the_field(tmp_path):
     from gd2po_jax.rl.setup import build_setup
 
-    config = RunConfig.from_config_dict(toolrl.get_config("qwen2.5-1.5b"))
+    source = toolrl.get_config("qwen2.5-1.5b")
+    source.data.train = source.data.validation = _rlla()
     with pytest.raises(ValueError, match=r"config\.model\.path"):
-        build_setup(as_run_config(config), tmp_path)
+        build_setup(as_run_config(source), tmp_path)
+
+
+def test_empty_data_paths_name_the_field_and_where_the_data_is_published():
+    """configs/toolrl.py and configs/safety.py have no default data path (nothing outside the
+    repository): a run stops at the first empty one, naming it and the public data set."""
+    toolrl_values = toolrl.get_config("qwen2.5-1.5b").to_dict()
+    assert re.match(r"config\.data\.train: the files task needs a training data file \(the paper's tool_calling runs "
+                    r"use ToolRL's RLLA 4K, dataset/rlla_4k/train\.parquet .*github\.com/qiancheng0/ToolRL\)$",
+                    error_of(toolrl_values))
+    assert (toolrl_values["data"]["validation"], toolrl_values["data"]["test"]) == ("", "")
+    safety_values = safety.get_config().to_dict()
+    assert re.match(r"config\.data\.train: the files task needs a training data file \(the paper's reward_model runs "
+                    r"use GD2PO's Alpaca prompts, safe-alignment/dataset/alpaca_prompt_only/train\.parquet .*"
+                    r"github\.com/Qwen-Applications/GD2PO\)$", error_of(safety_values))
+    assert (safety_values["data"]["validation"], safety_values["data"]["test"]) == ("", "")
 
 
 @pytest.mark.slow
-def test_smoke_run_with_a_tiny_model_on_rlla(shared_dir, tmp_path):
+def test_an_empty_data_path_is_one_line_from_train_py(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "train.py", "--config=configs/toolrl.py:qwen2.5-1.5b", f"--workdir={tmp_path}",
+               "--config.model.path=/models/qwen"]
+    done = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout == ""
+    assert re.fullmatch(r"train\.py: config\.data\.train: the files task needs a training data file \(.*"
+                        r"github\.com/qiancheng0/ToolRL\)\n", done.stderr[done.stderr.rfind("train.py: "):])
+
+
+@pytest.mark.slow
+def test_smoke_run_with_a_tiny_model_on_rlla(tmp_path):
     from gd2po_jax.rl.trainer import train_and_evaluate
 
     config = toolrl.get_config("qwen2.5-1.5b,correctness_length")
-    config.model.path = str(tiny_policy(shared_dir))
-    config.data.train = str(shared_dir / "data" / "rlla_4k" / "test.parquet")
+    config.model.path = str(tiny_policy())
+    config.data.train = config.data.validation = _rlla()
     config.data.max_prompt_tokens = 4096  # the tiny tokenizer is less compact than Qwen's
     config.train.num_steps = 1
     config.train.prompts_per_step = 2  # x G=4: 8 rollouts, one per simulated device
@@ -466,9 +509,11 @@ def test_the_snr_halves_validate_on_the_embedded_safety_task(algorithm):
 
 
 def _safety(**changes):
-    """configs/safety.py with its training file filled in and ``changes`` (dotted name -> value)."""
+    """configs/safety.py with its training and validation files filled in and ``changes`` (dotted name
+    -> value)."""
     source = safety.get_config()
     source.data.train = "/data/alpaca/train.parquet"
+    source.data.validation = "/data/alpaca/test.parquet"
     return with_values(source, changes) if changes else source
 
 
@@ -491,19 +536,21 @@ def test_safety_builds_validates_converts_back_and_holds_the_official_values():
     assert c.rl.kl_coef == 0.0 and c.rl.entropy_coef == 0.0
     assert (c.data.max_prompt_tokens, c.data.prompt_truncation, c.sampling.max_new_tokens) == (512, "left", 1024)
     assert (c.checkpoint.every_steps, c.eval.every_steps, c.eval.split) == (20, 10, "validation")
-    assert c.data.validation.endswith("safe_alignment/alpaca_test.parquet") and c.model.path == ""
+    assert (c.data.validation, c.data.test, c.model.path) == ("/data/alpaca/test.parquet", "", "")
+    assert (safety.get_config().data.train, safety.get_config().data.validation) == ("", "")  # no default
 
 
-def test_safety_fields_users_fill_are_named_when_empty(shared_dir, tmp_path):
+def test_safety_fields_users_fill_are_named_when_empty(tmp_path):
     from gd2po_jax.rl.setup import build_setup
 
     assert error_of(safety.get_config().to_dict()).startswith("config.data.train: the files task needs")
     with pytest.raises(ValueError, match=r"^config\.model\.path"):
         build_setup(RunConfig.from_config_dict(_safety()), tmp_path)
     config = RunConfig.from_config_dict(_safety(**{
-        "model.path": str(tiny_safety_policy(shared_dir)),
-        "data.train": str(shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet"),
-        "rewards.reward_models.useful.path": str(tiny_score_model_dir(shared_dir, "amo")),
+        "model.path": str(tiny_safety_policy()),
+        "data.train": str(alpaca_path()),
+        "data.validation": str(alpaca_path()),
+        "rewards.reward_models.useful.path": str(tiny_score_model_dir("amo")),
     }))
     with pytest.raises(ConfigError, match=r"^config\.rewards\.reward_models\.harmless\.path: empty"):
         build_setup(as_run_config(config), tmp_path)

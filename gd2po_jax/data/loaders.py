@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -279,24 +280,28 @@ def load_verl_parquet(
                 yield index, None, record
                 index += 1
 
-    def convert(record: dict, index: int) -> dict:
-        ground_truth = None
-        if has_gt:
-            reward_model = record.get("reward_model")
-            if not isinstance(reward_model, dict):
-                raise _FieldError("reward_model", "missing (null)")
-            ground_truth = _require_str(
-                reward_model.get("ground_truth"), "reward_model.ground_truth", allow_empty=False
-            )
-        source = _optional_str(record.get("data_source"), "data_source") or "verl"
-        return _row(
-            _messages(record.get("prompt"), "prompt"),
-            ground_truth=ground_truth,
-            source=source,
-            row=index,
-        )
+    return _build(path, records(), functools.partial(_verl_row, has_ground_truth=has_gt), on_error)
 
-    return _build(path, records(), convert, on_error)
+
+def _verl_row(record: Any, index: int, *, has_ground_truth: bool) -> dict:
+    """A verl record (`prompt` messages, `reward_model.ground_truth` when ``has_ground_truth``,
+    `data_source`) as a row of `FEATURES`."""
+    record = _dict_record(record)
+    ground_truth = None
+    if has_ground_truth:
+        reward_model = record.get("reward_model")
+        if not isinstance(reward_model, dict):
+            raise _FieldError("reward_model", "missing (null)")
+        ground_truth = _require_str(
+            reward_model.get("ground_truth"), "reward_model.ground_truth", allow_empty=False
+        )
+    source = _optional_str(record.get("data_source"), "data_source") or "verl"
+    return _row(
+        _messages(record.get("prompt"), "prompt"),
+        ground_truth=ground_truth,
+        source=source,
+        row=index,
+    )
 
 
 def _has_ground_truth_field(schema: pa.Schema) -> bool:
@@ -412,21 +417,23 @@ def load_api_bank_file(
         match = _API_BANK_FILE.search(path.name)
         level = int(match.group(1)) if match else None
 
-    def convert(record: Any, index: int) -> dict:
-        record = _dict_record(record)
-        system = _require_str(record.get("system"), "system")
-        user = _require_str(record.get("user"), "user", allow_empty=False)
-        calls = _api_bank_answer(record.get("answer"))
-        try:
-            ground_truth = encode_api_bank_answer(calls)
-        except (TypeError, ValueError) as err:
-            raise _FieldError("answer", f"not representable as JSON ({err})") from None
-        _require_str(ground_truth, "answer")  # no lone surrogates in its strings
-        prompt = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        return _row(prompt, ground_truth=ground_truth, level=level, source="api_bank", row=index)
-
     records = ((i, None, r) for i, r in enumerate(_json_list(path)))
-    return _build(path, records, convert, on_error)
+    return _build(path, records, functools.partial(_api_bank_row, level=level), on_error)
+
+
+def _api_bank_row(record: Any, index: int, *, level: int | None) -> dict:
+    """An API-Bank record ({"system", "user", "answer", ...}) as a row of `FEATURES`."""
+    record = _dict_record(record)
+    system = _require_str(record.get("system"), "system")
+    user = _require_str(record.get("user"), "user", allow_empty=False)
+    calls = _api_bank_answer(record.get("answer"))
+    try:
+        ground_truth = encode_api_bank_answer(calls)
+    except (TypeError, ValueError) as err:
+        raise _FieldError("answer", f"not representable as JSON ({err})") from None
+    _require_str(ground_truth, "answer")  # no lone surrogates in its strings
+    prompt = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return _row(prompt, ground_truth=ground_truth, level=level, source="api_bank", row=index)
 
 
 def load_api_bank(
@@ -539,10 +546,13 @@ def load_data(
 ) -> LoadResult:
     """Load any supported file (or an API-Bank directory) by kind, or detected with kind="auto".
 
-    `options` go to the specific loader (e.g. `require_ground_truth=False`, `levels=(1,)`).
+    `options` go to the specific loader (e.g. `require_ground_truth=False`, `levels=(1,)`);
+    `require_ground_truth` only concerns verl files (the other formats never require one).
     """
     if kind == "auto":
         kind = detect_kind(path)
+    if kind != "verl":
+        options.pop("require_ground_truth", None)
     loaders: dict[str, Callable[..., LoadResult]] = {
         "verl": load_verl_parquet,
         "toolrl_sft": load_toolrl_sft,
@@ -552,3 +562,54 @@ def load_data(
     if kind not in loaders:
         raise ValueError(f"unknown data kind {kind!r}; expected 'auto' or one of {KINDS}")
     return loaders[kind](path, on_error=on_error, **options)
+
+
+# ---------------------------------------------------------------- records of a `datasets.Dataset`
+
+
+def detect_record_kind(columns: Sequence[str]) -> str:
+    """The loader kind of records with these columns (a `datasets.Dataset` from a `save_to_disk`
+    folder or the Hub): ToolRL SFT (instruction, output), API-Bank (system, user, answer), verl
+    (a ``reward_model`` or ``data_source`` column beside ``prompt``), else the JSONL schema (prompt or
+    messages, optional ground_truth / target / level / source)."""
+    names = set(columns)
+    if {"instruction", "output"} <= names:
+        return "toolrl_sft"
+    if {"system", "user", "answer"} <= names:
+        return "api_bank"
+    if "prompt" in names and names & {"reward_model", "data_source"}:
+        return "verl"
+    if names & {"prompt", "messages"}:
+        return "jsonl"
+    raise DataFormatError("<records>", None, None, f"cannot tell the format from columns {sorted(names)}; "
+                          f"pass kind= one of {KINDS}")
+
+
+def load_records(name: str, records: datasets.Dataset, *, kind: str = "auto", on_error: OnError = "raise",
+                 require_ground_truth: bool = True) -> LoadResult:
+    """The rows of ``records`` (a `datasets.Dataset` in one of the formats of the module docstring,
+    e.g. from ``datasets.load_from_disk`` or ``datasets.load_dataset``) in the `FEATURES` schema.
+    ``name`` (a folder or a Hub id) is what errors name, with the 0-based row.
+
+    Raises:
+      DataFormatError: a malformed row (or, with ``on_error="skip"``, no usable row), naming
+        ``name``, the row and the field; records whose format cannot be told.
+    """
+    if kind == "auto":
+        try:
+            kind = detect_record_kind(records.column_names)
+        except DataFormatError as err:
+            raise DataFormatError(name, None, None, err.problem) from None
+    if kind == "verl":
+        has_ground_truth = "reward_model" in records.column_names
+        if require_ground_truth and not has_ground_truth:
+            raise DataFormatError(name, None, "reward_model.ground_truth",
+                                  "missing; pass require_ground_truth=False to load prompt-only data")
+        convert = functools.partial(_verl_row, has_ground_truth=has_ground_truth)
+    elif kind == "api_bank":
+        convert = functools.partial(_api_bank_row, level=None)
+    elif kind in ("toolrl_sft", "jsonl"):
+        convert = _toolrl_sft_row if kind == "toolrl_sft" else _jsonl_row
+    else:
+        raise ValueError(f"unknown data kind {kind!r}; expected 'auto' or one of {KINDS}")
+    return _build(name, ((index, None, record) for index, record in enumerate(records)), convert, on_error)

@@ -14,11 +14,15 @@ Three kinds of evaluation:
   a split          ``--split=test|validation`` of the run's own data, scored with the training
                    task's tool-calling metrics, or by the run's reward models for a reward_model
                    run -> ``DIR/eval/<split>.json`` (+ ``.jsonl``).
-  API-Bank         ``--data=api_bank`` (or a path to an API-Bank directory / level file), scored
-                   as docs/algorithm.md#api-bank-metric says -> ``DIR/eval/api_bank.json`` (+ ``.jsonl``).
-  safe alignment   ``--data=safe_alignment`` (or a directory of verl parquet sets / one such file),
-                   scored by the reward models of the run in ``--workdir``
-                   (`gd2po_jax.evaluation.safe_alignment`) -> ``DIR/eval/safe_alignment.json`` (+ ``.jsonl``).
+  API-Bank         ``--data=PATH`` of an API-Bank directory / level file (or ``--data=api_bank`` with
+                   ``--api_bank_dir=DIR``), scored as docs/algorithm.md#api-bank-metric says
+                   -> ``DIR/eval/api_bank.json`` (+ ``.jsonl``).
+  safe alignment   ``--data=PATH`` of a directory of verl parquet sets / one such file, scored by the
+                   reward models of the run in ``--workdir`` (`gd2po_jax.evaluation.safe_alignment`)
+                   -> ``DIR/eval/safe_alignment.json`` (+ ``.jsonl``).
+
+No data set has a default location: the user passes the directory (`API_BANK_ORIGIN` and
+`gd2po_jax.evaluation.safe_alignment.SETS_ORIGIN` say where they are published).
 
 Generation is greedy (`gd2po_jax.evaluation.generation.evaluate`). ``--habits`` generates nothing:
 it prints the habit breakdown (`gd2po_jax.tasks.synthetic_tools.habits`) of a synthetic_tools run's saved
@@ -62,18 +66,18 @@ from gd2po_jax.rl.setup import RunSetup, build_setup, reward_spec
 from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.distributed import is_primary
+from gd2po_jax.runtime.hub import resolve_model_dir
 from gd2po_jax.runtime.sharding import make_mesh, mesh_of, variable_sharding
 from gd2po_jax.runtime.workdir import RunDir, RunDirError
 from gd2po_jax.tasks import task_of
 from gd2po_jax.tasks.safety import task as safety_embedded
 from gd2po_jax.tasks.synthetic_tools.habits import habits_of_run, habits_table
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_BANK = "api_bank"
-DEFAULT_API_BANK_DIR = REPO_ROOT.parent / "shared" / "data" / "api_bank"
-"""What ``--data=api_bank`` means unless ``--api_bank_dir`` says otherwise."""
-DEFAULT_SAFE_ALIGNMENT_DIR = REPO_ROOT.parent / "shared" / "data" / "safe_alignment"
-"""What ``--data=safe_alignment`` means: the Alpaca, HH-RLHF and PKU-SafeRLHF test prompts."""
+"""``--data=api_bank``: the API-Bank directory ``--api_bank_dir`` names (no default)."""
+API_BANK_ORIGIN = ("the level-{1,2,3}-api_processed.json files of tool-calling/API_Bank/ in "
+                   "github.com/Qwen-Applications/GD2PO")
+"""Where the API-Bank evaluation files are published (for errors that ask for them)."""
 API_BANK_MAX_NEW_TOKENS = 4096  # docs/algorithm.md#api-bank-metric
 MODEL_PATH_BATCH_SIZE = 32
 
@@ -97,7 +101,7 @@ class EvalOptions:
     split: str = "test"
     checkpoint_step: int | None = None
     data: str = ""
-    api_bank_dir: str = str(DEFAULT_API_BANK_DIR)
+    api_bank_dir: str = ""
     model_path: str = ""
     dtype: str = "bfloat16"
     max_new_tokens: int | None = None
@@ -151,12 +155,20 @@ def load_run_config_or_eval_error(workdir: pathlib.Path) -> RunConfig:
 
 
 def resolve_api_bank(data: str, api_bank_dir: str) -> pathlib.Path:
-    """The API-Bank directory or level file ``--data`` names (``api_bank``: ``--api_bank_dir``)."""
+    """The API-Bank directory or level file ``--data`` names (``api_bank``: ``--api_bank_dir``).
+
+    Raises:
+      EvalError: ``api_bank`` without ``--api_bank_dir``, or a path that does not exist, naming the
+        flag and where the files are published (`API_BANK_ORIGIN`).
+    """
+    if data == API_BANK and not api_bank_dir:
+        raise EvalError(f"--data=api_bank needs --api_bank_dir=DIR (or pass --data=DIR): a directory of "
+                        f"{API_BANK_ORIGIN}")
     path = pathlib.Path(api_bank_dir if data == API_BANK else data)
     if not path.exists():
         flag = f"--api_bank_dir={api_bank_dir}" if data == API_BANK else f"--data={data}"
-        raise EvalError(f"{flag}: {path} does not exist (an API-Bank directory of "
-                        "level-{1,2,3}-api_processed.json files, or one such file)")
+        raise EvalError(f"{flag}: {path} does not exist (an API-Bank directory of level-N files, or one such "
+                        f"file: {API_BANK_ORIGIN})")
     return path
 
 
@@ -204,8 +216,12 @@ def policy_from_run(config: RunConfig, setup: RunSetup, workdir: pathlib.Path, s
 
 
 def policy_from_model_path(model_path: str, dtype: str) -> Policy:
-    """A Hugging Face checkpoint directory, its parameters sharded over all devices (fsdp)."""
-    path = pathlib.Path(model_path)
+    """A Hugging Face checkpoint directory or Hub id (`gd2po_jax.runtime.hub.resolve_model_dir`), its
+    parameters sharded over all devices (fsdp)."""
+    try:
+        path = resolve_model_dir(model_path, f"--model_path={model_path}")
+    except FileNotFoundError as err:
+        raise EvalError(str(err)) from None
     if not (path / "config.json").is_file():
         raise EvalError(f"--model_path={model_path}: no config.json there (a Hugging Face model directory)")
     tokenizer = load_tokenizer(path)
@@ -380,7 +396,7 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
     """The helpfulness-safety sets of ``--data``, scored by the reward models of the run in ``workdir``;
     the policy is the run's, or ``--model_path`` (its own tokenizer decodes its responses)."""
     try:
-        sets = resolve_sets(options.data, DEFAULT_SAFE_ALIGNMENT_DIR)
+        sets = resolve_sets(options.data)
     except FileNotFoundError as err:
         raise EvalError(f"--data={options.data}: {err}") from None
     config = load_run_config_or_eval_error(workdir)

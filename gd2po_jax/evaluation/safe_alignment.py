@@ -1,11 +1,11 @@
 """Helpfulness-safety evaluation: greedy responses scored by a run's reward models.
 
-    python eval.py --workdir=RUN --data=safe_alignment          # the three sets of ../shared/data/safe_alignment
     python eval.py --workdir=RUN --data=DIR_OR_PARQUET [--max_examples=N] [--model_path=HF_DIR]
 
 A set is one verl parquet file (prompt-only: ``prompt`` holds the chat messages), named by its file
 stem: the paper's ``alpaca_test`` (512 prompts), ``hh_rlhf_test`` (8,520 multi-turn histories) and
-``pku_saferlhf_test`` (8,211). Each prompt gets one greedy response (the run's
+``pku_saferlhf_test`` (8,211), in one directory that the user passes (`SETS_ORIGIN` says where they
+are published). Each prompt gets one greedy response (the run's
 ``sampling.max_new_tokens``, or ``--max_new_tokens``), which every reward model of the run
 (``config.rewards.reward_models``) scores as during training (`gd2po_jax.rewards.reward_model`).
 Prompts are rendered and limited as the run's training prompts were (``data.max_prompt_tokens``,
@@ -41,7 +41,11 @@ from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.reward_model import RewardModelReward
 
 SAFE_ALIGNMENT = "safe_alignment"
-"""What ``--data=`` names the default sets by, and the name of the report."""
+"""The name of the report. As ``--data=``, it names no directory: an error asks for ``--data=DIR``."""
+SETS_ORIGIN = ("alpaca_test.parquet, hh_rlhf_test.parquet and pku_saferlhf_test.parquet: the test.parquet files of "
+               "safe-alignment/dataset/{alpaca_prompt_only,anthropic_hh_rlhf,pku-saferlhf}/ in "
+               "github.com/Qwen-Applications/GD2PO, renamed")
+"""The paper's helpfulness-safety test sets and where they are published (for errors that ask for them)."""
 REWARD_SUM = "reward_sum"
 """The report's name of a response's summed reward-model scores (and of their mean)."""
 
@@ -84,20 +88,26 @@ class RewardModelScorer:
 
 
 def is_safe_alignment_data(data: str) -> bool:
-    """Whether ``--data`` names helpfulness-safety sets: ``safe_alignment``, a ``.parquet`` file, or a
-    directory holding ``.parquet`` files (API-Bank's hold ``.json`` files)."""
+    """Whether ``--data`` names helpfulness-safety sets: a ``.parquet`` file, a directory holding
+    ``.parquet`` files (API-Bank's hold ``.json`` files), or ``safe_alignment`` (which `resolve_sets`
+    refuses, asking for the directory)."""
     path = pathlib.Path(data)
     return data == SAFE_ALIGNMENT or path.suffix == ".parquet" or (path.is_dir() and any(path.glob("*.parquet")))
 
 
-def resolve_sets(data: str, default_dir: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Set name (file stem) -> parquet file of ``--data``: ``safe_alignment`` (``default_dir``), a
-    directory (its ``*.parquet`` files, sorted by name) or one parquet file.
+def resolve_sets(data: str) -> dict[str, pathlib.Path]:
+    """Set name (file stem) -> parquet file of ``--data``: a directory (its ``*.parquet`` files,
+    sorted by name) or one parquet file.
 
     Raises:
-      FileNotFoundError: naming the path that does not exist or holds no parquet file.
+      FileNotFoundError: for ``safe_alignment`` (no default directory: it asks for ``--data=DIR`` and
+        names the paper's sets, `SETS_ORIGIN`), or naming the path that does not exist or holds no
+        parquet file.
     """
-    path = default_dir if data == SAFE_ALIGNMENT else pathlib.Path(data)
+    if data == SAFE_ALIGNMENT:
+        raise FileNotFoundError(f"pass --data=DIR, a directory of helpfulness-safety sets (the paper's: "
+                                f"{SETS_ORIGIN}), or --data=FILE.parquet")
+    path = pathlib.Path(data)
     if path.is_dir():
         files = sorted(path.glob("*.parquet"))
         if not files:

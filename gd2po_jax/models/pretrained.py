@@ -23,7 +23,9 @@ from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_conf
 from gd2po_jax.models.decoder import Decoder
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
 from gd2po_jax.runtime.distributed import host_value, is_primary
+from gd2po_jax.runtime.hub import resolve_model_dir
 from gd2po_jax.runtime.sharding import variable_sharding
+from gd2po_jax.runtime.workdir import writing
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
 AUXILIARY_FILES = (
@@ -142,38 +144,18 @@ def _place(view: np.ndarray, dtype, sharding) -> jax.Array:
     return jax.make_array_from_callback(view.shape, sharding, lambda idx: np.asarray(view[idx]).astype(dtype))
 
 
-def check_model_dir(path, what: str = "model directory") -> pathlib.Path:
-    """``path`` as a `pathlib.Path`, once it is known to be an existing local directory.
-
-    Args:
-      what: how the message names the path (e.g. ``"config.model.path"``).
-
-    Raises:
-      FileNotFoundError: saying that the directory does not exist; checkpoints are only read
-        from disk, so a Hub id such as ``Qwen/Qwen2.5-3B-Instruct`` is not looked up either.
-    """
-    path = pathlib.Path(path)
-    if not path.is_dir():
-        problem = "is a file, not a directory" if path.exists() else "does not exist"
-        raise FileNotFoundError(
-            f"{what}: {str(path)!r} {problem}; it must be a local Hugging Face model directory (config.json, "
-            "*.safetensors, tokenizer files). Nothing is downloaded: a Hub id such as 'org/name' is not "
-            "looked up, download it first (e.g. huggingface-cli download org/name --local-dir DIR)"
-        )
-    return path
-
-
 def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat: bool = False) -> Decoder:
     """A `Decoder` with the weights of the Hugging Face checkpoint directory ``path``.
 
     Args:
-      path: directory with ``config.json`` and ``model.safetensors`` (or sharded files + index).
+      path: directory with ``config.json`` and ``model.safetensors`` (or sharded files + index), or a
+        Hugging Face Hub id (`gd2po_jax.runtime.hub.resolve_model_dir`).
       dtype: parameter dtype (e.g. ``jnp.float32`` or ``jnp.bfloat16``), converted while loading.
       mesh: if given, each parameter is created directly on its annotated sharding
         (see `gd2po_jax.runtime.sharding`); otherwise on the default device.
       remat: rematerialise layers in the backward pass.
     """
-    path = check_model_dir(path)
+    path = resolve_model_dir(path)
     config = load_hf_config(path)
     checkpoint = SafetensorsCheckpoint(path)
     model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
@@ -248,14 +230,15 @@ def save_pretrained(
             host_value(get_variable(model, tm.path)[...])  # the gathers process 0's writes need
         return []
     out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = np.dtype(dtype or model.dtype)
-    dtype_name = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}[dtype.name]
-    hf_config = config_to_hf_dict(model.config, dtype_name)
-    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
-    written = ["config.json"] + write_auxiliary_files(out_dir, tokenizer, copy_files_from)
-    tensors = tensor_sources(model, tensor_maps(model.config), dtype)
-    return written + write_checkpoint(out_dir, tensors, max_shard_bytes)
+    with writing(out_dir):  # a full disk: WriteFailedError naming the directory and the free space
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dtype = np.dtype(dtype or model.dtype)
+        dtype_name = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}[dtype.name]
+        hf_config = config_to_hf_dict(model.config, dtype_name)
+        (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+        written = ["config.json"] + write_auxiliary_files(out_dir, tokenizer, copy_files_from)
+        tensors = tensor_sources(model, tensor_maps(model.config), dtype)
+        return written + write_checkpoint(out_dir, tensors, max_shard_bytes)
 
 
 def write_auxiliary_files(out_dir: pathlib.Path, tokenizer=None, copy_files_from=None) -> list[str]:

@@ -54,7 +54,6 @@ from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_conf
 from gd2po_jax.models.decoder import Decoder, _param
 from gd2po_jax.models.pretrained import (
     TensorMap,
-    check_model_dir,
     check_no_unexpected_tensors,
     fill_from_checkpoint,
     tensor_maps,
@@ -62,6 +61,7 @@ from gd2po_jax.models.pretrained import (
     write_auxiliary_files,
 )
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_checkpoint
+from gd2po_jax.runtime.hub import resolve_model_dir
 
 SCORE_LAYOUTS = ("sequence_classification", "amo", "beaver")
 
@@ -321,7 +321,7 @@ def load_score_model(
         ``score_dim`` other than 1, tensors the layout does not describe, a missing or
         mis-shaped tensor, ``normalize=True`` without statistics.
     """
-    path = check_model_dir(path, "score model directory")
+    path = resolve_model_dir(path, "score model directory")
     config = load_hf_config(path)
     hf = json.loads((path / "config.json").read_text())
     checkpoint = SafetensorsCheckpoint(path)

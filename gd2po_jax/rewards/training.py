@@ -135,7 +135,7 @@ def make_reward_step(graphdef, optimizer: optax.GradientTransformation, regulari
 
     def step(state: TrainState, *batch):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
-        metrics = metrics | {"grad_norm": optax.global_norm(grads)}
+        metrics = metrics | {"grad_norm": optax.tree.norm(grads)}
         return state.apply_gradients(optimizer, grads), metrics
 
     return step

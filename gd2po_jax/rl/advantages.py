@@ -437,7 +437,7 @@ def high_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOption
 ADVANTAGE_METHODS = {"grpo": grpo, "gdpo": gdpo, "gd2po_hard": gd2po_hard, "gd2po_snr": gd2po_snr,
                      "low_conflict_half": low_conflict_half, "high_conflict_half": high_conflict_half}
 METHODS: tuple[str, ...] = tuple(ADVANTAGE_METHODS)
-#: the paper's ablation of the SNR ranking (no official code: not in ../shared/reference/).
+#: the paper's ablation of the SNR ranking (no official code: not in tests/reference/).
 SNR_HALF_METHODS: tuple[str, ...] = SNR_HALF_ALGORITHMS
 #: the methods that filter rollouts and reweight prompts by kappa.
 FILTERING_METHODS: tuple[str, ...] = ("gd2po_hard", "gd2po_snr", *SNR_HALF_METHODS)

@@ -19,15 +19,18 @@ from jax.sharding import NamedSharding, PartitionSpec
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import PromptSet, build_prompt_set
 from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
-from gd2po_jax.models.pretrained import check_model_dir
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import build_reward_function
 from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime.hub import resolve_model_dir
 from gd2po_jax.runtime.sharding import make_mesh
 from gd2po_jax.tasks import task_of
 from gd2po_jax.tasks.files import load_file
 
 logger = logging.getLogger(__name__)
+
+REWARD_MODEL_KINDS = ("reward_model",)
+"""The reward kinds that read ``rewards.reward_models``."""
 
 @dataclasses.dataclass
 class RunSetup:
@@ -58,26 +61,34 @@ class RunSetup:
 
 
 def _model_dir(path: str, field: str) -> pathlib.Path:
-    """``path`` once it is an existing local directory; else a `ConfigError` naming ``config.<field>``."""
+    """The local directory of ``path`` (itself, or a Hub id's snapshot: `resolve_model_dir`); else a
+    `ConfigError` naming ``config.<field>``."""
     try:
-        return check_model_dir(path, f"config.{field}")
+        return resolve_model_dir(path, f"config.{field}")
     except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
 
 
-def load_splits(config: RunConfig, workdir: pathlib.Path) -> tuple[dict[str, Any], pathlib.Path]:
-    """The datasets by split name and the model directory (`gd2po_jax.tasks.Task.load_splits`),
-    after checking the model paths the config gives.
+def with_local_models(config: RunConfig) -> RunConfig:
+    """``config`` with every model path it gives (``model.path``, ``model.tokenizer_path``,
+    ``rewards.reward_models.<name>.path``) as a local directory: a Hub id becomes its snapshot in
+    the Hugging Face cache (downloaded unless ``HF_HUB_OFFLINE``), once per run. The run's
+    config.json keeps what the user wrote.
 
     Raises:
-      ConfigError: a field the task refuses, or a model path that is not a directory, naming it.
+      ConfigError: naming the field whose model cannot be had.
     """
-    task = task_of(config)
-    if config.model.path:
-        _model_dir(config.model.path, "model.path")
-    if config.model.tokenizer_path:
-        _model_dir(config.model.tokenizer_path, "model.tokenizer_path")
-    return task.load_splits(config, workdir)
+    changes = {}
+    for field in ("model.path", "model.tokenizer_path"):
+        value = getattr(config.model, field.split(".")[1])
+        if value:
+            changes[field] = str(_model_dir(value, field))
+    if config.rewards.kind in REWARD_MODEL_KINDS:
+        for name, model in config.rewards.reward_models.items():
+            if model.path:
+                field = f"rewards.reward_models.{name}.path"
+                changes[field] = str(_model_dir(model.path, field))
+    return config.replace(changes) if changes else config
 
 
 def _tool_calling_spec(config: RunConfig, **_) -> dict[str, Any]:
@@ -93,7 +104,7 @@ def _reward_model_spec(config: RunConfig, *, tokenizer, eos_ids: list[int], mesh
         if not model.path:
             raise ConfigError(f"config.{field}: empty; give the directory of the score model that scores "
                               f"{name!r} (--config.{field}=DIR)")
-        _model_dir(model.path, field)
+        _model_dir(model.path, field)  # local by now (`with_local_models`): checked, not fetched
     return {"kind": rewards.kind, "names": tuple(rewards.names),
             "reward_models": {name: model.to_dict() for name, model in rewards.reward_models.items()},
             "offload": rewards.offload, "policy_tokenizer": tokenizer, "policy_eos_ids": list(eos_ids), "mesh": mesh}
@@ -152,7 +163,8 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
         raise ConfigError(f"config.mesh: {err}") from err
     config.check_mesh(num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     task = task_of(config)
-    splits, model_path = load_splits(config, workdir)
+    config = with_local_models(config)
+    splits, model_path = task.load_splits(config, workdir)
     config = prepare(task, config, workdir)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
     eos_ids = eos_token_ids(tokenizer, model_path)
@@ -173,7 +185,7 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
     sft_dataset = None
     if config.sft.enabled:
-        sft_dataset = load_file(config.sft.data, config) if config.sft.data else splits["train"]
+        sft_dataset = load_file(config.sft.data, config, "sft.data") if config.sft.data else splits["train"]
     return RunSetup(
         model_path=model_path, tokenizer=tokenizer, eos_ids=eos_ids, pad_id=pad_id, reward_fn=reward_fn,
         train=train, evals=evals, sft_dataset=sft_dataset, prompt_length=bucket_length(longest), mesh=mesh,

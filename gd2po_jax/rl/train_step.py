@@ -337,7 +337,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             (grads, sums), padding = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()), micro)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
-            grad_norm = optax.global_norm(grads)
+            grad_norm = optax.tree.norm(grads)
             apply = jnp.isfinite(grad_norm) if config.skip_nonfinite_updates else jnp.bool_(True)
             params, opt_state = updated_if(apply, (new_params, new_opt_state), (params, opt_state))
             loss_sums = losses.accumulate(loss_sums, sums)

@@ -38,7 +38,7 @@ from gd2po_jax.rl.train_step import (
     make_train_step,
     run_step_config,
 )
-from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import distributed, preemption
 from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
@@ -137,15 +137,20 @@ def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progre
       WorkdirBusyError: another process works in ``workdir``.
       CorruptCheckpointError: no checkpoint of the run can be restored.
       NonFiniteError: the parameters became NaN or infinite (nothing is checkpointed or exported).
+      WriteFailedError: a write failed (a full disk), naming the file; what was written before is intact.
+      Preempted: a signal of ``train.preemption_signals`` arrived (`gd2po_jax.runtime.preemption`):
+        in the RL loop after the step in flight is checkpointed, elsewhere at once.
     """
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     primary = distributed.is_primary()  # several processes: process 0 locks, writes and reports
     with run_dir.lock_workdir(workdir, "train.py") if primary else contextlib.nullcontext():
-        return _train_and_evaluate(config, workdir, progress=progress and primary)
+        with preemption.PreemptionWatch(config.train.preemption_signals, config.train.preemption_grace_s) as watch:
+            return _train_and_evaluate(config, workdir, progress=progress and primary, watch=watch)
 
 
-def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: bool) -> dict[str, Any]:
+def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: bool,
+                        watch: preemption.PreemptionWatch) -> dict[str, Any]:
     files = RunDir(workdir)
     primary = distributed.is_primary()
     if primary:
@@ -203,6 +208,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     bar = tqdm.tqdm(range(start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
                     initial=start, total=config.train.num_steps, disable=not progress)
     skipped_in_a_row = 0  # RL steps that skipped an update for a non-finite gradient
+    watch.defer(True)  # a preemption signal now stops the run after the step in flight, checkpointed
     for step in bar:
         t0 = time.perf_counter()
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
@@ -235,8 +241,15 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
                                                config.train.max_consecutive_skipped_steps)
         bar.set_postfix({n: f"{metrics[f'reward/{n}']:.2f}" for n in reward_names}
                         | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"})
-        if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps:
+        stop = watch.stop_after_step()  # several processes: any one signalled stops all at this step
+        if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps or stop:
             checkpoints.save(done, state, {"step": done, "data": sampler.state()})
+        if stop:
+            if writer:
+                writer.close()  # metrics.jsonl and TensorBoard flushed
+            checkpoints.close()
+            raise watch.stopped(done, checkpoints.step_dir(done))
+    watch.defer(False)  # the evaluation and the export stop at once (the rerun redoes them)
     if writer:
         writer.close()
     checkpoints.close()
@@ -245,10 +258,11 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     final = policy_of(state.params)
     after = evaluate_split(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
     staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
-    # The master weights are exported (identical to `final` when compute and master dtypes agree):
-    # a bf16-compute run's export keeps its float32 precision. Several processes: each parameter is
-    # gathered in turn and process 0 writes it.
-    save_pretrained(merge_model(graphdef, state.params, config.train.master_dtype), staging,
+    # The master weights stored in config.export.dtype (default model.dtype: the policy as it computes,
+    # `final`; float32 keeps a bf16-compute run's master precision). Several processes: each parameter
+    # is gathered in turn and process 0 writes it.
+    export_dtype = jnp.dtype(config.export.resolved_dtype(config.model.dtype))
+    save_pretrained(merge_model(graphdef, state.params, export_dtype), staging, dtype=export_dtype,
                     tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
     results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
                "before_rl": before, "after_rl": after}

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.workdir import RunDirError
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,22 @@ def check_finite(tree: Any, what: str) -> None:
                              f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
 
 
+def _innermost(err: BaseException) -> BaseException:
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def _is_write_error(err: BaseException) -> bool:
+    """Whether a failed save was a failed write (an OSError anywhere in its chain, or a TensorStore
+    error that quotes one: "No space left on device")."""
+    while err is not None:
+        if isinstance(err, OSError) or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def _root_cause(err: BaseException, limit: int = 300) -> str:
     """``Type: message`` of the innermost exception ``err`` was raised from (Orbax wraps the
     TensorStore error that names the damaged file in layers of context), on one line."""
@@ -162,6 +179,8 @@ class Checkpoints:
         Raises:
           NonFiniteError: ``state`` has a NaN or infinity (nothing is written: resuming would only
             carry it on).
+          WriteFailedError: the write failed (a full disk), naming the checkpoint and the free
+            space; the previous checkpoints are intact.
         """
         checksums, bad = state_integrity(state)
         if bad:
@@ -169,12 +188,19 @@ class Checkpoints:
                                  f"{len(bad)} arrays: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
                                  f"not saving checkpoint {self.step_dir(step)}")
         metadata = {**metadata, CHECKSUMS_KEY: checksums}
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata)),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata)),
+                force=True,
+            )
+            self._manager.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 -- Orbax wraps the OSError of a full disk in its own errors
+            if not _is_write_error(err):
+                raise
+            # Nothing half-written is taken for a checkpoint: Orbax renames a step's directory into
+            # place when it is complete, and deletes older ones only after that.
+            raise run_dir.write_failed(self.step_dir(step), _innermost(err)) from err
 
     def _check_step(self, step: int | None) -> int:
         steps = self.steps()

@@ -79,17 +79,24 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """Write one step's metrics (scalars); returns them as plain Python values."""
         record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
-        self._file.write(jsonl_line(record))
-        self._file.flush()
+        with run_dir.writing(self.path):  # a full disk: WriteFailedError (a torn line is dropped on resume)
+            self._file.write(jsonl_line(record))
+            self._file.flush()
         if self._tb is not None:
-            for name, value in _scalars(record):
-                self._tb.add_scalar(name, value, int(step))
+            with run_dir.writing(self._tb.logdir):
+                for name, value in _scalars(record):
+                    self._tb.add_scalar(name, value, int(step))
         return record
 
     def close(self) -> None:
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        """Flush and close metrics.jsonl and TensorBoard's event file."""
+        try:
+            with run_dir.writing(self.path):
+                self._file.close()
+        finally:
+            if self._tb is not None:
+                with run_dir.writing(self._tb.logdir):
+                    self._tb.close()
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ that would continue a run with another config is refused (`check_resume_config`)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -38,7 +39,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from gd2po_jax.config import ConfigError, RunConfig
 
@@ -51,6 +52,41 @@ class RunDirError(ValueError):
 
 class WorkdirBusyError(RunDirError):
     """Another process holds the workdir's lock; the message names it (`lock_workdir`)."""
+
+
+class WriteFailedError(RunDirError):
+    """A write of the run's files that failed (ENOSPC, a full disk, or any other OSError): the
+    message names the file and the free space there (`write_failed`). What was there before is
+    intact (every write is atomic), so the rerun after freeing space resumes."""
+
+
+def free_space(path: str | pathlib.Path) -> str:
+    """``"1.2 GiB free of 100.0 GiB on <dir>"`` for the nearest existing directory of ``path``."""
+    where = pathlib.Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return f"free space unknown on {where}"
+    return f"{usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f} GiB on {where}"
+
+
+def write_failed(path: str | pathlib.Path, err: BaseException) -> WriteFailedError:
+    """The `WriteFailedError` for a failed write of ``path``: one line naming it, the error and the
+    free space."""
+    reason = " ".join(str(err.strerror if isinstance(err, OSError) and err.strerror else err).split())
+    return WriteFailedError(f"{path}: cannot write it ({reason}; {free_space(path)}). The run stopped; the "
+                            "previous checkpoint and files are intact: free space and rerun the same command to resume")
+
+
+@contextlib.contextmanager
+def writing(path: str | pathlib.Path) -> Iterator[None]:
+    """Within: an `OSError` becomes `write_failed` (``path``)."""
+    try:
+        yield
+    except OSError as err:
+        raise write_failed(path, err) from err
 
 
 LOCK_FILE = ".lock"
@@ -132,18 +168,22 @@ class RunDir:
 def write_text(path: str | pathlib.Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file in the same directory, then
     `os.replace`. A kill at any moment leaves the old content or the new one, and no temporary file
-    survives an exception."""
+    survives an exception.
+
+    Raises:
+      WriteFailedError: the write failed (a full disk ...), naming the file and the free space."""
     path = pathlib.Path(path)
-    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(staging, path)
-    except BaseException:
-        pathlib.Path(staging).unlink(missing_ok=True)
-        raise
+    with writing(path):  # a full disk: WriteFailedError naming the file and the free space
+        fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(staging, path)
+        except BaseException:
+            pathlib.Path(staging).unlink(missing_ok=True)
+            raise
 
 
 def write_json(path: str | pathlib.Path, value: Any) -> None:
@@ -257,9 +297,11 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int 
 # stopping rules and the reward timeout only decide whether to stop, or to count a hung reward
 # call as failed; runs made before the timeout existed load it as 0, no limit; where reward models
 # wait between steps changes nothing they compute; the distributed settings say how the processes
-# of a multi-host run find each other, and differ between them). train.num_steps extends a run (it
-# may not go below the step already reached: the trainer checks that). Everything else must equal
-# config.json's.
+# of a multi-host run find each other, and differ between them; export.dtype is how the policy is
+# stored at the end, and a finished run reruns its export in the new dtype; the preemption signals and
+# grace time only decide when the run stops, at a step it checkpoints). train.num_steps extends
+# a run (it may not go below the step already reached: the trainer checks that). Everything else must
+# equal config.json's.
 RESUMABLE_FIELDS = (
     "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
     "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
@@ -267,7 +309,7 @@ RESUMABLE_FIELDS = (
     "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
     "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload", "distributed.coordinator_address",
     "distributed.num_processes", "distributed.process_id", "distributed.initialization_timeout_s",
-    "distributed.heartbeat_timeout_s",
+    "distributed.heartbeat_timeout_s", "export.dtype", "train.preemption_signals", "train.preemption_grace_s",
 )
 
 

@@ -91,7 +91,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_
         (loss, tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, input_ids, attention_mask, loss_mask
         )
-        metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": optax.global_norm(grads)}
+        metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": optax.tree.norm(grads)}
         return state.apply_gradients(optimizer, grads), metrics
 
     return step

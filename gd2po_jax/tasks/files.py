@@ -14,7 +14,8 @@ import pathlib
 from typing import Any
 
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.data.loaders import DataFormatError, detect_kind, load_data
+from gd2po_jax.data.loaders import DataFormatError
+from gd2po_jax.data.sources import load_source
 from gd2po_jax.rewards.base import column_problems
 from gd2po_jax.tasks.base import Task, register_task
 
@@ -27,16 +28,24 @@ PROMPT_ONLY_REWARD_KINDS = ("reward_model",)
 ``reward_model.ground_truth``, as the safety runs' Alpaca files)."""
 
 
-def load_file(path: str, config: RunConfig) -> Any:
-    """The dataset of one data file (``data.kind``, ``data.on_error``). A verl parquet file may be
-    prompt-only when the reward needs no ground truth (`PROMPT_ONLY_REWARD_KINDS`)."""
-    options = {}
-    if config.rewards.kind in PROMPT_ONLY_REWARD_KINDS and (
-            config.data.kind == "verl" or config.data.kind == "auto" and detect_kind(path) == "verl"):
-        options["require_ground_truth"] = False
-    result = load_data(path, kind=config.data.kind, on_error=config.data.on_error, **options)
+def load_file(source: str, config: RunConfig, field: str) -> Any:
+    """The dataset of one data source, the value of ``config.<field>`` (a file, a directory or glob
+    of files, a ``save_to_disk`` folder, a Hub id: `gd2po_jax.data.sources.load_source`) in
+    ``data.kind`` with ``data.on_error``.
+    Verl data may be prompt-only when the reward needs no ground truth (`PROMPT_ONLY_REWARD_KINDS`).
+
+    Raises:
+      ConfigError: naming the field, when the source is none of the forms or a Hub id that cannot be had.
+      DataFormatError: a malformed row or file, naming it and the row.
+    """
+    options = {"require_ground_truth": False} if config.rewards.kind in PROMPT_ONLY_REWARD_KINDS else {}
+    try:
+        result = load_source(source, kind=config.data.kind, on_error=config.data.on_error, what=f"config.{field}",
+                             **options)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
     if result.num_skipped:
-        logger.warning("%s: skipped %d malformed rows (config.data.on_error='skip')", path, result.num_skipped)
+        logger.warning("%s: skipped %d malformed rows (config.data.on_error='skip')", source, result.num_skipped)
     return result.dataset
 
 
@@ -66,6 +75,22 @@ def scorable_rows(dataset, path: str, reward_fn, config: RunConfig) -> Any:
     return dataset.select(keep)
 
 
+PUBLIC_DATA = {
+    "tool_calling": "ToolRL's RLLA 4K, dataset/rlla_4k/train.parquet (validation and test: test.parquet) of "
+                    "github.com/qiancheng0/ToolRL",
+    "reward_model": "GD2PO's Alpaca prompts, safe-alignment/dataset/alpaca_prompt_only/train.parquet (validation "
+                    "and test: test.parquet) of github.com/Qwen-Applications/GD2PO",
+}
+"""Where the paper's data for a reward kind is published (configs/toolrl.py, configs/safety.py), named by
+the errors about an empty data field."""
+
+
+def _public_data(config: RunConfig) -> str:
+    """`` (the paper's runs of this reward kind use ...)`` for an error about an empty data field."""
+    where = PUBLIC_DATA.get(config.rewards.kind)
+    return f" (the paper's {config.rewards.kind} runs use {where})" if where else ""
+
+
 @register_task(NAME)
 class FilesTask(Task):
     """Prompts from ``data.train`` (required), ``data.validation`` and ``data.test`` (optional);
@@ -73,15 +98,15 @@ class FilesTask(Task):
 
     def check_config(self, config: RunConfig) -> None:
         if not config.data.train:
-            raise ConfigError("config.data.train: the files task needs a training data file")
+            raise ConfigError(f"config.data.train: the files task needs a training data file{_public_data(config)}")
         if not config.model.path:
             raise ConfigError("config.model.path: the files task needs a Hugging Face model directory")
 
     def load_splits(self, config: RunConfig, workdir: pathlib.Path) -> tuple[dict, pathlib.Path]:
-        splits = {"train": load_file(config.data.train, config)}
+        splits = {"train": load_file(config.data.train, config, "data.train")}
         for split in ("validation", "test"):
             if getattr(config.data, split):
-                splits[split] = load_file(getattr(config.data, split), config)
+                splits[split] = load_file(getattr(config.data, split), config, f"data.{split}")
         return splits, pathlib.Path(config.model.path)
 
     def usable_rows(self, config: RunConfig, splits: dict[str, Any], reward_fn) -> dict[str, Any]:

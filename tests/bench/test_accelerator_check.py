@@ -106,3 +106,47 @@ def test_without_an_accelerator_every_part_is_skipped_with_its_reason(check_modu
     parts = check_module.run_parts({"correctness": None, "speed": None}, None)
     assert all(p["status"] == "skipped" and "no accelerator" in p["reason"] for p in parts.values())
     assert check_module.exit_code({"parts": parts}) == 0  # skipped is not failed
+
+
+def test_a_part_that_would_start_after_the_budget_is_skipped_and_each_part_is_reported(check_module):
+    ran, so_far = [], []
+
+    def part(name):
+        def fn(ctx):
+            ran.append(name)
+            ctx.deadline = 0.0  # this part spends the budget
+            return {"checks": [check_module.check("fine", 1, 1, True)]}
+        return fn
+
+    ctx = check_module.Context(check_module.smoke_profile(), jax.devices()[0], jax.devices("cpu")[0], deadline=1e12)
+    parts = check_module.run_parts({"first": part("first"), "second": part("second")}, ctx,
+                                   on_part=lambda results: so_far.append(list(results)))
+    assert ran == ["first"] and so_far == [["first"], ["first", "second"]]
+    assert parts["first"]["status"] == "passed"
+    assert parts["second"] == {"status": "skipped", "reason": "time budget spent before it started; run "
+                                                              "--parts=second alone"}
+    assert check_module.exit_code({"parts": parts}) == 0
+
+
+def test_the_device_command_installs_the_wheels_and_writes_the_report_under_out(tmp_path):
+    """bench/accelerator/device_check.sh's steps, with a wheel of our own and no time budget (every part
+    skipped at once): the wheel lands on PYTHONPATH, the wheel check and the report are under $OUT, the
+    table is printed. (Its real CPU dry run, `device_check.sh --cpu-smoke`, takes minutes: the docs.)"""
+    from tests.bench.test_fetch_wheels import make_wheel
+
+    (tmp_path / "whl").mkdir()
+    make_wheel(tmp_path / "whl", "gd2po-carried-probe", "1.0")
+    out = tmp_path / "out"
+    env = subprocess_env(OUT=str(out), PYTHON=sys.executable, WHEELS=str(tmp_path / "whl"),
+                         SITE=str(tmp_path / "site"), BUDGET_S="0")
+    proc = subprocess.run(["bash", "bench/accelerator/device_check.sh", "--cpu-smoke"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list((tmp_path / "site").glob("gd2po_carried_probe-1.0.dist-info"))
+    check = (out / "wheels_check.txt").read_text()
+    assert "wheel gd2po-carried-probe 1.0" in check and "a wheel that wheels.txt does not list" in check
+    report = json.loads((out / "accelerator_report.json").read_text())
+    assert report["complete"] is True and report["mode"] == "cpu-smoke" and list(report["parts"]) == PARTS
+    assert all(p["status"] == "skipped" and "time budget spent" in p["reason"] for p in report["parts"].values())
+    assert f"accelerator check (cpu-smoke): cpu x{DEVICES}" in proc.stdout
+    assert "[device_check] exit 0 after" in proc.stdout

@@ -255,11 +255,18 @@ def test_missing_package_modules_names_what_a_script_cannot_import(tmp_path):
     assert missing_package_modules(script) == ["gd2po_jax.nowhere"]
 
 
+SHARED_HARNESS = REPO.parent / "shared" / "bench" / "anchors" / "bench_project.py"
+"""The head-to-head harness's project side: not part of the repository, but beside its checkout in CI
+(docs/speed.md)."""
+
+
 @pytest.mark.slow
-def test_the_shared_harness_drives_the_project(tmp_path, shared_dir):
+def test_the_shared_harness_drives_the_project(tmp_path):
     """../shared/bench/anchors/bench_project.py (the head-to-head harness's project side, which imports
     the project's public API) runs both workloads on a tiny checkpoint: an API rename breaks this."""
-    harness = shared_dir / "bench" / "anchors" / "bench_project.py"
+    harness = SHARED_HARNESS
+    if not harness.is_file():  # a plain clone: the harness lives outside the repository
+        pytest.skip(f"{harness} not found: the shared bench harness is not beside this checkout")
     missing = missing_package_modules(harness)
     if missing:  # the harness is not the project's to edit: it runs again once it follows the layout
         pytest.skip(f"{harness} imports {', '.join(missing)}, which the package's layout (docs/architecture.md) "

@@ -1,7 +1,8 @@
 """configs/safety.py end to end on CPU, tiny: a random policy and two random score models in two
-layouts (one with the policy's tokenizer, one with another vocabulary and chat template), the
-Alpaca test prompts as training data. One run trains a step, is resumed for a second, and
-`eval.py --data=...` scores the three helpfulness-safety sets with its reward models.
+layouts (one with the policy's tokenizer, one with another vocabulary and chat template), the tiny
+Alpaca-format prompts of tests/fixture_data.py as training and validation data. One run trains a step,
+is resumed for a second, and `eval.py --data=DIR` scores the three helpfulness-safety sets of a
+directory (the tiny ones, in the real files' format) with its reward models.
 """
 
 import json
@@ -14,22 +15,22 @@ from gd2po_jax.rl.trainer import train_and_evaluate
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.runtime.workdir import RunDir
-from tests.fakes import as_run_config, tiny_safety_policy, tiny_score_model_dir
+from tests.fakes import alpaca_path, as_run_config, data_files, tiny_safety_policy, tiny_score_model_dir
 
 pytestmark = pytest.mark.slow
 
 
-def tiny_safety_config(shared_dir, num_steps: int):
+def tiny_safety_config(num_steps: int):
     """configs/safety.py shrunk: 2 prompts x 4 rollouts of at most 8 tokens (prompts cut to their last
-    48 tokens), float32, validation on 8 Alpaca prompts, a checkpoint every step."""
+    48 tokens), float32, validation on 8 Alpaca-format prompts, a checkpoint every step."""
     config = safety.get_config()
-    config.model.path = str(tiny_safety_policy(shared_dir))
+    config.model.path = str(tiny_safety_policy())
     config.model.update(dtype="float32", remat=False)
-    config.data.train = str(shared_dir / "data" / "safe_alignment" / "alpaca_test.parquet")
+    config.data.train = config.data.validation = str(alpaca_path())
     config.data.max_prompt_tokens = 48  # some Alpaca prompts are longer: cut on the left
     models = {"useful": ("amo", "chatml"), "harmless": ("sequence_classification", "plain")}
     for name, (layout, template) in models.items():
-        config.rewards.reward_models[name].update(path=str(tiny_score_model_dir(shared_dir, layout, template)),
+        config.rewards.reward_models[name].update(path=str(tiny_score_model_dir(layout, template)),
                                                   max_length=512, batch_size=8, dtype="float32")
     config.rl.update(num_minibatches=1, micro_batch_size=8)
     config.sampling.update(max_new_tokens=8, prompts_per_call=0)
@@ -40,11 +41,11 @@ def tiny_safety_config(shared_dir, num_steps: int):
 
 
 @pytest.fixture(scope="module")
-def safety_run(shared_dir, tmp_path_factory):
+def safety_run(tmp_path_factory):
     """The run's workdir after one step, then resumed for a second, and the two results."""
     workdir = tmp_path_factory.mktemp("safety_run")
-    first = train_and_evaluate(as_run_config(tiny_safety_config(shared_dir, 1)), workdir, progress=False)
-    second = train_and_evaluate(as_run_config(tiny_safety_config(shared_dir, 2)), workdir, progress=False)
+    first = train_and_evaluate(as_run_config(tiny_safety_config(1)), workdir, progress=False)
+    second = train_and_evaluate(as_run_config(tiny_safety_config(2)), workdir, progress=False)
     return workdir, first, second
 
 
@@ -76,9 +77,9 @@ def test_the_run_checkpoints_and_resumes(safety_run):
     assert (RunDir(workdir).policy / "config.json").is_file()
 
 
-def test_eval_scores_the_safe_alignment_sets_with_the_runs_reward_models(safety_run, shared_dir):
+def test_eval_scores_the_safe_alignment_sets_with_the_runs_reward_models(safety_run):
     workdir, _, _ = safety_run
-    report = run(EvalOptions(workdir=str(workdir), data=str(shared_dir / "data" / "safe_alignment"), max_examples=2,
+    report = run(EvalOptions(workdir=str(workdir), data=str(data_files() / "safe_alignment"), max_examples=2,
                              progress=False))
     assert list(report["sets"]) == ["alpaca_test", "hh_rlhf_test", "pku_saferlhf_test"]
     for summary in report["sets"].values():

@@ -5,6 +5,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from gd2po_jax.data import load_toolrl_sft, load_verl_parquet, render_prompt, render_prompts, render_sft_example
+from tests.fakes import data_files
+from tests.fixture_data import SYSTEM_PREFIX
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -30,17 +32,17 @@ def test_render_prompt_opens_the_assistant_turn(tokenizer):
     assert render_prompt(messages, tokenizer) == want
 
 
-def test_render_prompts_of_a_loaded_dataset(shared_dir, tokenizer):
-    ds = load_verl_parquet(shared_dir / "data" / "rlla_4k" / "test.parquet").dataset.select(range(3))
+def test_render_prompts_of_a_loaded_dataset(tokenizer):
+    ds = load_verl_parquet(data_files() / "rlla_4k" / "test.parquet").dataset.select(range(3))
     texts = render_prompts(ds["prompt"], tokenizer)
     assert len(texts) == 3
     for text, messages in zip(texts, ds["prompt"], strict=True):
-        assert text.startswith("<|im_start|>system\nYou are a helpful")
+        assert text.startswith(f"<|im_start|>system\n{SYSTEM_PREFIX}")
         assert messages[1]["content"] in text and text.endswith("<|im_start|>assistant\n")
 
 
-def test_render_sft_example_splits_prompt_and_completion(shared_dir, tokenizer):
-    row = load_toolrl_sft(shared_dir / "data" / "rlla_4k" / "rlla_sft.json").dataset[0]
+def test_render_sft_example_splits_prompt_and_completion(tokenizer):
+    row = load_toolrl_sft(data_files() / "rlla_4k" / "rlla_sft.json").dataset[0]
     prompt, completion = render_sft_example(row["prompt"], row["target"], tokenizer)
     assert prompt == render_prompt(row["prompt"], tokenizer)
     assert completion == row["target"] + "<|im_end|>\n"

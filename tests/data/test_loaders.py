@@ -1,6 +1,13 @@
-"""gd2po_jax/data/loaders.py: the loaders on the real files and on corrupted copies, one schema."""
+"""gd2po_jax/data/loaders.py: the loaders on files in the real formats and on corrupted copies, one
+schema.
 
+Each test on a data file runs twice: on the tiny files of tests/fixture_data.py (``[tiny]``, always)
+and on the real public files (``[real]``, where ``GD2PO_JAX_DATA_DIR`` names them: tests/conftest.py),
+with what each holds (`EXPECTED`)."""
+
+import dataclasses
 import json
+import pathlib
 import re
 
 import datasets
@@ -22,48 +29,94 @@ from gd2po_jax.data import (
     load_verl_parquet,
     parse_api_bank_answer,
 )
+from tests import fixture_data
+from tests.fakes import data_files
 
 
-@pytest.fixture(scope="module")
-def data_dir(shared_dir):
-    return shared_dir / "data"
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What a data directory's files hold."""
+
+    rlla_rows: int
+    rlla_tool_calls: int  # RLLA rows whose ground truth has a <tool_call>
+    rlla_first_call: str  # in the first row's ground truth
+    rlla_first_user: str  # in the first row's user message
+    system_prefix: str  # how the tool-calling system messages begin
+    sft_rows: int
+    sft_first_user: str  # in the first SFT record's user message
+    api_bank_rows: dict  # level -> rows
+    api_bank_first: dict  # level -> the first row's answer, as a list of calls
+    alpaca_rows: int
+    alpaca_first: str  # how the first Alpaca prompt begins
+
+
+EXPECTED = {
+    "tiny": Expected(
+        rlla_rows=fixture_data.ROWS["rlla_4k/test.parquet"],
+        rlla_tool_calls=sum("<tool_call>" in r["reward_model"]["ground_truth"] for r in fixture_data.rlla_rows()),
+        rlla_first_call='"name": "GetNews"', rlla_first_user="Azure", system_prefix=fixture_data.SYSTEM_PREFIX,
+        sft_rows=fixture_data.ROWS["rlla_4k/rlla_sft.json"], sft_first_user="LH 402",
+        api_bank_rows={level: fixture_data.ROWS[f"api_bank/level-{level}-api_processed.json"] for level in (1, 2, 3)},
+        api_bank_first={1: [{"name": "FlightStatus", "parameters": {"flight_number": "LH402", "date": "2024-03-26"}}],
+                        2: [{"name": "GetNews", "parameters": {"page": 1, "topic": "Google Cloud"}}]},
+        alpaca_rows=fixture_data.ROWS["safe_alignment/alpaca_test.parquet"],
+        alpaca_first="Describe a time when a small act of kindness",
+    ),
+    "real": Expected(
+        rlla_rows=80, rlla_tool_calls=71, rlla_first_call='"name": "GetNews"', rlla_first_user="Azure",
+        system_prefix="You are a helpful multi-turn dialogue assistant", sft_rows=400, sft_first_user="Alex Ferguson",
+        api_bank_rows={1: 399, 2: 67, 3: 131},
+        api_bank_first={1: [{"name": "ModifyRegistration",
+                             "parameters": {"appointment_id": "34567890", "new_appointment_date": "2023-03-26",
+                                            "new_appointment_doctor": "Dr. Lee"}}],
+                        2: [{"name": "SymptomSearch", "parameters": {"symptom": "rash"}}]},
+        alpaca_rows=512, alpaca_first="Describe an example of a time you used influence",
+    ),
+}
+
+
+@pytest.fixture(params=["tiny", "real"])
+def files(request) -> tuple[pathlib.Path, Expected]:
+    """(a data directory, what its files hold): the tiny files, or the real ones (``data_dir``)."""
+    directory = data_files() if request.param == "tiny" else request.getfixturevalue("data_dir")
+    return directory, EXPECTED[request.param]
 
 
 # ---------------------------------------------------------------- verl parquet
 
 
-def test_verl_parquet_real_file(data_dir):
+def test_verl_parquet_file(files):
+    data_dir, expected = files
     result = load_verl_parquet(data_dir / "rlla_4k" / "test.parquet")
     ds = result.dataset
     assert result.num_skipped == 0
-    assert len(ds) == 80 and ds.features == FEATURES
+    assert len(ds) == expected.rlla_rows and ds.features == FEATURES
     first = ds[0]
     assert [m["role"] for m in first["prompt"]] == ["system", "user"]
-    assert first["prompt"][0]["content"].startswith(
-        "You are a helpful multi-turn dialogue assistant"
-    )
-    assert "Azure" in first["prompt"][1]["content"]
-    assert (
-        first["ground_truth"].startswith("<think>") and '"name": "GetNews"' in first["ground_truth"]
-    )
+    assert first["prompt"][0]["content"].startswith(expected.system_prefix)
+    assert expected.rlla_first_user in first["prompt"][1]["content"]
+    assert first["ground_truth"].startswith("<think>") and expected.rlla_first_call in first["ground_truth"]
     assert (first["source"], first["target"], first["level"]) == ("rlla", None, None)
-    assert ds["row"] == list(range(80))
-    assert sum("<tool_call>" in gt for gt in ds["ground_truth"]) == 71
+    assert ds["row"] == list(range(expected.rlla_rows))
+    assert sum("<tool_call>" in gt for gt in ds["ground_truth"]) == expected.rlla_tool_calls
 
 
-def test_verl_prompt_only_parquet(data_dir):
+def test_verl_prompt_only_parquet(files):
+    data_dir, expected = files
     path = data_dir / "safe_alignment" / "alpaca_test.parquet"
     with pytest.raises(DataFormatError, match="require_ground_truth=False"):
         load_verl_parquet(path)
     ds = load_verl_parquet(path, require_ground_truth=False).dataset
-    assert len(ds) == 512 and set(ds["ground_truth"]) == {None}
-    assert ds[0]["prompt"][0]["content"].startswith(
-        "Describe an example of a time you used influence"
-    )
+    assert len(ds) == expected.alpaca_rows and set(ds["ground_truth"]) == {None}
+    assert ds[0]["prompt"][0]["content"].startswith(expected.alpaca_first)
 
 
-def _corrupt_parquet(data_dir, tmp_path):
-    rows = pq.read_table(data_dir / "rlla_4k" / "test.parquet").to_pylist()
+def _rlla_parquet() -> pathlib.Path:
+    return data_files() / "rlla_4k" / "test.parquet"
+
+
+def _corrupt_parquet(tmp_path):
+    rows = pq.read_table(_rlla_parquet()).to_pylist()
     rows[5]["reward_model"]["ground_truth"] = None
     rows[7]["prompt"] = []
     path = tmp_path / "corrupt.parquet"
@@ -71,8 +124,8 @@ def _corrupt_parquet(data_dir, tmp_path):
     return path
 
 
-def test_verl_corrupted_row_fails_with_row_and_field(data_dir, tmp_path):
-    path = _corrupt_parquet(data_dir, tmp_path)
+def test_verl_corrupted_row_fails_with_row_and_field(tmp_path):
+    path = _corrupt_parquet(tmp_path)
     with pytest.raises(
         DataFormatError, match=r"row 5 \(0-based\).*reward_model\.ground_truth"
     ) as info:
@@ -85,15 +138,15 @@ def test_verl_corrupted_row_fails_with_row_and_field(data_dir, tmp_path):
     assert str(path) in str(info.value)
 
 
-def test_verl_skip_mode_counts(data_dir, tmp_path):
-    result = load_verl_parquet(_corrupt_parquet(data_dir, tmp_path), on_error="skip")
+def test_verl_skip_mode_counts(tmp_path):
+    result = load_verl_parquet(_corrupt_parquet(tmp_path), on_error="skip")
     assert result.num_skipped == 2
     assert [(e.row, e.field) for e in result.skipped] == [
         (5, "reward_model.ground_truth"),
         (7, "prompt"),
     ]
     assert (
-        len(result.dataset) == 78
+        len(result.dataset) == fixture_data.ROWS["rlla_4k/test.parquet"] - 2
         and 5 not in result.dataset["row"]
         and 7 not in result.dataset["row"]
     )
@@ -109,21 +162,22 @@ def test_parquet_without_prompt_column(tmp_path):
 # ---------------------------------------------------------------- ToolRL SFT JSON
 
 
-def test_toolrl_sft_real_file(data_dir):
+def test_toolrl_sft_file(files):
+    data_dir, expected = files
     ds = load_toolrl_sft(data_dir / "rlla_4k" / "rlla_sft.json").dataset
     raw = json.loads((data_dir / "rlla_4k" / "rlla_sft.json").read_text())
-    assert len(ds) == 400
+    assert len(ds) == expected.sft_rows
     assert ds[0]["prompt"] == [
         {"role": "system", "content": raw[0]["instruction"]},
         {"role": "user", "content": raw[0]["input"]},
     ]
     assert ds[0]["target"] == raw[0]["output"] and ds[0]["target"].startswith("<think>")
     assert ds[0]["ground_truth"] is None and ds[0]["source"] == "toolrl_sft"
-    assert "Alex Ferguson" in ds[0]["prompt"][1]["content"]
+    assert expected.sft_first_user in ds[0]["prompt"][1]["content"]
 
 
-def _corrupt_sft(data_dir, tmp_path):
-    raw = json.loads((data_dir / "rlla_4k" / "rlla_sft.json").read_text())
+def _corrupt_sft(tmp_path):
+    raw = json.loads((data_files() / "rlla_4k" / "rlla_sft.json").read_text())
     raw[3]["output"] = 5
     del raw[10]["instruction"]
     raw[12] = "not an object"
@@ -132,8 +186,8 @@ def _corrupt_sft(data_dir, tmp_path):
     return path
 
 
-def test_toolrl_sft_corrupted_rows(data_dir, tmp_path):
-    path = _corrupt_sft(data_dir, tmp_path)
+def test_toolrl_sft_corrupted_rows(tmp_path):
+    path = _corrupt_sft(tmp_path)
     with pytest.raises(
         DataFormatError, match=r"row 3 \(0-based\), field 'output': expected a string, got int"
     ):
@@ -144,7 +198,7 @@ def test_toolrl_sft_corrupted_rows(data_dir, tmp_path):
         (10, "instruction"),
         (12, "<record>"),
     ]
-    assert len(result.dataset) == 397
+    assert len(result.dataset) == fixture_data.ROWS["rlla_4k/rlla_sft.json"] - 3
 
 
 def test_json_file_that_is_not_a_list(tmp_path):
@@ -162,38 +216,35 @@ def test_json_file_that_is_not_a_list(tmp_path):
 # ---------------------------------------------------------------- API-Bank
 
 
-@pytest.mark.parametrize("level, rows", [(1, 399), (2, 67), (3, 131)])
-def test_api_bank_real_files(data_dir, level, rows):
+def _api_bank_file(level: int) -> pathlib.Path:
+    return data_files() / "api_bank" / f"level-{level}-api_processed.json"
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_api_bank_files(files, level):
+    data_dir, expected = files
     ds = load_api_bank_file(data_dir / "api_bank" / f"level-{level}-api_processed.json").dataset
-    assert len(ds) == rows and set(ds["level"]) == {level} and set(ds["source"]) == {"api_bank"}
+    assert len(ds) == expected.api_bank_rows[level]
+    assert set(ds["level"]) == {level} and set(ds["source"]) == {"api_bank"}
     assert [m["role"] for m in ds[0]["prompt"]] == ["system", "user"]
     for gt in ds["ground_truth"]:
         calls = decode_api_bank_answer(gt)
         assert isinstance(calls[0]["name"], str) and isinstance(calls[0]["parameters"], dict)
 
 
-def test_api_bank_directory_and_answer_values(data_dir):
+def test_api_bank_directory_and_answer_values(files):
+    data_dir, expected = files
+    rows = expected.api_bank_rows
     ds = load_api_bank(data_dir / "api_bank").dataset
-    assert len(ds) == 597 and ds["level"].count(1) == 399 and ds["level"].count(3) == 131
-    assert decode_api_bank_answer(ds[0]["ground_truth"]) == [
-        {
-            "name": "ModifyRegistration",
-            "parameters": {
-                "appointment_id": "34567890",
-                "new_appointment_date": "2023-03-26",
-                "new_appointment_doctor": "Dr. Lee",
-            },
-        }
-    ]
+    assert len(ds) == sum(rows.values()) and ds["level"].count(1) == rows[1] and ds["level"].count(3) == rows[3]
+    assert decode_api_bank_answer(ds[0]["ground_truth"]) == expected.api_bank_first[1]
     # Level 2 stores a bare dict; it is normalised to a one-call list.
-    assert decode_api_bank_answer(ds[399]["ground_truth"]) == [
-        {"name": "SymptomSearch", "parameters": {"symptom": "rash"}}
-    ]
-    assert ds[399]["row"] == 0 and ds[399]["level"] == 2
+    assert decode_api_bank_answer(ds[rows[1]]["ground_truth"]) == expected.api_bank_first[2]
+    assert ds[rows[1]]["row"] == 0 and ds[rows[1]]["level"] == 2
 
 
-def test_api_bank_python_literal_answers(data_dir, tmp_path):
-    original = json.loads((data_dir / "api_bank" / "level-1-api_processed.json").read_text())[:5]
+def test_api_bank_python_literal_answers(tmp_path):
+    original = json.loads(_api_bank_file(1).read_text())[:5]
     as_literals = [dict(r, answer=repr(r["answer"])) for r in original]
     path = tmp_path / "level-1-api_processed.json"
     path.write_text(json.dumps(as_literals))
@@ -204,8 +255,8 @@ def test_api_bank_python_literal_answers(data_dir, tmp_path):
     ]
 
 
-def test_api_bank_corrupted_answers(data_dir, tmp_path):
-    records = json.loads((data_dir / "api_bank" / "level-3-api_processed.json").read_text())[:6]
+def test_api_bank_corrupted_answers(tmp_path):
+    records = json.loads(_api_bank_file(3).read_text())[:6]
     records[1]["answer"] = "[{'name': 'QueryMeeting', "
     records[2]["answer"] = []
     records[3]["answer"] = [{"name": 7, "parameters": {}}]
@@ -308,37 +359,39 @@ def test_on_error_must_be_known(tmp_path):
 # ---------------------------------------------------------------- dispatch and uniform schema
 
 
-def test_detect_kind_and_load_data(data_dir, tmp_path):
+def test_detect_kind_and_load_data(files, tmp_path):
+    data_dir, expected = files
     assert detect_kind(data_dir / "rlla_4k" / "test.parquet") == "verl"
     assert detect_kind(data_dir / "rlla_4k" / "rlla_sft.json") == "toolrl_sft"
     assert detect_kind(data_dir / "api_bank" / "level-2-api_processed.json") == "api_bank"
     assert detect_kind(data_dir / "api_bank") == "api_bank"
-    assert len(load_data(data_dir / "api_bank", levels=(2,)).dataset) == 67
-    assert len(load_data(data_dir / "api_bank" / "level-3-api_processed.json").dataset) == 131
+    assert len(load_data(data_dir / "api_bank", levels=(2,)).dataset) == expected.api_bank_rows[2]
+    assert len(load_data(data_dir / "api_bank" / "level-3-api_processed.json").dataset) == expected.api_bank_rows[3]
     with pytest.raises(ValueError, match="kind"):
         load_data(tmp_path / "x.csv")
     with pytest.raises(ValueError, match="unknown data kind"):
         load_data(data_dir / "rlla_4k" / "test.parquet", kind="csv")
 
 
-def test_loaders_share_one_schema(data_dir):
+def test_loaders_share_one_schema(files):
+    data_dir, expected = files
     parts = [
         load_data(data_dir / "rlla_4k" / "test.parquet").dataset,
         load_data(data_dir / "rlla_4k" / "rlla_sft.json").dataset,
         load_data(data_dir / "api_bank" / "level-2-api_processed.json").dataset,
     ]
     combined = datasets.concatenate_datasets(parts)
-    assert len(combined) == 80 + 400 + 67
+    assert len(combined) == expected.rlla_rows + expected.sft_rows + expected.api_bank_rows[2]
     assert set(combined["source"]) == {"rlla", "toolrl_sft", "api_bank"}
 
 
 # ---------------------------------------------------------------- whole-file problems name the file
 
 
-def _empty_files(data_dir, tmp_path):
+def _empty_files(tmp_path):
     """(path, load_data options) of files with no rows, one per format."""
     parquet = tmp_path / "empty.parquet"
-    pq.write_table(pq.read_table(data_dir / "rlla_4k" / "test.parquet").slice(0, 0), parquet)
+    pq.write_table(pq.read_table(_rlla_parquet()).slice(0, 0), parquet)
     (tmp_path / "empty.json").write_text("[]")
     (tmp_path / "blank.jsonl").write_text("\n  \n")
     return [(parquet, {}), (tmp_path / "empty.json", {"kind": "toolrl_sft"}),
@@ -346,15 +399,15 @@ def _empty_files(data_dir, tmp_path):
             (tmp_path / "blank.jsonl", {})]
 
 
-def test_a_file_without_rows_is_an_error_naming_it(data_dir, tmp_path):
-    for path, options in _empty_files(data_dir, tmp_path):
+def test_a_file_without_rows_is_an_error_naming_it(tmp_path):
+    for path, options in _empty_files(tmp_path):
         with pytest.raises(DataFormatError, match=rf"^{path}: holds no rows") as info:
             load_data(path, **options)
         assert (info.value.path, info.value.row) == (str(path), None), options
 
 
-def test_a_file_whose_rows_are_all_skipped_is_an_error_naming_it_and_the_first_row(data_dir, tmp_path):
-    rows = pq.read_table(data_dir / "rlla_4k" / "test.parquet").slice(0, 3).to_pylist()
+def test_a_file_whose_rows_are_all_skipped_is_an_error_naming_it_and_the_first_row(tmp_path):
+    rows = pq.read_table(_rlla_parquet()).slice(0, 3).to_pylist()
     for row in rows:
         row["prompt"] = []
     parquet = tmp_path / "all_bad.parquet"
@@ -366,8 +419,8 @@ def test_a_file_whose_rows_are_all_skipped_is_an_error_naming_it_and_the_first_r
             load_data(path, on_error="skip")
 
 
-def test_a_file_that_is_not_parquet_is_an_error_naming_it(data_dir, tmp_path):
-    real = (data_dir / "rlla_4k" / "test.parquet").read_bytes()
+def test_a_file_that_is_not_parquet_is_an_error_naming_it(tmp_path):
+    real = _rlla_parquet().read_bytes()
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"not a parquet file")
     truncated = tmp_path / "truncated.parquet"
@@ -398,8 +451,8 @@ def test_invalid_utf8_in_jsonl_is_a_malformed_row(tmp_path):
     assert result.dataset[1]["prompt"] == [{"role": "user", "content": "end"}]  # a CRLF line reads
 
 
-def test_lone_surrogates_in_json_files_are_malformed_rows(data_dir, tmp_path):
-    records = json.loads((data_dir / "api_bank" / "level-2-api_processed.json").read_text())[:3]
+def test_lone_surrogates_in_json_files_are_malformed_rows(tmp_path):
+    records = json.loads(_api_bank_file(2).read_text())[:3]
     records[1]["user"] = "\ud800"
     records[2]["answer"] = [{"name": "Tool", "parameters": {"q": "\udc00"}}]
     path = tmp_path / "level-2-api_processed.json"

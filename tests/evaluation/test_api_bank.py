@@ -16,6 +16,8 @@ from gd2po_jax.evaluation.api_bank import (
     reference_call,
     score_api_bank,
 )
+from tests import fixture_data
+from tests.fakes import data_files
 
 ANSWER = [{"name": "QueryMeeting", "parameters": {"user_name": "John", "n": 8000}}]
 
@@ -214,15 +216,26 @@ def test_aggregate_of_nothing_is_none():
     assert "N/A" in report.table()
 
 
-# ---------------------------------------------------------------- the real data files
+# ---------------------------------------------------------------- the data files: tiny, and the real ones
+
+REAL_ROWS = {1: 399, 2: 67, 3: 131}  # rows of the real level-N files
 
 
-@pytest.mark.parametrize("level, rows", [(1, 399), (2, 67), (3, 131)])
-def test_real_answers_parse_and_score_themselves(shared_dir, level, rows):
-    records = json.loads(
-        (shared_dir / "data" / "api_bank" / f"level-{level}-api_processed.json").read_text()
-    )
-    assert len(records) == rows
+@pytest.fixture(params=["tiny", "real"])
+def api_bank_files(request):
+    """(an API-Bank directory, its rows per level): the tiny files of tests/fixture_data.py, or the real
+    ones where ``GD2PO_JAX_DATA_DIR`` names them (tests/conftest.py's ``data_dir``)."""
+    if request.param == "real":
+        return request.getfixturevalue("data_dir") / "api_bank", REAL_ROWS
+    return data_files() / "api_bank", {level: fixture_data.ROWS[f"api_bank/level-{level}-api_processed.json"]
+                                       for level in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_answers_parse_and_score_themselves(api_bank_files, level):
+    directory, rows = api_bank_files
+    records = json.loads((directory / f"level-{level}-api_processed.json").read_text())
+    assert len(records) == rows[level]
     for record in records:
         name, parameters = reference_call(record["answer"])
         perfect = output(json.dumps({"name": name, "parameters": parameters}))

@@ -18,7 +18,7 @@ from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.rl.setup import build_setup
 from gd2po_jax.rl.trainer import train_and_evaluate
-from tests.fakes import REPO, as_run_config, subprocess_env, tiny_policy
+from tests.fakes import REPO, as_run_config, data_files, subprocess_env, tiny_policy
 
 LEVELS = ("level_1", "level_2", "level_3")
 
@@ -54,23 +54,38 @@ def test_output_dir_and_argument_errors(tmp_path):
     with pytest.raises(EvalError, match="--data=/nowhere/api"):
         eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="/nowhere/api"))
     with pytest.raises(EvalError, match="--model_path=.*no config.json"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="api_bank",
+                                 api_bank_dir=str(data_files() / "api_bank")))
+
+
+def test_the_data_keywords_name_no_directory_but_the_flag_and_the_public_data(tmp_path):
+    """``--data=api_bank`` reads ``--api_bank_dir``, which has no default; ``--data=safe_alignment``
+    names no directory: the errors name the flag to pass and where the data sets are published."""
+    with pytest.raises(EvalError, match=r"^--data=api_bank needs --api_bank_dir=DIR.*level-\{1,2,3\}-api_processed"
+                                        r"\.json.*github\.com/Qwen-Applications/GD2PO"):
         eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="api_bank"))
+    with pytest.raises(EvalError, match=r"^--api_bank_dir=/nowhere/api: /nowhere/api does not exist"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="api_bank",
+                                 api_bank_dir="/nowhere/api"))
+    with pytest.raises(EvalError, match=r"^--data=safe_alignment: pass --data=DIR.*alpaca_test\.parquet.*"
+                                        r"github\.com/Qwen-Applications/GD2PO"):
+        eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="safe_alignment"))
 
 
 # ---------------------------------------------------------------------------------- --model_path
 
 
-def test_model_path_on_api_bank_command_line(shared_dir, tmp_path):
+def test_model_path_on_api_bank_command_line(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "eval.py", f"--model_path={tiny_policy(shared_dir)}", "--data=api_bank",
-               f"--api_bank_dir={shared_dir / 'data' / 'api_bank'}", f"--workdir={out}", "--max_examples=2",
+    command = [sys.executable, "eval.py", f"--model_path={tiny_policy()}", "--data=api_bank",
+               f"--api_bank_dir={data_files() / 'api_bank'}", f"--workdir={out}", "--max_examples=2",
                "--max_new_tokens=6", "--batch_size=8", "--dtype=float32"]
     done = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Correct Acc" in done.stdout and "overall" in done.stdout
     result = json.loads((out / "eval" / "api_bank.json").read_text())
     _assert_api_bank_report(result, per_level=2)
-    assert result["max_new_tokens"] == 6 and result["policy"] == {"model_path": str(tiny_policy(shared_dir))}
+    assert result["max_new_tokens"] == 6 and result["policy"] == {"model_path": str(tiny_policy())}
     records = [json.loads(line) for line in (out / "eval" / "api_bank.jsonl").read_text().splitlines()]
     assert [r["level"] for r in records] == [1, 1, 2, 2, 3, 3]
     assert all(0 < r["response_tokens"] <= 6 and isinstance(r["response"], str) for r in records)
@@ -82,6 +97,10 @@ def test_command_line_error_is_one_readable_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("eval.py: ")
     assert "config.json not found" in done.stderr
+    done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}", "--data=api_bank"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("eval.py: --data=api_bank needs --api_bank_dir=DIR")
 
 
 # ---------------------------------------------------------------------------------- a training run
@@ -171,8 +190,8 @@ def test_without_checkpoints_the_exported_policy_then_a_clear_error(trained_run,
 
 
 @pytest.mark.slow
-def test_api_bank_eval_of_a_training_run(trained_run, shared_dir):
-    result = eval_run.run(EvalOptions(workdir=str(trained_run), data=str(shared_dir / "data" / "api_bank"),
+def test_api_bank_eval_of_a_training_run(trained_run):
+    result = eval_run.run(EvalOptions(workdir=str(trained_run), data=str(data_files() / "api_bank"),
                                       max_examples=1, max_new_tokens=4, progress=False))
     _assert_api_bank_report(result, per_level=1)
     assert result["policy"]["step"] == 2

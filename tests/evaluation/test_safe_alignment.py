@@ -2,8 +2,6 @@
 once), the table, and reward-model scores of generation batches (the end-to-end eval.py run is in
 tests/configs/test_safety.py)."""
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -17,21 +15,31 @@ from gd2po_jax.evaluation.safe_alignment import (
     safe_alignment_table,
 )
 from gd2po_jax.rewards.base import RESPONSE_IDS, build_reward_function
-from tests.fakes import alpaca_prompts, tiny_safety_policy, tiny_score_model_dir
+from tests.fakes import alpaca_prompts, data_files, tiny_safety_policy, tiny_score_model_dir
 
 
-def test_data_names_the_default_sets_a_directory_or_one_file(shared_dir, tmp_path):
-    default = shared_dir / "data" / "safe_alignment"
-    assert list(resolve_sets("safe_alignment", default)) == ["alpaca_test", "hh_rlhf_test", "pku_saferlhf_test"]
-    hh_rlhf = default / "hh_rlhf_test.parquet"
-    assert resolve_sets(str(hh_rlhf), default) == {"hh_rlhf_test": hh_rlhf}
-    assert resolve_sets(str(default), pathlib.Path("/nowhere"))["alpaca_test"] == default / "alpaca_test.parquet"
+def test_data_names_a_directory_of_sets_or_one_file(tmp_path):
+    sets = data_files() / "safe_alignment"
+    assert list(resolve_sets(str(sets))) == ["alpaca_test", "hh_rlhf_test", "pku_saferlhf_test"]
+    assert resolve_sets(str(sets))["alpaca_test"] == sets / "alpaca_test.parquet"
+    hh_rlhf = sets / "hh_rlhf_test.parquet"
+    assert resolve_sets(str(hh_rlhf)) == {"hh_rlhf_test": hh_rlhf}
     with pytest.raises(FileNotFoundError, match="holds no .parquet file"):
-        resolve_sets(str(tmp_path), default)
+        resolve_sets(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="missing.parquet does not exist"):
-        resolve_sets(str(tmp_path / "missing.parquet"), default)
-    assert is_safe_alignment_data("safe_alignment") and is_safe_alignment_data(str(default))
-    assert not is_safe_alignment_data("api_bank") and not is_safe_alignment_data(str(shared_dir / "data" / "api_bank"))
+        resolve_sets(str(tmp_path / "missing.parquet"))
+    # The paper's sets have no default directory: the keyword asks for one, naming where they are published.
+    with pytest.raises(FileNotFoundError, match=r"^pass --data=DIR, .*alpaca_test\.parquet, hh_rlhf_test\.parquet and "
+                                                r"pku_saferlhf_test\.parquet: .*github\.com/Qwen-Applications/GD2PO"):
+        resolve_sets("safe_alignment")
+    assert is_safe_alignment_data("safe_alignment") and is_safe_alignment_data(str(sets))
+    assert not is_safe_alignment_data("api_bank") and not is_safe_alignment_data(str(data_files() / "api_bank"))
+
+
+def test_the_real_sets_are_found_by_name(data_dir):
+    sets = data_dir / "safe_alignment"
+    assert list(resolve_sets(str(sets))) == ["alpaca_test", "hh_rlhf_test", "pku_saferlhf_test"]
+    assert is_safe_alignment_data(str(sets)) and not is_safe_alignment_data(str(data_dir / "api_bank"))
 
 
 def test_overall_is_the_mean_of_the_sets_each_counting_once():
@@ -44,15 +52,15 @@ def test_overall_is_the_mean_of_the_sets_each_counting_once():
     assert table.splitlines()[-1].split()[-5:] == ["2.0000", "-0.5000", "1.5000", "nan", "303"]
 
 
-def test_scores_of_a_generation_batch_and_errors_naming_the_data_row(shared_dir):
-    policy = load_tokenizer(tiny_safety_policy(shared_dir))
+def test_scores_of_a_generation_batch_and_errors_naming_the_data_row():
+    policy = load_tokenizer(tiny_safety_policy())
     nan_token = policy.convert_tokens_to_ids("<|im_start|>")
-    specs = {"useful": {"path": str(tiny_score_model_dir(shared_dir, "amo")), "dtype": "float32", "batch_size": 4},
-             "harmless": {"path": str(tiny_score_model_dir(shared_dir, "amo", "plain", 1, nan_token)),
+    specs = {"useful": {"path": str(tiny_score_model_dir("amo")), "dtype": "float32", "batch_size": 4},
+             "harmless": {"path": str(tiny_score_model_dir("amo", "plain", 1, nan_token)),
                           "dtype": "float32", "batch_size": 4}}
     fn = build_reward_function({"kind": "reward_model", "names": ("useful", "harmless"), "reward_models": specs,
                                 "policy_tokenizer": policy, "policy_eos_ids": [policy.eos_token_id]})
-    messages = alpaca_prompts(shared_dir)[:3]
+    messages = alpaca_prompts()[:3]
     prompts = [policy.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
     ids = [policy("A fine answer.", add_special_tokens=False)["input_ids"] + [policy.eos_token_id]] * 3
     rows = [{"prompt": m, "row": 10 + i, RESPONSE_IDS: x} for i, (m, x) in enumerate(zip(messages, ids))]

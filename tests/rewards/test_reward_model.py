@@ -30,10 +30,10 @@ MAX_LENGTH = 256
 
 
 @pytest.fixture(scope="module")
-def setting(shared_dir):
+def setting():
     """The policy tokenizer, 12 Alpaca prompts (3 x G=4 rollouts), sampled-like token ids and the mesh."""
-    policy = load_tokenizer(tiny_safety_policy(shared_dir))
-    messages = [m for m in alpaca_prompts(shared_dir)[:3] for _ in range(4)]
+    policy = load_tokenizer(tiny_safety_policy())
+    messages = [m for m in alpaca_prompts()[:3] for _ in range(4)]
     prompts = [policy.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
     rng = np.random.default_rng(0)
     special = [policy.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|endoftext|>")]
@@ -47,9 +47,9 @@ def setting(shared_dir):
             "mesh": make_mesh(data=-1, fsdp=1)}
 
 
-def reward(shared_dir, setting, models: dict, **options) -> RewardModelReward:
+def reward(setting, models: dict, **options) -> RewardModelReward:
     """The reward_model reward of ``models`` (name -> (layout, template, options)), float32, on the mesh."""
-    specs = {name: {"path": str(tiny_score_model_dir(shared_dir, layout, template, **extra)),
+    specs = {name: {"path": str(tiny_score_model_dir(layout, template, **extra)),
                     "max_length": MAX_LENGTH, "batch_size": 8, "dtype": "float32"}
              for name, (layout, template, extra) in models.items()}
     policy = setting["policy"]
@@ -73,9 +73,9 @@ def direct_scores(path, token_lists) -> np.ndarray:
     return np.asarray(score_fn(load_score_model(path, "float32"), ids, mask))
 
 
-def test_a_response_is_re_rendered_with_the_reward_models_own_template(shared_dir, setting):
-    fn = reward(shared_dir, setting, {"harmless": ("sequence_classification", "plain", {})})
-    rm = load_tokenizer(tiny_score_model_dir(shared_dir, "sequence_classification", "plain"))
+def test_a_response_is_re_rendered_with_the_reward_models_own_template(setting):
+    fn = reward(setting, {"harmless": ("sequence_classification", "plain", {})})
+    rm = load_tokenizer(tiny_score_model_dir("sequence_classification", "plain"))
     assert fn.fast == {"harmless": False}
     encoded = fn.encode(setting["prompts"], ["unused"] * NUM, columns(setting))["harmless"]
     for i, ids in enumerate(setting["ids"]):
@@ -94,8 +94,8 @@ def test_a_response_is_re_rendered_with_the_reward_models_own_template(shared_di
                                rtol=1e-5, atol=1e-6)
 
 
-def test_the_fast_path_gives_the_slow_paths_tokens_and_scores(shared_dir, setting):
-    fn = reward(shared_dir, setting, {"useful": ("amo", "chatml", {})})
+def test_the_fast_path_gives_the_slow_paths_tokens_and_scores(setting):
+    fn = reward(setting, {"useful": ("amo", "chatml", {})})
     assert fn.fast == {"useful": True} and template_closing(setting["policy"]) == "<|im_end|>\n"
     model, texts = fn.models["useful"], fn.response_texts([""] * NUM, columns(setting))
     fast = model.encode(setting["prompts"], texts, None, fast=True)
@@ -104,8 +104,8 @@ def test_the_fast_path_gives_the_slow_paths_tokens_and_scores(shared_dir, settin
     np.testing.assert_array_equal(model.scores(fast.token_ids), model.scores(slow.token_ids))
 
 
-def test_templates_that_rewrite_replies_get_the_slow_path(shared_dir):
-    tokenizer = load_tokenizer(safety_tokenizer_dir(shared_dir, "chatml"))
+def test_templates_that_rewrite_replies_get_the_slow_path():
+    tokenizer = load_tokenizer(safety_tokenizer_dir("chatml"))
     tokenizer.chat_template = tokenizer.chat_template.replace("message['content']", "message['content'] | trim")
     assert template_closing(tokenizer) is None  # "\n two\nlines \n" is rendered trimmed
 
@@ -119,8 +119,8 @@ def test_length_buckets_and_fixed_shape_batches():
         plan_batches([129], 4, (64, 128))
 
 
-def test_buckets_bound_the_compiled_programs_and_truncation_is_counted(shared_dir, setting):
-    fn = reward(shared_dir, setting, {"useful": ("amo", "chatml", {})})
+def test_buckets_bound_the_compiled_programs_and_truncation_is_counted(setting):
+    fn = reward(setting, {"useful": ("amo", "chatml", {})})
     long_ids = [ids[:-1] * 12 + ids[-1:] for ids in setting["ids"]]  # many over MAX_LENGTH
     calls = (setting["ids"], long_ids, setting["ids"][::-1], long_ids[:5] + setting["ids"][5:])
     for ids in calls:
@@ -140,10 +140,10 @@ def test_buckets_bound_the_compiled_programs_and_truncation_is_counted(shared_di
     assert reward_step_metrics(fn) == {"reward_truncated/useful": 0.0, "time/reward_model/useful": 0.0}
 
 
-def test_offloaded_reward_models_wait_on_the_host_and_score_the_same(shared_dir, setting):
+def test_offloaded_reward_models_wait_on_the_host_and_score_the_same(setting):
     models = {"useful": ("amo", "chatml", {}), "harmless": ("beaver", "plain", {})}  # beaver: a head bias
-    on_device = reward(shared_dir, setting, models)
-    offloaded = reward(shared_dir, setting, models, offload=True)
+    on_device = reward(setting, models)
+    offloaded = reward(setting, models, offload=True)
     expected = on_device(setting["prompts"], [""] * NUM, columns(setting))
     for _ in range(2):
         np.testing.assert_array_equal(offloaded(setting["prompts"], [""] * NUM, columns(setting)), expected)
@@ -156,10 +156,10 @@ def test_offloaded_reward_models_wait_on_the_host_and_score_the_same(shared_dir,
     assert {x.sharding.mesh for x in leaves} == {setting["mesh"]}
 
 
-def test_a_nan_score_stops_scoring_naming_the_model_and_the_rollout(shared_dir, setting):
+def test_a_nan_score_stops_scoring_naming_the_model_and_the_rollout(setting):
     policy = setting["policy"]
     nan_token = policy.convert_tokens_to_ids("<|im_start|>")  # the plain template writes none itself
-    fn = reward(shared_dir, setting, {"useful": ("amo", "chatml", {}),
+    fn = reward(setting, {"useful": ("amo", "chatml", {}),
                                       "harmless": ("amo", "plain", {"seed": 1, "nan_token": nan_token})})
     ids = [list(x) for x in setting["ids"]]
     ids = [[t for t in x if t != nan_token] for x in ids]
@@ -171,8 +171,8 @@ def test_a_nan_score_stops_scoring_naming_the_model_and_the_rollout(shared_dir, 
     assert np.isfinite(fn(setting["prompts"], [""] * NUM, columns(setting, ids[:9] + ids[10:11] * 3))).all()
 
 
-def test_a_prompt_that_fills_the_max_length_is_an_error_naming_the_row(shared_dir, setting):
-    fn = reward(shared_dir, setting, {"harmless": ("amo", "plain", {})})
+def test_a_prompt_that_fills_the_max_length_is_an_error_naming_the_row(setting):
+    fn = reward(setting, {"harmless": ("amo", "plain", {})})
     long_prompt = [{"role": "user", "content": " ".join(["word"] * 400)}]
     messages = [setting["messages"][0], long_prompt]
     problems = fn.check_columns({"prompt": messages})
@@ -183,15 +183,15 @@ def test_a_prompt_that_fills_the_max_length_is_an_error_naming_the_row(shared_di
         fn(setting["prompts"], [""] * NUM, cols)
 
 
-def test_names_must_match_the_reward_models(shared_dir, setting):
-    path = str(tiny_score_model_dir(shared_dir, "amo"))
+def test_names_must_match_the_reward_models(setting):
+    path = str(tiny_score_model_dir("amo"))
     with pytest.raises(ValueError, match=r"one reward model per name of \('useful', 'harmless'\); got models for "
                                          r"\['useful'\]"):
         RewardModelReward(("useful", "harmless"), {"useful": {"path": path}})
 
 
-def test_unusable_reward_model_directories_are_named(shared_dir, setting, tmp_path):
-    good = tiny_score_model_dir(shared_dir, "amo")
+def test_unusable_reward_model_directories_are_named(setting, tmp_path):
+    good = tiny_score_model_dir("amo")
     with pytest.raises(ValueError, match=rf"reward model 'useful' \({tmp_path}/missing\): no such directory"):
         RewardModelReward(("useful",), {"useful": {"path": str(tmp_path / "missing")}})
     no_template = tmp_path / "no_template"

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gd2po_jax.data import load_verl_parquet
 from gd2po_jax.evaluation.generation import tool_calling_scorer
 from gd2po_jax.rewards import (
     TOOL_CALLING_SETTINGS,
@@ -20,6 +21,7 @@ from gd2po_jax.rewards import (
 )
 from gd2po_jax.rewards.bounded_json import MAX_JSON_DEPTH, loads_bounded, nesting_depth
 from gd2po_jax.rewards.tool_calling import multiset_match, parse_response_calls
+from tests.fakes import REFERENCE, data_files
 
 GT_TOOL = (
     "<think> I should use the appropriate tool. </think>\n<tool_call>\n"
@@ -47,13 +49,13 @@ def gt_with(*calls: dict) -> str:
 # ---------------------------------------------------------------- reference vectors
 
 
-def _reference_cases(shared_dir):
-    data = json.loads((shared_dir / "reference" / "toolrl_reward_vectors.json").read_text())
+def _reference_cases():
+    data = json.loads((REFERENCE / "toolrl_reward_vectors.json").read_text())
     return [(case, data[case["ground_truth"]]) for case in data["results"]]
 
 
-def test_reference_vectors(shared_dir):
-    cases = _reference_cases(shared_dir)
+def test_reference_vectors():
+    cases = _reference_cases()
     assert len(cases) == 10
     for case, ground_truth in cases:
         s = score_tool_call(case["response"], ground_truth)
@@ -61,6 +63,24 @@ def test_reference_vectors(shared_dir):
         want = (case["correctness"], case["format"], case["length"])
         assert got == pytest.approx(want, abs=1e-12), case["case"]
         assert s.total == pytest.approx(case["total"], abs=1e-12), case["case"]
+
+
+@pytest.fixture(params=["tiny", "real"])
+def rlla_file(request):
+    """The RLLA-format parquet of tests/fixture_data.py, or the real RLLA test split where
+    ``GD2PO_JAX_DATA_DIR`` names it (tests/conftest.py's ``data_dir``)."""
+    directory = data_files() if request.param == "tiny" else request.getfixturevalue("data_dir")
+    return directory / "rlla_4k" / "test.parquet"
+
+
+def test_every_rlla_ground_truth_scores_itself(rlla_file):
+    """The reward reads every ground truth of the data: as a response to itself it has the format and,
+    for a tool call, full correctness (a plain reply's ground truth gives 0)."""
+    ground_truths = load_verl_parquet(rlla_file).dataset["ground_truth"]
+    assert any("<tool_call>" in gt for gt in ground_truths) and any("<tool_call>" not in gt for gt in ground_truths)
+    for gt in ground_truths:
+        score = score_tool_call(gt, gt)
+        assert (score.format, score.correctness) == (1.0, 3.0 if "<tool_call>" in gt else 0.0), gt
 
 
 # ---------------------------------------------------------------- spec section 6, one test each

@@ -20,7 +20,7 @@ from gd2po_jax.rl.advantages import (
     snr_halves,
     token_whiten,
 )
-from tests.fakes import SHARED
+from tests.fakes import REFERENCE
 from tests.tolerances import ulps
 
 # ------------------------------------------------------------------------------------------------
@@ -53,8 +53,8 @@ SNR_META = {
 }
 
 
-def _official_cases(shared_dir):
-    return json.loads((shared_dir / "reference" / "gd2po_official_vectors.json").read_text())
+def _official_cases():
+    return json.loads((REFERENCE / "gd2po_official_vectors.json").read_text())
 
 
 def _official_inputs(case):
@@ -85,10 +85,10 @@ def _tolerance(case_name, block):
     return 1e-5
 
 
-def test_official_vectors_cover_every_method(shared_dir):
+def test_official_vectors_cover_every_method():
     """Every method of the official code has vectors; the SNR halves (the paper's ablation, no
     official code) are tested by hand below."""
-    cases = _official_cases(shared_dir)
+    cases = _official_cases()
     assert len(cases) == 4
     seen = {method for case in cases for _, method, _ in _method_blocks(case)}
     assert seen == set(METHODS) - set(SNR_HALF_METHODS)
@@ -96,8 +96,8 @@ def test_official_vectors_cover_every_method(shared_dir):
 
 
 @pytest.mark.parametrize("index", range(4))
-def test_official_vectors(shared_dir, index):
-    case = _official_cases(shared_dir)[index]
+def test_official_vectors(index):
+    case = _official_cases()[index]
     rewards, lengths, names = _official_inputs(case)
     flat = lambda x: np.asarray(x).reshape(-1)  # noqa: E731
     for block, method, tau in _method_blocks(case):
@@ -130,9 +130,9 @@ def test_official_vectors(shared_dir, index):
             )
 
 
-def test_precision_sensitive_case_matches_float32_run(shared_dir):
+def test_precision_sensitive_case_matches_float32_run():
     """Our float32 computation lands on the official float32 value, not the float64 one."""
-    case = _official_cases(shared_dir)[2]
+    case = _official_cases()[2]
     rewards, lengths, _ = _official_inputs(case)
     out = compute_advantages(rewards, lengths, "gdpo")
     assert abs(abs(float(out.advantages[0, 0])) - 0.013112) < 2e-4
@@ -163,7 +163,7 @@ TRL_VERL_SETTINGS = {
 }
 
 
-TRL_VERL_FILE = SHARED / "reference" / "gdpo_trl_verl_vectors.json"
+TRL_VERL_FILE = REFERENCE / "gdpo_trl_verl_vectors.json"
 
 
 def _trl_verl_cases():
@@ -194,8 +194,8 @@ def test_trl_verl_vectors(case, key):
     np.testing.assert_allclose(np.asarray(out.advantages).reshape(-1), case[trl_verl_key], atol=1e-5)
 
 
-def test_all_trl_verl_outputs_are_checked(shared_dir):
-    cases = json.loads((shared_dir / "reference" / "gdpo_trl_verl_vectors.json").read_text())
+def test_all_trl_verl_outputs_are_checked():
+    cases = json.loads(TRL_VERL_FILE.read_text())
     inputs = {"rewards_per_func", "weights", "G", "lengths", "L", "weighted_sum"}
     for name, case in cases.items():
         unchecked = set(case) - inputs - set(TRL_VERL_SETTINGS)

@@ -88,20 +88,20 @@ def helpers() -> dict:
 
 
 def reward_model_inputs() -> tuple[list, list[str]]:
-    """16 conversations: the first Alpaca test prompts' messages and short replies."""
-    from tests.fakes import SHARED, alpaca_prompts
+    """16 conversations: the first Alpaca prompts' messages (tests/fixture_data.py) and short replies."""
+    from tests.fakes import alpaca_prompts
 
-    return list(alpaca_prompts(SHARED)[:NUM_ROWS]), [f"Reply number {i}, short." for i in range(NUM_ROWS)]
+    return list(alpaca_prompts()[:NUM_ROWS]), [f"Reply number {i}, short." for i in range(NUM_ROWS)]
 
 
 def reward_model_scores(mesh) -> list[float]:
     """The scores of `reward_model_inputs` by the tiny align-anything-layout reward model of
     tests/fakes.py, its parameters sharded over ``mesh`` (the reward-model reward kind)."""
     from gd2po_jax.rewards import build_reward_function
-    from tests.fakes import SHARED, tiny_score_model_dir
+    from tests.fakes import tiny_score_model_dir
 
     messages, replies = reward_model_inputs()
-    spec = {"path": str(tiny_score_model_dir(SHARED, "amo")), "dtype": "float32", "batch_size": 8}
+    spec = {"path": str(tiny_score_model_dir("amo")), "dtype": "float32", "batch_size": 8}
     reward = build_reward_function({"kind": "reward_model", "names": ["useful"], "reward_models": {"useful": spec},
                                     "mesh": mesh})
     return np.asarray(reward([""] * NUM_ROWS, replies, {"prompt": messages}))[:, 0].tolist()

@@ -1,5 +1,12 @@
-"""What the entry points (train.py, eval.py, sweep.py) share: the ``--config`` flag, argument checks
-and logging setup.
+"""The command line: what the entry points share (the ``--config`` flag, argument checks, logging
+setup, how a command starts), and one module per command: `gd2po_jax.cli.train`, ``eval``,
+``sweep``, ``report`` and ``export`` hold each command's flags and ``main``. The scripts at the
+repository's root (``python train.py`` ...) and the console scripts of an install (``gd2po-train``
+...: pyproject.toml) both call a module's ``run``.
+
+Flags are defined when a command starts (``run``), not when its module is imported, so that every
+module of the package imports into one process (the commands share flag names such as
+``--workdir``).
 
 ``--config=FILE[:ARG]`` names a configs/*.py file and ``--config.SECTION.FIELD=VALUE`` overrides one
 of its fields (ml_collections' config flags). A tuple-valued field takes a comma-separated list::
@@ -18,7 +25,8 @@ from __future__ import annotations
 import ast
 import logging
 import pathlib
-from typing import Any
+import sys
+from typing import Any, Callable
 
 from absl import app
 from ml_collections import config_flags
@@ -84,6 +92,45 @@ class ListParser(tuple_parser.TupleParser):
         return parse_sequence(argument) if isinstance(argument, str) else super().parse(argument)
 
 
+DEFAULT_CONFIG_FILE = "configs/default.py"  # the --config default of train.py and sweep.py
+
+
+def default_config_file(relative: str = DEFAULT_CONFIG_FILE) -> str:
+    """The ``--config`` default: ``relative`` (configs/default.py) where the working directory has it
+    (a checkout's root: as before), else the copy installed with the package (pyproject.toml installs
+    the repository's configs/ as gd2po_jax/configs), else the repository's configs/ next to the
+    package (a checkout or an editable install, run from another directory), else ``relative``
+    itself (loading it then fails, naming it). So ``gd2po-train --workdir=DIR`` runs the embedded
+    default from any directory."""
+    if pathlib.Path(relative).is_file():
+        return relative
+    name = pathlib.PurePath(relative).name
+    package = pathlib.Path(__file__).resolve().parents[1]  # gd2po_jax/
+    for candidate in (package / "configs" / name, package.parent / "configs" / name):
+        if candidate.is_file():
+            return str(candidate)
+    return relative
+
+
+def main_module_name() -> str:
+    """The module name under which absl's ``--help`` lists the running program's flags: the script's
+    path as run (``train.py``; a console script's path), ``sys.argv[0]``. A command's flags are
+    defined in gd2po_jax/cli/<command>.py under this name (``module_name=``), so that ``--help``
+    shows them as it did when the root scripts defined them."""
+    return sys.argv[0]
+
+
+def run(doc: str | None, define_flags: Callable[[], None], main: Callable[[list[str]], Any]) -> None:
+    """Start a command: define its flags, then ``absl.app.run(main)`` (parses argv, exits with main's
+    status). absl's ``--help`` prints the ``__main__`` module's docstring: a console script's
+    wrapper (and a root script) has none, so it gets ``doc``, the command module's."""
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and not main_module.__doc__:
+        main_module.__doc__ = doc
+    define_flags()
+    app.run(main)
+
+
 def define_config_flag(name: str = "config", default: str | None = "configs/default.py",
                        help_string: str = "Training config file (configs/*.py[:ARG]).", **kwargs):
     """``config_flags.DEFINE_config_file`` (locked config), with tuple fields parsed by `ListParser`.
@@ -108,4 +155,5 @@ def default_workdir(config_flag) -> str:
     return str(pathlib.Path("runs") / pathlib.Path(filename).stem)
 
 
-__all__ = ["ListParser", "default_workdir", "define_config_flag", "parse_sequence", "start"]
+__all__ = ["DEFAULT_CONFIG_FILE", "ListParser", "default_config_file", "default_workdir", "define_config_flag",
+           "main_module_name", "parse_sequence", "run", "start"]

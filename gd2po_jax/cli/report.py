@@ -1,0 +1,43 @@
+"""Tables, significance tests and plots of a sweep (sweep.py) directory.
+
+    python report.py --sweep_dir=DIR [--out_dir=DIR/report]
+
+Writes summary.md and summary.csv (final test Correct Acc, Format Acc, Length and the area under
+each reward's training curve, mean ± 95% CI over seeds; p-values of a paired t-test of each method
+against GDPO), learning_curves.png, diagnostics.png (conflict ratio, kept fraction) and tau.png
+(test Correct Acc against the SNR threshold). Unfinished runs are left out and listed. See
+gd2po_jax/experiments/sweep_report.py.
+"""
+
+from absl import flags
+
+from gd2po_jax import cli
+from gd2po_jax.experiments.sweep_report import ReportError, write_report
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """report.py's flags (`cli.run` calls this before parsing the command line)."""
+    main_module = cli.main_module_name()
+    flags.DEFINE_string("sweep_dir", None, "Directory written by sweep.py.", required=True, module_name=main_module)
+    flags.DEFINE_string("out_dir", "", "Where the report goes (default: SWEEP_DIR/report).", module_name=main_module)
+
+
+def main(argv):
+    cli.start(argv)
+    try:
+        written = write_report(FLAGS.sweep_dir, FLAGS.out_dir or None)
+    except ReportError as err:
+        raise SystemExit(f"report.py: {err}") from None
+    print(written["markdown"].read_text())
+    print("written:", ", ".join(str(p) for p in [written["markdown"], written["csv"], *written["plots"]]))
+
+
+def run() -> None:
+    """``python report.py`` and the console script ``gd2po-report``."""
+    cli.run(__doc__, define_flags, main)
+
+
+if __name__ == "__main__":
+    run()
