@@ -98,6 +98,16 @@ def read_wheel(path: pathlib.Path) -> Wheel:
                  tuple(msg.get_all("Requires-Dist") or ()))
 
 
+def python_tag_fits(file: str, python: str) -> bool:
+    """Whether a wheel file name's Python tag (``py3``, ``py312``, ``cp312``, ``py2.py3``) installs on
+    CPython ``python`` (e.g. "3.12.3")."""
+    parts = file[: -len(".whl")].split("-")
+    if len(parts) < 5:
+        return True  # not a standard wheel name: pip will say
+    major, minor = python.split(".")[:2]
+    return bool(set(parts[-3].split(".")) & {f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"})
+
+
 def installed_packages() -> dict[str, str]:
     """{canonical name: version} of the running interpreter's distributions (the first on sys.path wins,
     as for imports)."""
@@ -141,6 +151,8 @@ def check(wheels: list[Wheel], image: dict[str, str | None], *, listed: dict[str
         carried[wheel.name] = wheel.version
         if wheel.requires_python and Version(python) not in SpecifierSet(wheel.requires_python):
             out.errors.append(f"{wheel.file}: Requires-Python {wheel.requires_python} excludes Python {python}")
+        if not python_tag_fits(wheel.file, python):
+            out.errors.append(f"{wheel.file}: built for another Python than {python} (its file name's tag)")
         if wheel.name in image and installed is None:
             out.notes.append(f"{wheel.name} {wheel.version} is carried although the image has it "
                              f"({image[wheel.name] or 'version not read'}): the carried one shadows it")
@@ -209,7 +221,8 @@ def check_resolution(report: dict, wheels: list[Wheel], image: dict[str, str | N
                 out.errors.append(f"the resolution takes {name} {version}, the carried wheel is {carried[name]}")
         elif name not in image:
             by = sorted(needed_by.get(name, ()))
-            message = f"the resolution needs {name} {version} (for {', '.join(by) or 'nothing'}), neither carried nor in the image"
+            message = (f"the resolution needs {name} {version} (for {', '.join(by) or 'nothing'}), neither carried "
+                       "nor in the image")
             if set(by) & carried.keys() or not by:
                 out.errors.append(message)
             else:
@@ -233,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="check against the running interpreter's packages (on the device) instead of "
                              "image_packages.txt")
     parser.add_argument("--pip-report", type=pathlib.Path, help="also check this pip --dry-run --report JSON")
+    parser.add_argument("--python", default=IMAGE_PYTHON,
+                        help=f"the Python the wheels are for, without --installed (default {IMAGE_PYTHON}: the "
+                             "image's)")
     args = parser.parse_args(argv)
     wheels = [read_wheel(p) for p in sorted(args.dir.glob("*.whl"))]
     if not wheels:
@@ -247,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                          installed=installed)
     else:
         image = read_pins(IMAGE_PACKAGES)
-        findings = check(wheels, image, listed=read_pins(WHEELS), required=read_pins(REQUIREMENTS))
+        markers = IMAGE_MARKERS | {"python_version": ".".join(args.python.split(".")[:2]),
+                                   "python_full_version": args.python}
+        findings = check(wheels, image, listed=read_pins(WHEELS), required=read_pins(REQUIREMENTS),
+                         markers=markers, python=args.python)
     for wheel in wheels:
         print(f"wheel {wheel.name} {wheel.version} ({wheel.file})")
     if args.pip_report:

@@ -27,7 +27,7 @@ platforms=(--python-version "$pyver" --implementation cp --platform manylinux_2_
            --platform manylinux1_x86_64)
 
 mapfile -t pins < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$here/wheels.txt")
-mkdir -p "$dir"
+mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
 "$python" -m pip download --no-deps --only-binary=:all: "${platforms[@]}" -d "$dir" "${pins[@]}"
 
 bytes=$(cat "$dir"/*.whl | wc -c)
@@ -56,4 +56,5 @@ if [[ "${RESOLVE:-0}" == 1 ]]; then
   args=(--pip-report "$standin/report.json")
 fi
 # One version of each, the listed ones only (two stop the install there), and their needs met.
+[[ "$pyver" == 3.12 ]] || args+=(--python "$pyver.0")
 cd "$repo" && "$python" -m bench.accelerator.check_wheels "$dir" "${args[@]}"

@@ -206,3 +206,15 @@ def test_check_wheels_command_reports_and_fails_on_an_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.accelerator.check_wheels", str(tmp_path / "none")],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no wheels" in proc.stdout
+
+
+def test_a_wheel_built_for_another_python_is_an_error(tmp_path):
+    assert cw.python_tag_fits("multiprocess-0.70.19-py312-none-any.whl", "3.12.3")
+    assert cw.python_tag_fits("dill-0.4.1-py3-none-any.whl", "3.12.3")
+    assert cw.python_tag_fits("six-1.17.0-py2.py3-none-any.whl", "3.12.3")
+    assert cw.python_tag_fits("numpy-2.5.2-cp312-cp312-manylinux_2_28_x86_64.whl", "3.12.3")
+    assert not cw.python_tag_fits("multiprocess-0.70.19-py311-none-any.whl", "3.12.3")
+    assert cw.python_tag_fits("multiprocess-0.70.19-py311-none-any.whl", "3.11.0")
+    carried = [cw.read_wheel(make_wheel(tmp_path, "multiprocess", "0.70.19", tag="py311-none-any"))]
+    assert any("built for another Python than 3.12.3" in e for e in cw.check(carried, {}).errors)
+    assert cw.check(carried, {}, python="3.11.0").errors == []
