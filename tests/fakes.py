@@ -113,7 +113,7 @@ def tiny_config(**changes):
     """configs/tiny.py with ``changes`` (dotted names with "__" for ".", e.g. ``rl__snr_tau=0.3``)."""
     from configs import tiny
 
-    return _with_changes(tiny.get_config(), changes)
+    return with_changes(tiny.get_config(), changes)
 
 
 def tiny_safety_config(**changes):
@@ -137,7 +137,7 @@ def tiny_safety_config(**changes):
     config.sampling.max_new_tokens = 80
     config.eval.update(max_examples=16, batch_size=8)
     config.checkpoint.update(every_steps=2, keep=2)
-    return _with_changes(config, changes)
+    return with_changes(config, changes)
 
 
 def as_run_config(config) -> RunConfig:
@@ -151,7 +151,7 @@ def tiny_run_config(**changes) -> RunConfig:
     return as_run_config(tiny_config(**changes))
 
 
-def _with_changes(config, changes):
+def with_changes(config, changes):
     """``config`` with ``changes`` (dotted names with "__" for ".") set."""
     for name, value in changes.items():
         *parents, field = name.split("__")

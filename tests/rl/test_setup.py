@@ -18,7 +18,7 @@ from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.rl.setup import build_setup, eval_split, reward_spec, with_local_models
 from gd2po_jax.tasks import task_of
 from tests import fixture_data
-from tests.fakes import alpaca_path, as_run_config, data_files, tiny_config, tiny_safety_policy, tiny_score_model_dir
+from tests.fakes import alpaca_path, as_run_config, data_files, tiny_config, tiny_safety_policy, tiny_score_model_dir, with_changes
 
 
 def _rlla() -> str:
@@ -32,13 +32,7 @@ def _files_config(tmp_path, **changes) -> RunConfig:
     config = toolrl.get_config("qwen2.5-1.5b")
     config.model.path = str(tmp_path)
     config.data.train = config.data.validation = config.data.test = _rlla()
-    for name, value in changes.items():
-        *parents, field = name.split("__")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[field] = value
-    return as_run_config(config)
+    return as_run_config(with_changes(config, changes))
 
 
 def _reward_fn(config):
@@ -118,13 +112,7 @@ def _safety_config(**changes) -> RunConfig:
     for name, (layout, template) in {"useful": ("amo", "chatml"), "harmless": ("beaver", "plain")}.items():
         config.rewards.reward_models[name].update(path=str(tiny_score_model_dir(layout, template)),
                                                   batch_size=8, dtype="float32")
-    for name, value in changes.items():
-        *parents, field = name.split("__")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[field] = value
-    return as_run_config(config)
+    return as_run_config(with_changes(config, changes))
 
 
 def test_the_reward_spec_is_made_per_kind(tmp_path):
