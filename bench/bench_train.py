@@ -68,7 +68,8 @@ def bench_default(config, workdir: pathlib.Path) -> None:
                                grad_clip=config.train.grad_clip)
     state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
                                    jax.random.PRNGKey(0)))
-    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length)
+    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
+                                  reward_names=setup.reward_names, reward_weights=setup.reward_weights)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     rows = []

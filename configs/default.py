@@ -34,6 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.kind = "auto"  # auto | verl | toolrl_sft | api_bank | jsonl
     config.data.on_error = "raise"  # raise | skip (malformed rows are counted and reported)
     config.data.max_prompt_tokens = 1024  # longer prompts are an error naming the row
+    config.data.chat_template_kwargs = ()  # NAME=VALUE arguments of the chat template, e.g. enable_thinking=False
+    config.data.tools_column = ""  # a column of tool schemas passed to the chat template as tools=
     # The synthetic task (gd2po_jax.tasks.synthetic_tools.data.SyntheticToolsConfig, plus the size of the
     # tokenizer trained on it); fields left out take that class's defaults.
     config.data.synthetic = ml_collections.ConfigDict(
@@ -42,8 +44,11 @@ def get_config() -> ml_collections.ConfigDict:
     )
 
     config.rewards = ml_collections.ConfigDict()
-    config.rewards.kind = "tool_calling"  # the registered reward family
-    config.rewards.names = ("correctness", "format", "length")  # the K rewards, in order
+    config.rewards.kind = "tool_calling"  # the registered reward family; empty: none (only rewards.functions)
+    config.rewards.names = ("correctness", "format", "length")  # the family's rewards, in order
+    # Reward functions of your own, after the family's columns: module:callable or path/file.py:callable
+    # (TRL's fn(prompts, completions, **kwargs) or gd2po_jax.rewards.base.RewardFunction); docs/own_task.md.
+    config.rewards.functions = ()
     config.rewards.max_think_words = 32  # Lmax of the length reward
     config.rewards.conditional_length = True  # the length reward counts only for a correct call (GDPO paper)
     config.rewards.weights = ()  # w_k, one per reward; empty: all ones (official)
@@ -111,6 +116,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sft.max_length = 512  # longest example (prompt + target), in tokens
     config.sft.seed = 0  # order of the SFT examples (not train.seed: RL seeds share the warm start)
     config.sft.cache_dir = ""  # shared warm starts; empty: WORKDIR/warm_start
+    config.sft.only_with_targets = False  # True: skip the warm start when the data has no targets
 
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 10  # save every this many RL steps
@@ -127,6 +133,14 @@ def get_config() -> ml_collections.ConfigDict:
 
     # The policy exported in Hugging Face format (WORKDIR/policy; export.py): "" = model.dtype | float32 | bfloat16.
     config.export = ml_collections.ConfigDict(dict(dtype=""))
+
+    # What a run records besides metrics.jsonl and TensorBoard: the rollouts of every Nth step
+    # (WORKDIR/rollouts/step_N.jsonl; 0: never) and Weights & Biases (pip install wandb).
+    config.logging = ml_collections.ConfigDict()
+    config.logging.rollouts_every = 0
+    # mode: online | offline | disabled | "" (the WANDB_MODE variable, else online)
+    config.logging.wandb = ml_collections.ConfigDict(dict(enabled=False, project="gd2po-jax", name="", entity="",
+                                                          mode=""))
 
     # Several hosts, one process each (docs/multihost.md): process 0's HOST:PORT ("auto": detected on
     # TPU pods / SLURM; empty: one process), the number of processes and this one's index.

@@ -24,6 +24,7 @@ values are what they are.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import json
@@ -50,7 +51,7 @@ PROMPT_TRUNCATIONS = ("error", "left")
 """The values of ``config.data.prompt_truncation``."""
 
 
-EVAL_SPLITS = ("validation", "test", "none")
+EVAL_SPLITS = ("validation", "test", "none", "auto")
 """The values of ``config.eval.split``."""
 
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGXCPU")
@@ -116,6 +117,14 @@ def _flag(value: Any, field: str) -> None:
 
 def _text(value: Any, field: str, what: str = "a string") -> None:
     _require(isinstance(value, str), field, f"must be {what}, got {value!r}")
+
+
+def _literal_or_text(text: str) -> Any:
+    """``text`` as the Python literal it spells (``False``, ``2``, ``'a'``, ``[1, 2]``), else itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
 
 
 # ----------------------------------------------------------------------------------------------
@@ -448,6 +457,13 @@ class DataConfig(_Section):
         number cut is logged). Reward functions still receive the whole prompt (its text and
         messages). Left out (None): error, and out of `to_dict` (so the warm-start key of a config
         that does not set it stays what it was).
+      chat_template_kwargs: keyword arguments of the chat template (``apply_chat_template``), as
+        ``NAME=VALUE`` strings whose value is a Python literal or else text, e.g.
+        ``("enable_thinking=False",)`` for Qwen3 (``--config.data.chat_template_kwargs=enable_thinking=False``);
+        `DataConfig.template_kwargs` gives them as a dict. Empty: none. Absent from older runs' config.json: empty.
+      tools_column: the name of a data column holding each row's tool schemas (a list of JSON-schema
+        dicts, or that list as JSON text), passed to the chat template as ``tools=`` (a row whose
+        value is null: no tools). Empty: none. Absent from older runs' config.json: empty.
     """
 
     _path: ClassVar[str] = "data"
@@ -461,8 +477,14 @@ class DataConfig(_Section):
     synthetic: SyntheticDataConfig
     prompt_truncation: str | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
     safety: SafetyDataConfig | None = dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
+    chat_template_kwargs: tuple[str, ...] = ()
+    tools_column: str = ""
 
     def __post_init__(self):
+        _require(isinstance(self.chat_template_kwargs, tuple), "data.chat_template_kwargs",
+                 f"must be a tuple of NAME=VALUE strings, got {self.chat_template_kwargs!r}")
+        self.template_kwargs  # noqa: B018 - checks each entry, naming it
+        _text(self.tools_column, "data.tools_column", "a column name (empty: no tools)")
         for split in ("train", "validation", "test"):
             _text(getattr(self, split), f"data.{split}", "a file path (or empty)")
         _one_of(self.kind, "data.kind", ("auto", *DATA_KINDS))
@@ -470,6 +492,21 @@ class DataConfig(_Section):
         _int_at_least(self.max_prompt_tokens, "data.max_prompt_tokens")
         if self.prompt_truncation is not None:
             _one_of(self.prompt_truncation, "data.prompt_truncation", PROMPT_TRUNCATIONS)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """``chat_template_kwargs`` as a dict (``"enable_thinking=False"`` -> ``{"enable_thinking": False}``).
+
+        Raises:
+          ConfigError: naming the entry that is not NAME=VALUE with NAME an identifier.
+        """
+        kwargs = {}
+        for i, entry in enumerate(self.chat_template_kwargs):
+            name, equals, text = entry.partition("=") if isinstance(entry, str) else ("", "", "")
+            _require(bool(equals) and name.strip().isidentifier(), f"data.chat_template_kwargs[{i}]",
+                     f"{entry!r} is not NAME=VALUE (e.g. enable_thinking=False)")
+            kwargs[name.strip()] = _literal_or_text(text.strip())
+        return kwargs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,17 +554,28 @@ class RewardModelConfig(_Section):
 class RewardsConfig(_Section):
     """``config.rewards``: the K reward functions, scored on the host.
 
+    The run's K reward columns, in the order of the reward tensor's last axis ([P, G, K]): first the
+    ``names`` of the built-in family ``kind`` (none when ``kind`` is empty), then the columns of each
+    entry of ``functions`` in order (`gd2po_jax.rewards.user_functions`).
+
     Attributes:
       kind: the registered reward family (`gd2po_jax.rewards.base.build_reward_function`):
-        tool_calling (the ToolRL rewards) or reward_model (one score model per reward).
-      names: the K rewards, in the order of the reward tensor's last axis ([P, G, K]).
+        tool_calling (the ToolRL rewards), reward_model (one score model per reward), or empty: none
+        (the rewards are ``functions``').
+      names: the family's rewards, in order (empty exactly when ``kind`` is).
+      functions: reward functions of your own (`FunctionEntry`), each an import path
+        ``module:callable`` or ``path/to/file.py:callable`` (short form), or a mapping
+        ``{"fn": ..., "name": ..., "weight": ..., "options": {...}, "on_error": ..., "min_value": ...}``
+        (config-file form). Absent from older runs' config.json: none.
       max_think_words: Lmax of the length reward: think words that earn the full reward.
       conditional_length: the length reward counts only for an exactly correct call (the GDPO
         paper's conditioned variant; the official GD2PO code does not condition it).
-      weights: w_k, one per reward; empty: all ones (official).
-      on_error: raise | min: what a reward function that fails (raises, or times out) on a rollout
-        does: raise stops the run naming the rollout; min gives the rollout that function's minimum
-        of each of its rewards, counted per step as ``reward_failed/<name>`` in metrics.jsonl.
+      weights: w_k, one per reward column (of ``names`` and of ``functions``); empty: each
+        function's entry ``weight`` (default 1), 1 for the family's rewards (official).
+      on_error: raise | min | abstain: what a reward function that fails (raises, or times out) on a
+        rollout does: raise stops the run naming the rollout; min gives the rollout that function's
+        minimum of each of its rewards; abstain leaves them unscored (NaN); both counted per step as
+        ``reward_failed/<name>`` in metrics.jsonl. An entry of ``functions`` may set its own.
       num_workers: threads scoring rollouts in parallel.
       timeout_s: seconds the scoring of one step's rollouts may take; calls still running then fail
         (on_error), and their threads are abandoned (Python cannot stop them). 0: no limit. Absent
@@ -555,19 +603,36 @@ class RewardsConfig(_Section):
     max_failed_fraction: float = 1.0
     reward_models: dict[str, RewardModelConfig] = dataclasses.field(default_factory=dict)
     offload: bool = False
+    functions: tuple[Any, ...] = ()
 
     def __post_init__(self):
-        _text(self.kind, "rewards.kind")
+        _text(self.kind, "rewards.kind", "the name of a registered reward family, or empty (none)")
         _require(isinstance(self.names, tuple) and all(isinstance(n, str) for n in self.names),
                  "rewards.names", f"must be a tuple of reward names, got {self.names!r}")
-        _require(len(self.names) >= 1, "rewards.names", "at least one reward is needed")
+        _require(isinstance(self.functions, tuple), "rewards.functions",
+                 f"must be a tuple of module:callable entries, got {self.functions!r}")
+        entries = self.function_entries()
+        if self.kind:
+            _require(len(self.names) >= 1, "rewards.names",
+                     f"rewards.kind={self.kind!r} needs at least one of its rewards named")
+        else:
+            _require(not self.names, "rewards.names",
+                     f"{self.names} names rewards of no family: rewards.kind is empty (set it, e.g. tool_calling, "
+                     "or leave rewards.names empty)")
+            _require(bool(entries), "rewards.functions",
+                     "no rewards: give reward functions (--config.rewards.functions=my_rewards:fn,...) or a "
+                     "reward family (rewards.kind and rewards.names)")
+        if entries and self.weights:
+            weighted = [f"rewards.functions[{e.index}]" for e in entries if e.weight is not None]
+            _require(not weighted, "rewards.weights",
+                     f"is given, and so is a weight of {', '.join(weighted)}: give the weights in one place")
         _int_at_least(self.max_think_words, "rewards.max_think_words")
         _flag(self.conditional_length, "rewards.conditional_length")
         _require(isinstance(self.weights, tuple) and all(map(_is_number, self.weights)),
                  "rewards.weights", f"must be a tuple of finite numbers (empty: all ones), got {self.weights!r}")
-        _require(not self.weights or len(self.weights) == len(self.names), "rewards.weights",
+        _require(not self.weights or entries or len(self.weights) == len(self.names), "rewards.weights",
                  f"has {len(self.weights)} entries for {len(self.names)} rewards {self.names}")
-        _one_of(self.on_error, "rewards.on_error", ("raise", "min"))
+        _one_of(self.on_error, "rewards.on_error", ("raise", "min", "abstain"))
         _int_at_least(self.num_workers, "rewards.num_workers")
         _number(self.timeout_s, "rewards.timeout_s")
         _require(self.timeout_s >= 0, "rewards.timeout_s", f"must be >= 0 (0: no limit), got {self.timeout_s}")
@@ -589,6 +654,85 @@ class RewardsConfig(_Section):
                      + (f"none for {missing}" if missing else "") + ("; " if missing and extra else "")
                      + (f"{extra} not in rewards.names" if extra else "")
                      + " (e.g. --config.rewards.reward_models.<name>.path=DIR)")
+
+    def function_entries(self) -> tuple[FunctionEntry, ...]:
+        """``functions`` as `FunctionEntry` objects, in order.
+
+        Raises:
+          ConfigError: naming ``config.rewards.functions[i]`` (and the key) of an invalid entry.
+        """
+        return tuple(FunctionEntry.parse(entry, i) for i, entry in enumerate(self.functions))
+
+
+FUNCTION_ON_ERROR = ("raise", "min", "abstain")
+"""What a failing entry of ``rewards.functions`` does (`FunctionEntry.on_error`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionEntry:
+    """One entry of ``config.rewards.functions``: a reward function of your own
+    (`gd2po_jax.rewards.user_functions` imports and calls it).
+
+    Attributes:
+      index: the entry's position in ``rewards.functions`` (named in errors).
+      fn: ``module:callable`` (a module importable from the working directory or ``sys.path``) or
+        ``path/to/file.py:callable``; the callable may be dotted (``module:Class.method``).
+      name: the reward column's name; None: the callable's ``__name__`` (a function with a ``names``
+        attribute gives its K columns those names).
+      weight: w_k of its columns; None: ``rewards.weights``, else 1.
+      options: keyword arguments: a class is built with them, a function gets them with every call.
+      on_error: raise | min | abstain: what a call that raises does (None: ``rewards.on_error``);
+        min scores the rollout ``min_value``, abstain leaves it unscored (NaN); both count in
+        ``reward_failed/<name>``.
+      min_value: the score of a failed rollout with on_error=min (None: the function's own
+        ``min_values``, if it declares them).
+    """
+
+    index: int
+    fn: str
+    name: str | None = None
+    weight: float | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    on_error: str | None = None
+    min_value: float | None = None
+
+    KEYS: ClassVar[tuple[str, ...]] = ("fn", "name", "weight", "options", "on_error", "min_value")
+
+    @classmethod
+    def parse(cls, entry: Any, index: int) -> FunctionEntry:
+        """The entry of ``rewards.functions[index]``: a string (``fn``) or a mapping of `KEYS`.
+
+        Raises:
+          ConfigError: naming ``config.rewards.functions[index]`` and what is wrong.
+        """
+        field = f"rewards.functions[{index}]"
+        if isinstance(entry, str):
+            entry = {"fn": entry}
+        _require(isinstance(entry, Mapping), field,
+                 f"must be 'module:callable', 'path/file.py:callable' or a mapping with 'fn', got {entry!r}")
+        unknown = sorted(set(entry) - set(cls.KEYS))
+        _require(not unknown, field, f"unknown key{'s' if len(unknown) > 1 else ''} {unknown}; an entry has "
+                 f"{', '.join(cls.KEYS)}")
+        fn = entry.get("fn")
+        _require(isinstance(fn, str) and ":" in fn and all(p.strip() for p in fn.rsplit(":", 1)), f"{field}.fn",
+                 f"{fn!r} is not 'module:callable' or 'path/to/file.py:callable'")
+        name = entry.get("name")
+        _require(name is None or (isinstance(name, str) and name.strip() != ""), f"{field}.name",
+                 f"must be a non-empty string, got {name!r}")
+        weight = entry.get("weight")
+        _require(weight is None or _is_number(weight), f"{field}.weight", f"must be a finite number, got {weight!r}")
+        options = entry.get("options") or {}
+        _require(isinstance(options, Mapping) and all(isinstance(k, str) for k in options), f"{field}.options",
+                 f"must be a mapping of keyword arguments, got {options!r}")
+        on_error = entry.get("on_error")
+        _require(on_error is None or on_error in FUNCTION_ON_ERROR, f"{field}.on_error",
+                 f"{on_error!r} is not one of {FUNCTION_ON_ERROR}")
+        min_value = entry.get("min_value")
+        _require(min_value is None or _is_number(min_value), f"{field}.min_value",
+                 f"must be a finite number, got {min_value!r}")
+        return cls(index=index, fn=fn.strip(), name=name, weight=None if weight is None else float(weight),
+                   options=dict(options), on_error=on_error,
+                   min_value=None if min_value is None else float(min_value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -808,6 +952,9 @@ class SFTConfig(_Section):
         from older runs' config.json: 0.
       cache_dir: a directory shared by runs, holding warm starts under the hash of their inputs
         (see sweep.py); empty: ``WORKDIR/warm_start``. Absent from older runs' config.json: empty.
+      only_with_targets: with ``enabled``, warm-start only when the SFT data has a row with a
+        ``target``; without any, RL starts from ``model.path`` (logged). False: data without targets
+        is an error. Absent from older runs' config.json: False.
     """
 
     _path: ClassVar[str] = "sft"
@@ -820,9 +967,11 @@ class SFTConfig(_Section):
     max_length: int
     seed: int = 0
     cache_dir: str = ""
+    only_with_targets: bool = False
 
     def __post_init__(self):
         _flag(self.enabled, "sft.enabled")
+        _flag(self.only_with_targets, "sft.only_with_targets")
         _text(self.data, "sft.data", "a file path (empty: the training data)")
         _text(self.cache_dir, "sft.cache_dir", "a directory path (a string; empty: WORKDIR/warm_start)")
         if self.enabled:
@@ -857,8 +1006,9 @@ class EvalConfig(_Section):
     """``config.eval``: greedy evaluation of the policy during a run.
 
     Attributes:
-      split: the split evaluated before and after RL: validation | test | none (no evaluation). A
-        split the data lacks is an error when the run starts (`gd2po_jax.rl.setup.eval_split`).
+      split: the split evaluated before and after RL: validation | test | none (no evaluation) |
+        auto (validation if the data has it, else test, else none). A named split the data lacks is
+        an error when the run starts (`gd2po_jax.rl.setup.eval_split`).
       max_examples: evaluate the first this many examples of each split; 0: all.
       batch_size: prompts per generation batch.
       every_steps: also evaluate every this many RL steps; 0: only before and after RL.
@@ -900,6 +1050,61 @@ class ExportConfig(_Section):
     def resolved_dtype(self, model_dtype: str) -> str:
         """The dtype an export is stored in: ``dtype``, or ``model_dtype`` when empty."""
         return self.dtype or model_dtype
+
+
+WANDB_MODES = ("", "online", "offline", "disabled")
+"""The values of ``config.logging.wandb.mode`` (empty: the ``WANDB_MODE`` environment variable, else online)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig(_Section):
+    """``config.logging.wandb``: Weights & Biases logging of the metrics and the config
+    (`gd2po_jax.runtime.wandb_logging`; the ``wandb`` package is an optional dependency).
+
+    Attributes:
+      enabled: log to Weights & Biases (off by default).
+      project: the W&B project.
+      name: the run's display name; empty: the workdir's name.
+      entity: the W&B user or team; empty: the logged-in default.
+      mode: online | offline | disabled; empty: ``WANDB_MODE``, else online.
+    """
+
+    _path: ClassVar[str] = "logging.wandb"
+
+    enabled: bool = False
+    project: str = "gd2po-jax"
+    name: str = ""
+    entity: str = ""
+    mode: str = ""
+
+    def __post_init__(self):
+        _flag(self.enabled, "logging.wandb.enabled")
+        for name in ("project", "name", "entity"):
+            _text(getattr(self, name), f"logging.wandb.{name}")
+        _one_of(self.mode, "logging.wandb.mode", WANDB_MODES)
+        _require(not self.enabled or self.project.strip() != "", "logging.wandb.project",
+                 "is empty; name the W&B project to log to")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig(_Section):
+    """``config.logging``: what a run records besides metrics.jsonl and TensorBoard. How a run is
+    watched, not what it computes: a rerun may change it (`gd2po_jax.runtime.workdir.RESUMABLE_FIELDS`).
+
+    Attributes:
+      rollouts_every: > 0: every this many RL steps (and at the last), save the step's rollouts to
+        ``WORKDIR/rollouts/step_<N>.jsonl``: prompt, completion, each reward, the advantage, the
+        GD2PO keep mask, conflict and SNR, the prompt's weight (`gd2po_jax.rl.rollout_log`). 0: never.
+      wandb: Weights & Biases (`WandbConfig`).
+    """
+
+    _path: ClassVar[str] = "logging"
+
+    rollouts_every: int = 0
+    wandb: WandbConfig = WandbConfig()
+
+    def __post_init__(self):
+        _int_at_least(self.rollouts_every, "logging.rollouts_every", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1039,6 +1244,7 @@ class RunConfig(_Section):
       model, data, rewards, rl, sampling, train, sft, checkpoint, eval, mesh: the sections.
       distributed: how the processes of a multi-host run find each other (defaults: one process).
       export: the dtype of the exported policy (default: model.dtype; older config.json files lack it).
+      logging: rollout files and Weights & Biases (defaults: neither; older config.json files lack it).
     """
 
     task: str
@@ -1054,9 +1260,10 @@ class RunConfig(_Section):
     mesh: MeshConfig
     distributed: DistributedConfig = DistributedConfig()
     export: ExportConfig = ExportConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
-        _text(self.task, "task", "the name of a registered task (gd2po_jax.tasks)")
+        _text(self.task, "task", "the name of a registered task (gd2po_jax.tasks) or module:object of your own")
         prompts, per_call = self.train.prompts_per_step, self.sampling.prompts_per_call
         _require(per_call == 0 or per_call >= prompts or prompts % per_call == 0, "sampling.prompts_per_call",
                  f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")

@@ -158,3 +158,45 @@ def test_the_runtime_imports_without_torch():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "PyTorch was not found" not in proc.stderr  # transformers' notice, silenced by gd2po_jax
+
+
+def _train_py(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), f"--workdir={tmp_path / 'run'}", *args],
+                          cwd=tmp_path, env=subprocess_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True,
+                          timeout=300)
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    """The last line of stderr, checked to be the only trace of the failure (no traceback)."""
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_misspelt_config_field_is_one_line_with_the_suggestion(tmp_path):
+    line = _one_line(_train_py(tmp_path, f"--config={REPO / 'configs/tiny.py'}", "--config.rl.algoritm=gdpo"))
+    assert line == ("train.py: --config.rl.algoritm=gdpo: config.rl has no field 'algoritm'; did you mean "
+                    "'algorithm'? (the fields are those of the --config file)")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--config.rewards.kind=my_reward"], r"^train\.py: config\.rewards\.kind: 'my_reward' is not a registered reward "
+                                          r"family; registered: .*config\.rewards\.functions"),
+    (["--config.rewards.functions=my_rewards:brevity"], r"^train\.py: config\.rewards\.functions\[0\] "
+                                                        r"\('my_rewards:brevity'\): cannot import module 'my_rewards'"),
+    (["--config=configs/nowhere.py"], r"^train\.py: --config=configs/nowhere\.py: cannot load the config file"),
+])
+def test_reward_and_config_file_mistakes_are_one_line(tmp_path, args, expected):
+    import re
+
+    args = [f"--config={REPO / 'configs/tiny.py'}", *args] if not args[0].startswith("--config=") else args
+    assert re.search(expected, _one_line(_train_py(tmp_path, *args)))
+
+
+def test_a_malformed_jsonl_row_is_one_line_naming_the_file_and_row(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "hi"}\n{"prompt": 3}\n')
+    line = _one_line(_train_py(tmp_path, f"--config={REPO / 'configs/files.py'}", f"--config.model.path={tmp_path}",
+                               f"--config.data.train={data}", f"--config.rewards.functions={REPO}/examples/own_task/"
+                               "rewards.py:brevity"))
+    expected = f"train.py: {data}, row 1 (0-based), line 2, field 'prompt': expected a non-empty list"
+    assert line.startswith(expected), line

@@ -61,6 +61,15 @@ def test_every_pin_is_declared_and_lies_in_its_range(requirements_file, declared
     assert not unbounded, f"no upper bound: {unbounded}"
 
 
+def test_the_optional_extras_are_bounded_above():
+    """Every extra (test, wandb) gives each package a range with an upper bound (a major version)."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert {"test", "wandb"} <= set(extras)
+    unbounded = [f"{extra}: {r}" for extra, requirements in extras.items() for r in ranges(requirements).values()
+                 if not any(s.operator == "<" for s in r.specifier)]
+    assert not unbounded, f"no upper bound: {unbounded}"
+
+
 def test_jax_and_jaxlib_share_their_range():
     supported = ranges(PYPROJECT["project"]["dependencies"])
     assert supported["jax"].specifier == supported["jaxlib"].specifier

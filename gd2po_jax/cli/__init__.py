@@ -25,10 +25,12 @@ from __future__ import annotations
 import ast
 import logging
 import pathlib
+import re
 import sys
+from collections.abc import Sequence
 from typing import Any, Callable
 
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags import tuple_parser
 
@@ -120,15 +122,87 @@ def main_module_name() -> str:
     return sys.argv[0]
 
 
+def one_line(error: BaseException) -> str:
+    """``str(error)`` on one line (a user's exception message may hold newlines)."""
+    return " ".join(part.strip() for part in str(error).splitlines() if part.strip()) or type(error).__name__
+
+
+def _quoted(text: str) -> list[str]:
+    return re.findall(r"[\"']([^\"'\s]+)[\"']", text)
+
+
+def override_error_message(argv: Sequence[str], error: BaseException) -> str:
+    """One line for an exception from applying ``--config.FIELD=VALUE`` overrides: the flag at fault
+    (found by the field the error names) and ml_collections' "Did you mean" suggestion, if any."""
+    text = str(error).replace("\\n", "\n")
+    suggestion = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+    key = suggestion.group(2) if suggestion else next(iter(_quoted(text)), None)
+    overrides = [arg for arg in argv[1:] if re.match(r"--\w+\.", arg)]
+    culprit = next((arg for arg in overrides if key and key in re.split(r"[.=]", arg.split("=", 1)[0])), None)
+    if culprit and key:
+        parts = culprit.split("=", 1)[0].lstrip("-").split(".")
+        parent = ".".join(parts[:parts.index(key)]) if key in parts[1:] else ".".join(parts[:-1])
+        hint = f"; did you mean {suggestion.group(1)!r}?" if suggestion else ""
+        return f"{culprit}: {parent} has no field {key!r}{hint} (the fields are those of the --config file)"
+    detail = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    where = f" ({', '.join(overrides)})" if overrides else ""
+    return f"cannot apply the command line's config overrides{where}: {type(error).__name__}: {detail}"
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl's flag parsing (``app.run``'s ``flags_parser``), with one line instead of a traceback for
+    a ``--config.FIELD=VALUE`` that names no field (``--config.rl.algoritm=gdpo``): ml_collections
+    raises an AttributeError with a "Did you mean" suggestion, which absl does not catch."""
+    program = pathlib.Path(argv[0]).name if argv else "gd2po"
+    with _overrides_in_one_line(argv):
+        try:
+            remaining = flags.FLAGS(list(argv))
+        except flags.Error as error:  # what absl's own parser reports (a bad value, an unknown flag)
+            raise SystemExit(f"{program}: {one_line(error)} (--helpfull lists the flags)") from None
+    for name in _CONFIG_FLAGS:  # a config file that does not load fails when its value is first read
+        try:
+            flags.FLAGS[name].value.to_dict()
+        except OSError as error:
+            message = " ".join(line.strip() for line in str(error).splitlines()[1:] if line.strip())
+            raise SystemExit(f"{program}: --{name}={config_flags.get_config_filename(flags.FLAGS[name])}: cannot load "
+                             f"the config file ({message})") from None
+        except KeyError:
+            pass  # not defined by this command
+    return remaining
+
+
+_CONFIG_FLAGS: list[str] = []
+"""The config flags `define_config_flag` defined, checked after parsing."""
+
+
+class _overrides_in_one_line:  # noqa: N801 - a context manager used as a statement
+    """Turn an exception of ml_collections applying ``--config.FIELD=VALUE`` overrides into a one-line
+    `SystemExit` (`override_error_message`); they are applied when the flag is defined (from sys.argv)
+    and again when argv is parsed."""
+
+    def __init__(self, argv: Sequence[str]):
+        self.argv = list(argv)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, (AttributeError, KeyError, TypeError, ValueError, flags.Error)):
+            program = pathlib.Path(self.argv[0]).name if self.argv else "gd2po"
+            raise SystemExit(f"{program}: {override_error_message(self.argv, error)}") from None
+        return False
+
+
 def run(doc: str | None, define_flags: Callable[[], None], main: Callable[[list[str]], Any]) -> None:
-    """Start a command: define its flags, then ``absl.app.run(main)`` (parses argv, exits with main's
-    status). absl's ``--help`` prints the ``__main__`` module's docstring: a console script's
-    wrapper (and a root script) has none, so it gets ``doc``, the command module's."""
+    """Start a command: define its flags, then ``absl.app.run(main)`` (parses argv with `parse_flags`,
+    exits with main's status). absl's ``--help`` prints the ``__main__`` module's docstring: a console
+    script's wrapper (and a root script) has none, so it gets ``doc``, the command module's."""
     main_module = sys.modules.get("__main__")
     if main_module is not None and not main_module.__doc__:
         main_module.__doc__ = doc
-    define_flags()
-    app.run(main)
+    with _overrides_in_one_line(sys.argv):
+        define_flags()
+    app.run(main, flags_parser=parse_flags)
 
 
 def define_config_flag(name: str = "config", default: str | None = "configs/default.py",
@@ -144,6 +218,8 @@ def define_config_flag(name: str = "config", default: str | None = "configs/defa
     """
     config_flags.register_flag_parser_for_type(tuple, ListParser())
     kwargs.setdefault("lock_config", True)
+    if name not in _CONFIG_FLAGS:
+        _CONFIG_FLAGS.append(name)
     return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
 
 
@@ -156,4 +232,4 @@ def default_workdir(config_flag) -> str:
 
 
 __all__ = ["DEFAULT_CONFIG_FILE", "ListParser", "default_config_file", "default_workdir", "define_config_flag",
-           "main_module_name", "parse_sequence", "run", "start"]
+           "main_module_name", "one_line", "override_error_message", "parse_flags", "parse_sequence", "run", "start"]

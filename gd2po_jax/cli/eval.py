@@ -26,8 +26,11 @@ from ml_collections import config_flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import ConfigError, DistributedConfig
+from gd2po_jax.data.loaders import DataFormatError
 from gd2po_jax.evaluation import run as evaluation
 from gd2po_jax.evaluation.run import EvalError, EvalOptions
+from gd2po_jax.rewards.base import RewardOutputError
+from gd2po_jax.rewards.scoring import RewardError
 from gd2po_jax.runtime import distributed
 from gd2po_jax.runtime.workdir import RunDirError
 
@@ -96,9 +99,11 @@ def main(argv):
             # Before any other use of JAX.
             distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))
             evaluation.run(options_from_flags())
-        except (EvalError, RunDirError, ConfigError, distributed.DistributedError) as err:
-            # a bad flag or file, a busy workdir, a damaged checkpoint, processes that did not join
-            raise SystemExit(f"eval.py: {err}") from None
+        except (EvalError, RunDirError, ConfigError, distributed.DistributedError, DataFormatError,
+                RewardOutputError, RewardError) as err:
+            # a bad flag or file, a busy workdir, a damaged checkpoint, processes that did not join, a
+            # malformed data row, a reward function that failed or returned something that is not a reward
+            raise SystemExit(f"eval.py: {cli.one_line(err)}") from None
 
 
 def run() -> None:

@@ -56,7 +56,7 @@ def main(argv):
             algorithms=FLAGS.algorithms, snr_taus=FLAGS.snr_taus, seeds=FLAGS.seeds, parallel=FLAGS.parallel,
         )
     except (ConfigError, sweeps.SweepError) as err:
-        raise SystemExit(f"sweep.py: {err}") from None
+        raise SystemExit(f"sweep.py: {cli.one_line(err)}") from None
     signal.signal(signal.SIGTERM, _stop)
     print(f"sweep: {len(sweep.specs)} runs in {sweep.sweep_dir / 'runs'}, "
           f"{len(sweep.devices)} at a time on {', '.join(d or 'cpu' for d in sweep.devices)}")

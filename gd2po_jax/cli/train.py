@@ -23,6 +23,9 @@ from absl import flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.data.loaders import DataFormatError
+from gd2po_jax.rewards.base import RewardOutputError
+from gd2po_jax.rewards.scoring import RewardError
 from gd2po_jax.rl.trainer import train_and_evaluate
 from gd2po_jax.runtime import distributed, preemption
 from gd2po_jax.runtime.checkpoints import NonFiniteError
@@ -59,12 +62,15 @@ def main(argv):
             if stop.step is None and jax.process_count() > 1:
                 raise SystemExit(f"train.py: {stop}") from None  # this process alone: the others stop too
             preempted = stop  # every process saved the same step: each ends cleanly
-        except (ConfigError, RunDirError, NonFiniteError, distributed.DistributedError) as err:
-            # An invalid config or one the workdir's run was not made with, a busy workdir, no intact
-            # checkpoint, parameters that became NaN, processes that did not join, a write that
-            # failed (WriteFailedError, a RunDirError: a full disk): one line naming the field, file
-            # (and its free space), arrays or processes.
-            raise SystemExit(f"train.py: {err}") from None
+        except (ConfigError, RunDirError, NonFiniteError, distributed.DistributedError, DataFormatError,
+                RewardOutputError, RewardError) as err:
+            # An invalid config or one the workdir's run was not made with (a reward function that
+            # cannot be used: RewardFunctionError), a busy workdir, no intact checkpoint, parameters
+            # that became NaN, processes that did not join, a write that failed (WriteFailedError, a
+            # RunDirError: a full disk), a malformed data row, a reward function that returned
+            # something that is not a reward or failed: one line naming the field, file (and its free
+            # space), row, reward function, arrays or processes.
+            raise SystemExit(f"train.py: {cli.one_line(err)}") from None
     if preempted is not None:  # docs/preemption.md: exit code 128 + the signal's number (143: SIGTERM)
         print(f"train.py: {preempted}", file=sys.stderr)
         raise SystemExit(preempted.exit_code)

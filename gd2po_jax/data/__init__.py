@@ -1,12 +1,17 @@
 """Data: loaders for verl / ToolRL / API-Bank / JSONL files and chat-template rendering."""
 
-from gd2po_jax.data.chat import render_prompt, render_prompts, render_sft_example
+from gd2po_jax.data.chat import column_tools, parse_tools, render_prompt, render_prompts, render_sft_example
 from gd2po_jax.data.loaders import (
+    EXTRA_COLUMNS,
     FEATURES,
     KINDS,
+    PROMPT_TEXT,
+    RESERVED_COLUMNS,
     DataFormatError,
     LoadResult,
+    dataset_columns,
     decode_api_bank_answer,
+    decode_extra_columns,
     detect_kind,
     encode_api_bank_answer,
     load_api_bank,
@@ -19,11 +24,17 @@ from gd2po_jax.data.loaders import (
 )
 
 __all__ = [
+    "EXTRA_COLUMNS",
     "FEATURES",
     "KINDS",
+    "PROMPT_TEXT",
+    "RESERVED_COLUMNS",
     "DataFormatError",
     "LoadResult",
+    "column_tools",
+    "dataset_columns",
     "decode_api_bank_answer",
+    "decode_extra_columns",
     "detect_kind",
     "encode_api_bank_answer",
     "load_api_bank",
@@ -33,6 +44,7 @@ __all__ = [
     "load_toolrl_sft",
     "load_verl_parquet",
     "parse_api_bank_answer",
+    "parse_tools",
     "render_prompt",
     "render_prompts",
     "render_sft_example",

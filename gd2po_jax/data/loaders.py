@@ -3,21 +3,38 @@
 Every loader returns a `LoadResult` whose `dataset` has exactly these columns (`FEATURES`), so
 datasets from different files can be concatenated and the trainer reads one layout:
 
-  prompt        list of {"role": str, "content": str}  the chat messages before the answer
-  ground_truth  str or None   what the reward scores against (ToolRL ground-truth text; for
-                              API-Bank the JSON-encoded `answer` list; None for prompt-only
-                              and SFT data)
-  target        str or None   the assistant text to imitate (supervised warm start), if any
-  level         int or None   API-Bank difficulty level (1, 2, 3), if any
-  source        str           where the row comes from ("rlla", "toolrl_sft", "api_bank", ...)
-  row           int           the row's 0-based index in its file (JSON list index, parquet row,
-                              or JSONL line index so that line = row + 1)
+  prompt         list of {"role": str, "content": str}  the chat messages before the answer
+  ground_truth   str or None   what the reward scores against (ToolRL ground-truth text; for
+                               API-Bank the JSON-encoded `answer` list; None for prompt-only
+                               and SFT data)
+  target         str or None   the assistant text to imitate (supervised warm start), if any
+  level          int or None   API-Bank difficulty level (1, 2, 3), if any
+  source         str           where the row comes from ("rlla", "toolrl_sft", "api_bank", ...)
+  row            int           the row's 0-based index in its file (JSON list index, parquet row,
+                               or JSONL line index so that line = row + 1)
+  prompt_text    str or None   the prompt exactly as the data gave it when it was one string
+                               (JSONL ``"prompt": "What is 2+2?"``); None when it gave chat messages
+  extra_columns  bytes         the record's other columns: ``pickle.dumps`` of {name: value},
+                               read back with `decode_extra_columns` (or `dataset_columns`)
+
+(`PROMPT_TEXT` and `EXTRA_COLUMNS` name the last two.)
+
+The extra columns are every key of a record that is not a `FEATURES` name (nor the JSONL prompt
+alias ``messages``), with its exact Python value: verl's ``reward_model``, ``data_source``,
+``extra_info`` and ``ability``, API-Bank's ``system``, ``user``, ``answer`` and ``other``, a JSONL
+file's own ``answer``. They reach reward functions as columns of their own
+(`gd2po_jax.data.prompts.build_prompt_set`). They are pickled rather than Arrow columns because a
+user's column may change type from row to row (an int in one JSONL row, a string in the next) or
+hold what JSON cannot (parquet dates, bytes), which one Arrow column cannot hold. A record key in
+`RESERVED_COLUMNS` is a malformed row: it would be shadowed by the column of that name (``row``,
+``prompt_text``, ``extra_columns``) or by what rollouts add for reward functions (``response_ids``,
+``rollout_index``). Only the loaders write ``extra_columns``, so nothing unpickled comes from a file.
 
 Supported files (local only; nothing is downloaded):
 
   verl RL parquet        `prompt` (chat messages), `reward_model.ground_truth`, `data_source`
                          -> `load_verl_parquet` (prompt-only files allowed with
-                         `require_ground_truth=False`)
+                         `require_ground_truth=False`); every column is read
   ToolRL SFT JSON        a JSON list of {"instruction", "input", "output"} -> `load_toolrl_sft`;
                          prompt = [system: instruction, user: input], target = output
   API-Bank JSON          a JSON list of {"system", "user", "answer", ...}; `answer` is a list of
@@ -29,7 +46,7 @@ Supported files (local only; nothing is downloaded):
                            "messages": alias of "prompt" (give exactly one of the two)
                            "ground_truth": str (optional), "target": str (optional),
                            "level": int (optional), "source": str (optional, default "jsonl")
-                         other fields are ignored; blank lines are skipped.
+                         other fields are extra columns; blank lines are skipped.
 
 Malformed rows raise `DataFormatError` naming the file, the 0-based row (and the 1-based line for
 JSONL) and the field. With `on_error="skip"` they are left out instead, logged as a warning, and
@@ -48,6 +65,7 @@ import json
 import logging
 import os
 import pathlib
+import pickle
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
@@ -72,9 +90,26 @@ FEATURES = datasets.Features(
         "level": datasets.Value("int64"),
         "source": datasets.Value("string"),
         "row": datasets.Value("int64"),
+        "prompt_text": datasets.Value("string"),
+        "extra_columns": datasets.Value("binary"),
     }
 )
 """The schema of every loaded dataset (see the module docstring)."""
+
+PROMPT_TEXT = "prompt_text"
+"""The column of the prompt as the data gave it when it was one string (else None)."""
+
+EXTRA_COLUMNS = "extra_columns"
+"""The column of a row's other columns, pickled (`decode_extra_columns`)."""
+
+PROMPT_ALIAS = "messages"
+"""The JSONL name of ``prompt`` (not an extra column)."""
+
+RESERVED_COLUMNS = ("row", PROMPT_TEXT, EXTRA_COLUMNS, "response_ids", "rollout_index")
+"""Record keys that are refused (`DataFormatError`, "rename it"): each would be silently shadowed,
+by a `FEATURES` column the loader sets, or by a column rollouts give reward functions
+(`gd2po_jax.rewards.base.RESPONSE_IDS`, `gd2po_jax.rewards.base.ROLLOUT_INDEX`; not imported: that
+package loads JAX)."""
 
 _API_BANK_FILE = re.compile(r"level-(\d+)-api_processed\.json$")
 
@@ -165,9 +200,37 @@ def _messages(value: Any, field: str) -> list[dict[str, str]]:
     return messages
 
 
+def _extra_columns(record: dict) -> dict[str, Any]:
+    """The record's keys that are not `FEATURES` names (nor `PROMPT_ALIAS`), with their values;
+    raises `_FieldError` on a key of `RESERVED_COLUMNS`."""
+    for name in RESERVED_COLUMNS:
+        if name in record:
+            raise _FieldError(name, f"is a reserved column name ({', '.join(RESERVED_COLUMNS)}): the loader or "
+                                    "the rollouts set a column of that name, which would hide this one; rename it")
+    return {name: value for name, value in record.items() if name not in FEATURES and name != PROMPT_ALIAS}
+
+
+_UNPICKLABLE = (pickle.PicklingError, TypeError, AttributeError, RecursionError)
+
+
+def _pickled(extras: dict[str, Any]) -> bytes:
+    """``pickle.dumps(extras)``; raises `_FieldError` naming a column whose value cannot be pickled."""
+    try:
+        return pickle.dumps(extras)
+    except _UNPICKLABLE:
+        for name, value in extras.items():
+            try:
+                pickle.dumps(value)
+            except _UNPICKLABLE as err:
+                raise _FieldError(name, f"cannot be kept as an extra column: its value cannot be pickled "
+                                        f"({type(err).__name__}: {err})") from None
+        raise
+
+
 def _row(
-    prompt, *, ground_truth=None, target=None, level=None, source: str, row: int
+    record: dict, prompt, *, prompt_text=None, ground_truth=None, target=None, level=None, source: str, row: int
 ) -> dict[str, Any]:
+    """A row of `FEATURES`; the record's other keys become its extra columns."""
     return {
         "prompt": prompt,
         "ground_truth": ground_truth,
@@ -175,7 +238,38 @@ def _row(
         "level": level,
         "source": source,
         "row": row,
+        PROMPT_TEXT: prompt_text,
+        EXTRA_COLUMNS: _pickled(_extra_columns(record)),
     }
+
+
+def decode_extra_columns(dataset_or_values: datasets.Dataset | Iterable[bytes | None]) -> dict[str, list[Any]]:
+    """The extra columns of a loaded dataset (or of its `EXTRA_COLUMNS` values): name -> one value
+    per row, names in order of first appearance, None where a row lacks the column (as `datasets`
+    fills a JSON column missing from a row). A dataset without the column, or a row whose value is
+    None (a generated task's row), has none. Each row is unpickled once."""
+    if isinstance(dataset_or_values, datasets.Dataset):
+        if EXTRA_COLUMNS not in dataset_or_values.column_names:
+            return {}
+        dataset_or_values = dataset_or_values[EXTRA_COLUMNS]
+    rows = [{} if value is None else pickle.loads(value) for value in dataset_or_values]
+    names = dict.fromkeys(name for row in rows for name in row)
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def dataset_columns(dataset: datasets.Dataset, *, where: str = "data") -> dict[str, list[Any]]:
+    """The columns reward functions see: every column of ``dataset`` but `EXTRA_COLUMNS`, then the
+    decoded extra columns (`decode_extra_columns`), one value per row each.
+
+    Raises:
+      ValueError: an extra column with the name of a column of the dataset, naming ``where``.
+    """
+    columns = {name: list(dataset[name]) for name in dataset.column_names if name != EXTRA_COLUMNS}
+    extras = decode_extra_columns(dataset)
+    clashes = sorted(set(columns) & set(extras))
+    if clashes:
+        raise ValueError(f"{where}: the extra columns {clashes} have the names of columns of the dataset; rename them")
+    return columns | extras
 
 
 def _build(
@@ -238,7 +332,8 @@ def _dict_record(record: Any) -> dict:
 def load_verl_parquet(
     path: str | os.PathLike, *, require_ground_truth: bool = True, on_error: OnError = "raise"
 ) -> LoadResult:
-    """Load a verl RL parquet file (`prompt`, `reward_model.ground_truth`, `data_source`).
+    """Load a verl RL parquet file (`prompt`, `reward_model.ground_truth`, `data_source`); its other
+    columns (``extra_info``, ``ability``, ...) and these two are the rows' extra columns.
 
     Args:
       require_ground_truth: when False, a file without `reward_model.ground_truth` (prompt-only
@@ -262,11 +357,9 @@ def load_verl_parquet(
             "reward_model.ground_truth",
             "missing; pass require_ground_truth=False to load prompt-only data",
         )
-    columns = [c for c in ("prompt", "reward_model", "data_source") if c in schema.names]
-
     def records() -> Iterator[tuple[int, None, dict]]:
         index = 0
-        batches = parquet.iter_batches(batch_size=1024, columns=columns)
+        batches = parquet.iter_batches(batch_size=1024)  # every column: the others are extra columns
         while True:
             try:
                 batch = next(batches, None)
@@ -296,12 +389,8 @@ def _verl_row(record: Any, index: int, *, has_ground_truth: bool) -> dict:
             reward_model.get("ground_truth"), "reward_model.ground_truth", allow_empty=False
         )
     source = _optional_str(record.get("data_source"), "data_source") or "verl"
-    return _row(
-        _messages(record.get("prompt"), "prompt"),
-        ground_truth=ground_truth,
-        source=source,
-        row=index,
-    )
+    return _row(record, _messages(record.get("prompt"), "prompt"), ground_truth=ground_truth, source=source,
+                row=index)
 
 
 def _has_ground_truth_field(schema: pa.Schema) -> bool:
@@ -321,7 +410,7 @@ def _toolrl_sft_row(record: Any, index: int) -> dict:
     user = _require_str(record.get("input"), "input")
     output = _require_str(record.get("output"), "output", allow_empty=False)
     prompt = [{"role": "system", "content": instruction}, {"role": "user", "content": user}]
-    return _row(prompt, target=output, source="toolrl_sft", row=index)
+    return _row(record, prompt, target=output, source="toolrl_sft", row=index)
 
 
 def load_toolrl_sft(path: str | os.PathLike, *, on_error: OnError = "raise") -> LoadResult:
@@ -433,7 +522,7 @@ def _api_bank_row(record: Any, index: int, *, level: int | None) -> dict:
         raise _FieldError("answer", f"not representable as JSON ({err})") from None
     _require_str(ground_truth, "answer")  # no lone surrogates in its strings
     prompt = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    return _row(prompt, ground_truth=ground_truth, level=level, source="api_bank", row=index)
+    return _row(record, prompt, ground_truth=ground_truth, level=level, source="api_bank", row=index)
 
 
 def load_api_bank(
@@ -458,19 +547,19 @@ def load_api_bank(
 
 def _jsonl_row(record: Any, index: int) -> dict:
     record = _dict_record(record)
-    if ("prompt" in record) == ("messages" in record):
-        raise _FieldError("prompt", "give exactly one of 'prompt' and 'messages'")
-    field = "prompt" if "prompt" in record else "messages"
+    if ("prompt" in record) == (PROMPT_ALIAS in record):
+        raise _FieldError("prompt", f"give exactly one of 'prompt' and {PROMPT_ALIAS!r}")
+    field = "prompt" if "prompt" in record else PROMPT_ALIAS
     value = record[field]
-    if isinstance(value, str):
-        prompt = [{"role": "user", "content": _require_str(value, field, allow_empty=False)}]
-    else:
-        prompt = _messages(value, field)
+    prompt_text = _require_str(value, field, allow_empty=False) if isinstance(value, str) else None
+    prompt = [{"role": "user", "content": prompt_text}] if prompt_text is not None else _messages(value, field)
     level = record.get("level")
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
         raise _FieldError("level", f"expected an integer, got {level!r:.40}")
     return _row(
+        record,
         prompt,
+        prompt_text=prompt_text,
         ground_truth=_optional_str(record.get("ground_truth"), "ground_truth"),
         target=_optional_str(record.get("target"), "target"),
         level=level,
@@ -588,7 +677,8 @@ def detect_record_kind(columns: Sequence[str]) -> str:
 def load_records(name: str, records: datasets.Dataset, *, kind: str = "auto", on_error: OnError = "raise",
                  require_ground_truth: bool = True) -> LoadResult:
     """The rows of ``records`` (a `datasets.Dataset` in one of the formats of the module docstring,
-    e.g. from ``datasets.load_from_disk`` or ``datasets.load_dataset``) in the `FEATURES` schema.
+    e.g. from ``datasets.load_from_disk`` or ``datasets.load_dataset``) in the `FEATURES` schema, its
+    other columns kept as extra columns (a column a row lacks holds None there, as `datasets` gives it).
     ``name`` (a folder or a Hub id) is what errors name, with the 0-based row.
 
     Raises:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import datasets
 import numpy as np
 
-from gd2po_jax.data.chat import render_prompts
-from gd2po_jax.rewards.base import RESPONSE_IDS
+from gd2po_jax.data.chat import check_template_kwargs, column_tools, render_prompts
+from gd2po_jax.data.loaders import dataset_columns
+from gd2po_jax.rewards.base import RESPONSE_IDS, ROLLOUT_INDEX
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +25,10 @@ class PromptSet:
     texts: N rendered prompt strings (what reward functions receive as ``prompts``; whole, also
       where ``token_ids`` were cut on the left).
     token_ids: N token-id lists (unpadded): what the policy reads.
-    columns: the dataset's columns (``prompt``, the chat messages; ground_truth, level, ...), N
-      values each.
+    columns: the dataset's columns (``prompt``, the chat messages; ground_truth, level, prompt_text,
+      ...) but ``extra_columns``, then the rows' extra columns decoded (a data file's own columns:
+      `gd2po_jax.data.loaders.dataset_columns`; ``columns["answer"][i]`` is row i's answer), N
+      values each: what reward functions receive as ``columns``.
     """
 
     texts: list[str]
@@ -53,22 +56,35 @@ class PromptSet:
 
 
 def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens: int, where: str,
-                     truncation: str | None = "error") -> PromptSet:
+                     truncation: str | None = "error", template_kwargs: Mapping[str, Any] | None = None,
+                     tools_column: str = "") -> PromptSet:
     """Render ``dataset["prompt"]`` with the chat template and tokenize.
 
     Args:
       truncation: what a prompt over ``max_prompt_tokens`` does: "error" (or None) raises; "left"
         keeps its last ``max_prompt_tokens`` tokens (verl's ``data.truncation=left``), logging how
         many were cut. ``texts`` and ``columns`` keep the whole prompt.
+      template_kwargs: keyword arguments of ``apply_chat_template`` for every prompt
+        (``config.data.template_kwargs``, e.g. ``{"enable_thinking": False}``); None: none.
+      tools_column: a column (extra columns included) holding each row's tools, a list of
+        JSON-schema dicts or that list as JSON text, passed as ``tools=`` (a row whose value is None:
+        no tools); ``config.data.tools_column``. Empty: no tools.
 
     Raises:
       ValueError: a prompt longer than ``max_prompt_tokens`` (with "error"), one that renders to no
-        tokens, or a dataset column named `RESPONSE_IDS`, naming ``where`` and the row.
+        tokens, a column named `RESPONSE_IDS` or `ROLLOUT_INDEX`, a missing ``tools_column`` or a bad
+        value of it, or template arguments `check_template_kwargs` refuses, naming ``where`` and the
+        row.
     """
-    if RESPONSE_IDS in dataset.column_names:
-        raise ValueError(f"{where}: a data column is named {RESPONSE_IDS!r}, the name rollouts give the sampled "
-                         "token ids of each response; rename the column")
-    texts = render_prompts(dataset["prompt"], tokenizer)
+    columns = dataset_columns(dataset, where=where)
+    for name, what in ((RESPONSE_IDS, "the sampled token ids of each response"),
+                       (ROLLOUT_INDEX, "the index of each rollout in its step")):
+        if name in columns:
+            raise ValueError(f"{where}: a data column is named {name!r}, the name rollouts give {what}; rename "
+                             "the column")
+    template_kwargs = check_template_kwargs(template_kwargs or {}, tools_column=tools_column)
+    tools = column_tools(columns, tools_column, where) if tools_column else None
+    texts = render_prompts(columns["prompt"], tokenizer, row_tools=tools, **template_kwargs)
     token_ids = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     cut = 0
     for row, ids in enumerate(token_ids):
@@ -87,7 +103,6 @@ def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens:
         logger.warning("%s: %d of %d prompts are longer than config.data.max_prompt_tokens=%d and keep their last "
                        "%d tokens (config.data.prompt_truncation='left')", where, cut, len(token_ids),
                        max_prompt_tokens, max_prompt_tokens)
-    columns = {name: list(dataset[name]) for name in dataset.column_names}
     return PromptSet(texts=texts, token_ids=token_ids, columns=columns)
 
 

@@ -15,8 +15,8 @@
                            apply), read with ``datasets.load_dataset``
 
 Rows of a `datasets.Dataset` (the last three) are converted by the loader of their format, told
-from their columns (`gd2po_jax.data.loaders.load_records`); their errors name the folder, glob or
-id and the 0-based row.
+from their columns (`gd2po_jax.data.loaders.load_records`), their other columns kept as extra
+columns as a file's are; their errors name the folder, glob or id and the 0-based row.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def _select_split(name: str, loaded, split: str | None) -> datasets.Dataset:
 def _load_files(name: str, files: list[pathlib.Path], kind: str, on_error: OnError, **options) -> LoadResult:
     """The files' rows concatenated in order (each file's ``row`` its index in that file)."""
     if not files:
-        raise DataFormatError(name, None, None, f"holds no data files ({', '.join('*' + s for s in DATA_FILE_SUFFIXES)})")
+        suffixes = ", ".join("*" + suffix for suffix in DATA_FILE_SUFFIXES)
+        raise DataFormatError(name, None, None, f"holds no data files ({suffixes})")
     results = [load_data(file, kind=kind, on_error=on_error, **options) for file in files]
     dataset = datasets.concatenate_datasets([result.dataset for result in results])
     return LoadResult(dataset, tuple(error for result in results for error in result.skipped))

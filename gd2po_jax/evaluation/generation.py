@@ -73,6 +73,9 @@ def evaluate(
       summary: ``<metric>`` means over all examples, ``<metric>/level_<L>`` per level when the data
         has levels, ``num_examples``, ``truncation_rate`` and ``response_tokens``.
       records: one dict per example: row, level, prompt, response, ground_truth and its scores.
+        The data's other columns (a file's extra columns among them, which may hold what JSON
+        cannot, e.g. bytes or dates) reach the scorer but not the records, so `write_report` can
+        always write them; ``row`` finds them in the data.
     """
     records: list[dict[str, Any]] = []
     batches = padded_batches(len(prompt_set), batch_size)
@@ -112,14 +115,21 @@ def write_report(out_dir: pathlib.Path, name: str, summary: dict[str, Any], reco
     run_dir.write_json(out_dir / f"{name}.json", summary)
 
 
+def _mean(values: list[float]) -> float:
+    """The mean of the values that are not NaN (a reward that abstained on a response); NaN if all are."""
+    array = np.asarray(values, np.float64)
+    present = ~np.isnan(array)
+    return float(np.mean(array[present])) if present.any() else float("nan")
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Means of the score fields over all records and per level."""
+    """Means of the score fields over all records (those a reward abstained on left out) and per level."""
     if not records:
         return {"num_examples": 0}
     metrics = [k for k, v in records[0].items() if isinstance(v, float) and k not in ("row", "level")]
     summary: dict[str, float] = {"num_examples": len(records)}
     for name in metrics:
-        summary[name] = float(np.mean([r[name] for r in records]))
+        summary[name] = _mean([r[name] for r in records])
     summary["truncation_rate"] = float(np.mean([r["truncated"] for r in records]))
     summary["response_tokens"] = float(np.mean([r["response_tokens"] for r in records]))
     by_level: dict[Any, list[dict[str, Any]]] = defaultdict(list)
@@ -129,5 +139,5 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     if len(by_level) > 1:
         for level, group in sorted(by_level.items()):
             for name in metrics:
-                summary[f"{name}/level_{level}"] = float(np.mean([r[name] for r in group]))
+                summary[f"{name}/level_{level}"] = _mean([r[name] for r in group])
     return summary

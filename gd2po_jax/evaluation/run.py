@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -246,14 +246,15 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
     ``reward_sum`` and ``reward_names``). Each file is written once, atomically: a summary on disk is
     a finished evaluation."""
     task = task_of(config)
+    scorer = task.eval_scorer(config, setup.reward_fn)
     summary, records = evaluate(
-        model, setup.evals[split], setup.tokenizer, task.eval_scorer(config, setup.reward_fn),
+        model, setup.evals[split], setup.tokenizer, scorer,
         batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,
         eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
         progress=progress, desc=f"eval {name}",
     )
-    if config.rewards.kind == "reward_model":
-        summary = {"split": split, **summary, "reward_names": list(config.rewards.names), **(extra or {})}
+    if hasattr(scorer, "names"):  # scored by the run's reward functions or reward models
+        summary = {"split": split, **summary, "reward_names": list(scorer.names), **(extra or {})}
     else:
         summary = {"split": split, **summary, "correct_acc": summary.get("correct"),
                    "format_acc": summary.get("format"), **(extra or {})}
@@ -300,19 +301,21 @@ def first_per_level(levels: list[Any], max_examples: int) -> list[int]:
     return keep
 
 
-def api_bank_prompts(path: pathlib.Path, tokenizer, max_examples: int, max_prompt_tokens: int) -> PromptSet:
-    """API-Bank system + user messages through the chat template (first ``max_examples`` per level)."""
+def api_bank_prompts(path: pathlib.Path, tokenizer, max_examples: int, max_prompt_tokens: int,
+                     template_kwargs: Mapping[str, Any] | None = None) -> PromptSet:
+    """API-Bank system + user messages through the chat template (first ``max_examples`` per level),
+    with ``template_kwargs`` (a run's ``data.template_kwargs``)."""
     dataset = load_data(path, kind="api_bank").dataset
     dataset = dataset.select(first_per_level(list(dataset["level"]), max_examples))
     return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens,
-                            where=f"API-Bank data {path} (--max_prompt_tokens)")
+                            where=f"API-Bank data {path} (--max_prompt_tokens)", template_kwargs=template_kwargs)
 
 
 def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path, *, batch_size: int,
                       max_new_tokens: int, max_examples: int, max_think_words: int, max_prompt_tokens: int,
-                      progress: bool) -> dict[str, Any]:
+                      progress: bool, template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Greedy generation over API-Bank; writes ``out_dir/api_bank.json`` and ``api_bank.jsonl``."""
-    prompts = api_bank_prompts(path, policy.tokenizer, max_examples, max_prompt_tokens)
+    prompts = api_bank_prompts(path, policy.tokenizer, max_examples, max_prompt_tokens, template_kwargs)
     summary, records = evaluate(
         policy.model, prompts, policy.tokenizer, api_bank_scorer(max_think_words), batch_size=batch_size,
         max_new_tokens=max_new_tokens, eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id,
@@ -379,16 +382,18 @@ def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> dict[str, An
 
 def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str, Any]:
     path = resolve_api_bank(options.data, options.api_bank_dir)
+    template_kwargs = None
     if options.model_path:
         policy, batch_size = policy_from_model_path(options.model_path, options.dtype), MODEL_PATH_BATCH_SIZE
     else:
         config, setup = _run_setup(options, workdir)
         policy, batch_size = policy_from_run(config, setup, workdir, options.checkpoint_step), config.eval.batch_size
+        template_kwargs = config.data.template_kwargs  # rendered as the run's prompts were
     return evaluate_api_bank(
         policy, path, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS, max_examples=options.max_examples,
         max_think_words=options.max_think_words, max_prompt_tokens=options.max_prompt_tokens,
-        progress=options.progress,
+        progress=options.progress, template_kwargs=template_kwargs,
     )
 
 
@@ -418,6 +423,7 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
         policy, sets, reward_fn, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or config.sampling.max_new_tokens, max_examples=options.max_examples,
         max_prompt_tokens=config.data.max_prompt_tokens, truncation=config.data.prompt_truncation,
+        template_kwargs=config.data.template_kwargs,
         progress=options.progress, extra={"policy": policy.source},
     )
 

@@ -118,14 +118,15 @@ def resolve_sets(data: str) -> dict[str, pathlib.Path]:
     return {path.stem: path}
 
 
-def set_prompts(path: pathlib.Path, tokenizer, *, max_examples: int, max_prompt_tokens: int, truncation: str | None):
+def set_prompts(path: pathlib.Path, tokenizer, *, max_examples: int, max_prompt_tokens: int, truncation: str | None,
+                template_kwargs: Mapping[str, Any] | None = None):
     """The `PromptSet` of one set: its first ``max_examples`` prompts (0: all), rendered with the
-    policy's chat template and limited as the run's training prompts."""
+    policy's chat template (and the run's ``data.template_kwargs``) and limited as the run's training prompts."""
     dataset = load_data(path, kind="verl", require_ground_truth=False).dataset
     if max_examples:
         dataset = dataset.select(range(min(max_examples, len(dataset))))
     return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens, where=str(path),
-                            truncation=truncation)
+                            truncation=truncation, template_kwargs=template_kwargs)
 
 
 def overall(per_set: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -143,7 +144,8 @@ def overall(per_set: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn: RewardModelReward,
                             out_dir: pathlib.Path, *, batch_size: int, max_new_tokens: int, max_examples: int,
                             max_prompt_tokens: int, truncation: str | None, progress: bool,
-                            extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                            extra: Mapping[str, Any] | None = None,
+                            template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Greedy generation on every set, scored by ``reward_fn``'s models; writes
     ``out_dir/safe_alignment.json`` (the module docstring's report, with ``extra``) and
     ``safe_alignment.jsonl``, and returns the report.
@@ -156,7 +158,7 @@ def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn:
     per_set, records = {}, []
     for name, path in sets.items():
         prompts = set_prompts(path, policy.tokenizer, max_examples=max_examples, max_prompt_tokens=max_prompt_tokens,
-                              truncation=truncation)
+                              truncation=truncation, template_kwargs=template_kwargs)
         summary, set_records = evaluate(
             policy.model, prompts, policy.tokenizer, scorer, batch_size=batch_size, max_new_tokens=max_new_tokens,
             eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id, prompt_length=bucket_length(prompts.max_tokens),

@@ -11,7 +11,9 @@ tokens dropped), and `columns` holds the dataset columns of the rows the respons
 response. Sampled rollouts add `columns[RESPONSE_IDS][i]`: the policy's token ids of response i, EOS
 included (a reward model re-renders them with its own tokenizer). Rule-based rewards and reward
 models implement the same interface, so the train step never knows where a reward came from.
-Reward functions run on the host in plain Python / NumPy, never inside jit.
+Reward functions run on the host in plain Python / NumPy, never inside jit. Rollouts also add
+`ROLLOUT_INDEX`, each rollout's index in the step. Functions of your own (TRL's signature too) are
+named in ``config.rewards.functions`` (`gd2po_jax.rewards.user_functions`).
 
 Abstaining: a function that cannot score response i with reward k (a reward model without an
 opinion, a checker that does not apply to this row) returns NaN or None there. The reward is then
@@ -52,6 +54,11 @@ RESPONSE_IDS = "response_ids"
 """The column `gd2po_jax.rl.rollout.collect_rollouts` (and greedy evaluation) adds for each rollout: the
 policy's sampled token ids of the response, EOS included, padding not (a list of ints). A dataset
 column of this name is refused (`gd2po_jax.data.prompts.build_prompt_set`)."""
+
+ROLLOUT_INDEX = "rollout_index"
+"""The column `gd2po_jax.rl.rollout.collect_rollouts` adds for each rollout: its 0-based index in the
+step (prompt-major: prompt i's rollouts are i*G .. i*G+G-1), so that what a function reports per
+rollout (TRL's ``log_extra``) lands on the right one. A dataset column of this name is refused."""
 
 
 @runtime_checkable
@@ -115,7 +122,7 @@ def check_reward_output(fn: RewardFunction, rewards: Any, num_responses: int) ->
         the rollout (0-based row of this batch) and the value.
     """
     names = tuple(fn.names)
-    function = type(fn).__name__
+    function = function_label(fn)
     try:  # an array (NumPy, JAX) keeps its dtype; nested lists are read value by value
         array_like = hasattr(rewards, "__array__") and not isinstance(rewards, (list, tuple))
         values = np.asarray(rewards) if array_like else np.asarray(rewards, dtype=object)
@@ -147,6 +154,12 @@ def check_reward_output(fn: RewardFunction, rewards: Any, num_responses: int) ->
     return out
 
 
+def function_label(fn: Any) -> str:
+    """How messages name a reward function: its ``label`` (a function of ``config.rewards.functions``:
+    the entry, the callable and its file), else its type's name."""
+    return str(getattr(fn, "label", None) or type(fn).__name__)
+
+
 @dataclasses.dataclass(frozen=True)
 class CombinedReward:
     """Several reward functions side by side: columns of each, concatenated in order."""
@@ -160,8 +173,10 @@ class CombinedReward:
         names = self.names
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
+            owners = {n: [function_label(fn) for fn in self.functions if n in fn.names] for n in duplicates}
             raise ValueError(
-                f"reward names must be unique across functions; repeated: {duplicates}"
+                f"reward names must be unique across functions; repeated: {duplicates} "
+                f"({'; '.join(f'{n!r} from ' + ', '.join(o) for n, o in owners.items())})"
             )
 
     @property
@@ -220,6 +235,29 @@ def reward_step_metrics(fn: RewardFunction) -> dict[str, float]:
     return metrics
 
 
+def reward_step_extras(fn: RewardFunction) -> dict[str, dict[int, Any]]:
+    """What ``fn`` (or each function of a `CombinedReward`) reported per rollout since the last call,
+    from its optional ``step_extras`` (TRL's ``log_extra``): column -> {rollout index: value}."""
+    functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
+    extras: dict[str, dict[int, Any]] = {}
+    for function in functions:
+        step_extras = getattr(function, "step_extras", None)
+        if step_extras is not None:
+            for column, values in step_extras().items():
+                extras.setdefault(str(column), {}).update(values)
+    return extras
+
+
+def begin_step(fn: RewardFunction, step: int, num_steps: int) -> None:
+    """Tell ``fn`` (or each function of a `CombinedReward`, through its optional ``begin_step``) that
+    the rollouts of RL step ``step`` (0-based: the steps done) of ``num_steps`` are scored next."""
+    functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
+    for function in functions:
+        hook = getattr(function, "begin_step", None)
+        if hook is not None:
+            hook(step, num_steps)
+
+
 def scores_on_devices(fn: RewardFunction) -> bool:
     """Whether ``fn`` (or a function of a `CombinedReward`) scores with device programs over the
     run's mesh (reward models declare ``scores_on_devices = True``). With several processes each
@@ -270,3 +308,10 @@ def build_reward_function(spec: Mapping[str, Any] | Sequence[Mapping[str, Any]])
         return _REWARD_KINDS[kind](**options)
     except TypeError as err:
         raise ValueError(f"bad options for reward kind {kind!r} in {dict(spec)}: {err}") from err
+
+
+def unknown_kind_message(kind: str) -> str:
+    """The error for ``config.rewards.kind`` naming no registered family."""
+    return (f"config.rewards.kind: {kind!r} is not a registered reward family; registered: "
+            f"{', '.join(reward_kinds())} (or empty: none). Reward functions of your own go in "
+            "config.rewards.functions (module:callable or path/to/file.py:callable; docs/own_task.md)")

@@ -37,7 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from gd2po_jax.rewards.base import CombinedReward, RewardFunction, RewardOutputError, check_reward_output
+from gd2po_jax.rewards.base import (
+    CombinedReward,
+    RewardFunction,
+    RewardOutputError,
+    check_reward_output,
+    function_label,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +84,8 @@ def reward_minimums(reward_fn: RewardFunction) -> np.ndarray:
     minimums = getattr(reward_fn, "min_values", None)
     if minimums is None:
         raise ValueError(
-            f"config.rewards.on_error='min' needs the reward function {type(reward_fn).__name__} "
-            "to declare min_values; use on_error='raise'"
+            f"on_error='min' needs the reward function {function_label(reward_fn)} to declare min_values "
+            "(an entry of config.rewards.functions: its min_value); use on_error='raise' or 'abstain'"
         )
     return np.asarray(minimums, np.float32)
 
@@ -122,20 +128,32 @@ def _call(reward_fn, prompts, responses, columns, deadline: float | None):
 
 @dataclasses.dataclass(frozen=True)
 class _Policy:
-    """How a step is scored: ``on_error``, the deadline (None: none) and ``timeout_s`` (messages)."""
+    """How a step is scored: ``on_error`` (raise | min | abstain), the deadline (None: none) and
+    ``timeout_s`` (messages)."""
 
     on_error: str
     deadline: float | None
     timeout_s: float
 
+    def of(self, reward_fn) -> _Policy:
+        """This policy with ``reward_fn``'s own ``on_error`` (an entry of config.rewards.functions may set one)."""
+        own = getattr(reward_fn, "on_error", None)
+        return dataclasses.replace(self, on_error=own) if own else self
+
+    def failed_values(self, reward_fn) -> np.ndarray:
+        """[K] what a failed rollout scores: the function's minimums (min), or NaN (abstain)."""
+        if self.on_error == "abstain":
+            return np.full(len(reward_fn.names), np.nan, np.float32)
+        return reward_minimums(reward_fn)
+
     def timed_out(self, reward_fn, first: int, last: int) -> str:
         """The failure message of rollouts ``first..last`` that got no result in time (raises it
         with on_error='raise')."""
         rollouts = f"rollout {first}" if first == last else f"rollouts {first}-{last}"
-        message = (f"reward function {type(reward_fn).__name__} gave no result for {rollouts} within "
+        message = (f"reward function {function_label(reward_fn)} gave no result for {rollouts} within "
                    f"config.rewards.timeout_s={self.timeout_s:g} s of the step's scoring (the call is "
                    "abandoned: its thread cannot be stopped)")
-        if self.on_error != "min":
+        if self.on_error == "raise":
             raise RewardTimeoutError(f"{message}. Fix or speed up the reward, raise "
                                      "config.rewards.timeout_s, or set config.rewards.on_error='min' "
                                      "to score such rollouts as the minimum")
@@ -152,18 +170,18 @@ def _score_one(reward_fn, prompt, response, columns, index, rollout, policy) -> 
     try:
         raw = _call(reward_fn, [prompt], [response], one, policy.deadline)
     except _TimedOut:
-        return reward_minimums(reward_fn), policy.timed_out(reward_fn, rollout, rollout)
+        return policy.failed_values(reward_fn), policy.timed_out(reward_fn, rollout, rollout)
     except RewardOutputError as err:  # raised by a CombinedReward's own check: a bug, not a crash
         raise err.shifted(rollout) from None
     except Exception as err:  # noqa: BLE001
-        if policy.on_error != "min":
+        if policy.on_error == "raise":
             raise RewardError(
-                f"reward function {type(reward_fn).__name__} failed on rollout {rollout} "
+                f"reward function {function_label(reward_fn)} failed on rollout {rollout} "
                 f"(response {response[:200]!r}): {type(err).__name__}: {err}. Fix the reward or "
                 "set config.rewards.on_error='min' to score such rollouts as the minimum"
             ) from err
-        return reward_minimums(reward_fn), (f"reward function {type(reward_fn).__name__} failed on rollout "
-                                            f"{rollout}: {type(err).__name__}: {err}")
+        return policy.failed_values(reward_fn), (f"reward function {function_label(reward_fn)} failed on rollout "
+                                                 f"{rollout}: {type(err).__name__}: {err}")
     try:
         return check_reward_output(reward_fn, raw, 1)[0], None
     except RewardOutputError as err:
@@ -179,7 +197,7 @@ def _score_chunk(reward_fn, prompts, responses, columns, start, policy) -> tuple
         raw = _call(reward_fn, prompts, responses, columns, policy.deadline)
     except _TimedOut:
         message = policy.timed_out(reward_fn, start, start + n - 1)
-        return np.tile(reward_minimums(reward_fn), (n, 1)), [message] * n
+        return np.tile(policy.failed_values(reward_fn), (n, 1)), [message] * n
     except RewardOutputError as err:
         raise err.shifted(start) from None
     except Exception:  # noqa: BLE001 - re-raised by _score_one with the rollout that failed
@@ -230,10 +248,10 @@ def score_batch(
         an abstention, or the wrong shape.
     """
     functions = reward_functions(reward_fn)
-    if on_error == "min":
-        for fn in functions:
-            reward_minimums(fn)  # fail early, not on the first bad rollout
     policy = _Policy(on_error, time.monotonic() + timeout_s if timeout_s else None, timeout_s)
+    for fn in functions:
+        if policy.of(fn).on_error == "min":
+            reward_minimums(fn)  # fail early, not on the first bad rollout
     n = len(responses)
     bounds = np.linspace(0, n, min(num_workers, n) + 1).astype(int)
     chunks = [
@@ -242,13 +260,14 @@ def score_batch(
     ]
     rewards, failed, first_errors = [], [], []
     for fn in functions:
-        values, errors = _score_function(fn, chunks, policy)
+        values, errors = _score_function(fn, chunks, policy.of(fn))
         rewards.append(values)
         failed.append(np.repeat(np.array([e is not None for e in errors], bool)[:, None], values.shape[1], axis=1))
         bad = [e for e in errors if e is not None]
         if bad:
-            logger.warning("reward function %s failed on %d of %d rollouts (scored as the minimum); first: %s",
-                           type(fn).__name__, len(bad), n, bad[0])
+            outcome = "left unscored" if policy.of(fn).on_error == "abstain" else "scored as the minimum"
+            logger.warning("reward function %s failed on %d of %d rollouts (%s); first: %s",
+                           function_label(fn), len(bad), n, outcome, bad[0])
             first_errors.append((errors.index(bad[0]), bad[0]))
     return Scores(
         rewards=np.concatenate(rewards, axis=1).astype(np.float32),

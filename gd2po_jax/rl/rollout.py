@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,14 @@ from gd2po_jax.config import RunConfig, SamplingConfig
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.models.sampling import GenerateOutput, completion_mask, generate
-from gd2po_jax.rewards.base import RESPONSE_IDS, RewardFunction, reward_step_metrics, scores_on_devices
+from gd2po_jax.rewards.base import (
+    RESPONSE_IDS,
+    ROLLOUT_INDEX,
+    RewardFunction,
+    reward_step_extras,
+    reward_step_metrics,
+    scores_on_devices,
+)
 from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
 from gd2po_jax.rl.records import RolloutBatch
 from gd2po_jax.rl.train_step import logprob_temperature
@@ -44,6 +52,9 @@ class Rollouts:
     sampling_seconds: float  # generation, until the tokens are on the host
     reward_seconds: float  # decoding and scoring
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the reward functions' own
+    # What reward functions reported per rollout (TRL's log_extra): column -> {rollout index: value};
+    # this process's rollouts only.
+    reward_extras: dict[str, dict[int, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,12 +139,14 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
     prompts = [prompt_set.texts[r // num_generations] for r in rows]
     columns = {name: [values[r // num_generations] for r in rows] for name, values in prompt_set.columns.items()}
     columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), lengths[rows])]
+    columns[ROLLOUT_INDEX] = [int(r) for r in rows]
     scores = score_batch(
         reward_fn, prompts, responses, columns, on_error=settings.on_error, num_workers=settings.num_workers,
         timeout_s=settings.timeout_s,
         first_rollout=int(rows[0]),
     )
     reward_metrics = reward_step_metrics(reward_fn)
+    reward_extras = reward_step_extras(reward_fn)
     all_rewards, all_failed = gather_rows(rows, (scores.rewards, scores.failed), len(lengths))
     first_failure = next((e for e in gather_texts(scores.first_error) if e is not None), None)
     rewards = all_rewards.reshape(num_prompts, num_generations, -1)
@@ -146,7 +159,7 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
                     first_failure=first_failure,
                     truncated=~np.asarray(finished),
                     generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
-                    reward_seconds=scored - sampled, reward_metrics=reward_metrics)
+                    reward_seconds=scored - sampled, reward_metrics=reward_metrics, reward_extras=reward_extras)
 
 
 def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,

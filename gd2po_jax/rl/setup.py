@@ -20,7 +20,8 @@ from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import PromptSet, build_prompt_set
 from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
 from gd2po_jax.models.sampling import bucket_length
-from gd2po_jax.rewards.base import build_reward_function
+from gd2po_jax.rewards.base import CombinedReward, build_reward_function, reward_kinds, unknown_kind_message
+from gd2po_jax.rewards.user_functions import check_call, load_function, run_reward_weights, trial_call, user_functions
 from gd2po_jax.runtime import distributed
 from gd2po_jax.runtime.hub import resolve_model_dir
 from gd2po_jax.runtime.sharding import make_mesh
@@ -41,9 +42,11 @@ class RunSetup:
     eos_ids: list[int]
     pad_id: int
     reward_fn: Any
+    reward_names: tuple[str, ...]  # the K reward columns: the family's (rewards.names), then rewards.functions'
+    reward_weights: tuple[float, ...]  # w_k of each column; empty: all ones (`run_reward_weights`)
     train: PromptSet
     evals: dict[str, PromptSet]  # split name -> prompts (validation, test)
-    sft_dataset: Any  # datasets.Dataset with a `target` column, or None
+    sft_dataset: Any  # datasets.Dataset with a `target` column, or None (no warm start: `uses_warm_start`)
     prompt_length: int
     mesh: Any
 
@@ -58,6 +61,12 @@ class RunSetup:
             return x if on_mesh else jax.device_put(x, replicated)
 
         return jax.tree.map(place, tree)
+
+
+def uses_warm_start(config: RunConfig, setup: RunSetup) -> bool:
+    """Whether RL starts from a supervised warm start: ``sft.enabled``, and with ``sft.only_with_targets``
+    only when the SFT data has targets."""
+    return config.sft.enabled and setup.sft_dataset is not None
 
 
 def _model_dir(path: str, field: str) -> pathlib.Path:
@@ -129,13 +138,67 @@ def reward_spec(config: RunConfig, *, tokenizer=None, eos_ids=(), mesh=None) -> 
     return make(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh)
 
 
+def load_user_functions(config: RunConfig) -> tuple:
+    """The functions of ``rewards.functions``, imported and built, after checking that ``rewards.kind``
+    is a registered family: what can fail in the reward config before any data or model is touched.
+
+    Raises:
+      ConfigError: an unknown family (naming ``config.rewards.kind``), a function that cannot be used
+        (`gd2po_jax.rewards.user_functions.RewardFunctionError`).
+    """
+    if config.rewards.kind and config.rewards.kind not in reward_kinds():
+        raise ConfigError(unknown_kind_message(config.rewards.kind))
+    return tuple(load_function(entry) for entry in config.rewards.function_entries())
+
+
+def build_run_reward(config: RunConfig, *, tokenizer=None, eos_ids=(), mesh=None, functions=None):
+    """The run's reward function: the family ``rewards.kind`` (if any) and each entry of
+    ``rewards.functions``, combined side by side in that order (`CombinedReward`; one alone as itself).
+
+    Args:
+      functions: `load_user_functions`'s result, if the caller has it (else loaded here).
+
+    Raises:
+      ConfigError: see `load_user_functions`; a reward model's empty path, or a reward name given
+        twice (naming where each comes from).
+    """
+    rewards = config.rewards
+    functions = load_user_functions(config) if functions is None else functions
+    parts = []
+    if rewards.kind:
+        parts.append(build_reward_function(reward_spec(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh)))
+    parts.extend(functions)
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return CombinedReward(tuple(parts))
+    except ValueError as err:
+        raise ConfigError(f"config.rewards.functions: {err}; give the entries distinct names (an entry's 'name')") \
+            from None
+
+
+def check_user_functions(config: RunConfig, reward_fn, train: PromptSet) -> None:
+    """Before compute: each function of ``rewards.functions`` can take its call with the data's
+    columns, and a trial call on the first training rows returns one number per completion.
+
+    Raises:
+      RewardFunctionError: naming the entry, its file and the problem.
+    """
+    for fn in user_functions(reward_fn):
+        check_call(fn, tuple(train.columns))
+        trial_call(fn, train.texts, train.columns, on_error=config.rewards.on_error)
+
+
 def eval_split(config: RunConfig, setup: RunSetup) -> str | None:
-    """The split evaluated before and after RL: ``config.eval.split``, None for "none".
+    """The split evaluated before and after RL: ``config.eval.split`` ("auto": validation, else test,
+    else none), None for "none".
 
     Raises:
       ConfigError: when the data has no such split, naming ``config.eval.split`` and the splits it has.
     """
     split = config.eval.split
+    if split == "auto":
+        split = next((name for name in ("validation", "test") if name in setup.evals), "none")
     if split == "none":
         return None
     if split not in setup.evals:
@@ -163,17 +226,21 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
         raise ConfigError(f"config.mesh: {err}") from err
     config.check_mesh(num_data_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     task = task_of(config)
+    functions = load_user_functions(config)  # errors before data, models or compute
     config = with_local_models(config)
     splits, model_path = task.load_splits(config, workdir)
     config = prepare(task, config, workdir)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
     eos_ids = eos_token_ids(tokenizer, model_path)
     pad_id = pad_token_id(tokenizer, eos_ids)
-    reward_fn = build_reward_function(reward_spec(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh))
+    reward_fn = build_run_reward(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh, functions=functions)
+    reward_weights = run_reward_weights(config, reward_fn)
     splits = task.usable_rows(config, splits, reward_fn)
     limit, truncation = config.data.max_prompt_tokens, config.data.prompt_truncation
+    template = {"template_kwargs": config.data.template_kwargs, "tools_column": config.data.tools_column}
     train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data",
-                             truncation=truncation)
+                             truncation=truncation, **template)
+    check_user_functions(config, reward_fn, train)
     evals = {}
     for split in ("validation", "test"):
         if split in splits and len(splits[split]):
@@ -181,12 +248,17 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
             if config.eval.max_examples:
                 dataset = dataset.select(range(min(config.eval.max_examples, len(dataset))))
             evals[split] = build_prompt_set(dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data",
-                                            truncation=truncation)
+                                            truncation=truncation, **template)
     longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
     sft_dataset = None
     if config.sft.enabled:
         sft_dataset = load_file(config.sft.data, config, "sft.data") if config.sft.data else splits["train"]
+        if config.sft.only_with_targets and not any(sft_dataset["target"]):
+            logger.info("no warm start: %s has no row with a target (config.sft.only_with_targets); RL starts from "
+                        "%s", config.sft.data or config.data.train or "the training data", model_path)
+            sft_dataset = None
     return RunSetup(
         model_path=model_path, tokenizer=tokenizer, eos_ids=eos_ids, pad_id=pad_id, reward_fn=reward_fn,
-        train=train, evals=evals, sft_dataset=sft_dataset, prompt_length=bucket_length(longest), mesh=mesh,
+        reward_names=tuple(reward_fn.names), reward_weights=reward_weights, train=train, evals=evals,
+        sft_dataset=sft_dataset, prompt_length=bucket_length(longest), mesh=mesh,
     )

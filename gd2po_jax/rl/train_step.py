@@ -44,7 +44,7 @@ from jax.sharding import Mesh
 
 from gd2po_jax.config import RunConfig, check_batch_layout
 from gd2po_jax.rl import losses
-from gd2po_jax.rl.advantages import advantage_diagnostics, compute_advantages
+from gd2po_jax.rl.advantages import AdvantageOutput, advantage_diagnostics, compute_advantages
 from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.records import RolloutBatch, TrainState
 from gd2po_jax.runtime.sharding import batch_sharding
@@ -201,12 +201,21 @@ def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_lengt
 MAX_PROMPT_WINDOWS = 16
 
 
-def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int) -> StepConfig:
+def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int, *,
+                    reward_names: tuple[str, ...] | None = None,
+                    reward_weights: tuple[float, ...] | None = None) -> StepConfig:
     """The `StepConfig` of a run: `StepConfig.from_config`, with the prompt windows of
     ``rl.length_bucket`` for its training prompts (``shortest_prompt`` tokens at least, padded to
-    ``prompt_length``; `prompt_window_lengths`)."""
+    ``prompt_length``; `prompt_window_lengths`) and the run's reward columns and weights
+    (`gd2po_jax.rl.setup.RunSetup.reward_names`, ``reward_weights``: the family's and
+    ``rewards.functions``'; None: ``rewards.names`` and ``rewards.weights``)."""
     windows = prompt_window_lengths(config.rl.length_bucket, shortest_prompt, prompt_length)
-    return StepConfig.from_config(config, prompt_windows=windows)
+    changes: dict[str, Any] = {"prompt_windows": windows}
+    if reward_names is not None:
+        changes["reward_names"] = tuple(reward_names)
+    if reward_weights is not None:
+        changes["reward_weights"] = tuple(reward_weights)
+    return StepConfig.from_config(config, **changes)
 
 
 def _as_type(hint, value):
@@ -221,6 +230,21 @@ def _as_type(hint, value):
     if typing.get_origin(hint) is tuple:
         return tuple(_as_type(args[0], item) for item in value)
     return hint(value)
+
+
+def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, config: StepConfig) -> AdvantageOutput:
+    """The advantages of a step's rollouts as the update computes them: `compute_advantages` with
+    ``config``'s method and options (also called on the host by `gd2po_jax.rl.rollout_log`).
+
+    Args:
+      rewards: [P, G, K] float (NaN: missing). lengths: [P, G] response tokens. valid: [P] bool.
+    """
+    return compute_advantages(
+        rewards, lengths, config.method, snr_tau=config.snr_tau,
+        reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
+        batch_norm=config.batch_norm, group_eps=config.group_eps, valid=valid,
+        drop_zero_variance_groups=config.drop_zero_variance_groups,
+    )
 
 
 def _constrain_rows(tree, mesh: Mesh | None):
@@ -292,12 +316,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         rows_total = num_prompts * group
         minibatch_rows, micro_rows = check_batch_layout(rows_total, config.num_minibatches, config.micro_batch_size)
         lengths = jnp.sum(batch.response_mask, axis=-1).reshape(num_prompts, group)
-        adv = compute_advantages(
-            batch.rewards, lengths, config.method, snr_tau=config.snr_tau,
-            reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
-            batch_norm=config.batch_norm, group_eps=config.group_eps, valid=batch.valid,
-            drop_zero_variance_groups=config.drop_zero_variance_groups,
-        )
+        adv = step_advantages(batch.rewards, lengths, batch.valid, config)
         prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
         windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
         micro_grad_fn = windowed_grad_fn(windows, prompt_length)

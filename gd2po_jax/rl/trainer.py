@@ -25,12 +25,14 @@ from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import EpochSampler
 from gd2po_jax.evaluation.run import evaluate_split
 from gd2po_jax.models import load_pretrained, save_pretrained
+from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures
 from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
 from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
-from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split
+from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
+from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split, uses_warm_start
 from gd2po_jax.rl.train_step import (
     count_skipped_steps,
     jit_train_step,
@@ -42,6 +44,7 @@ from gd2po_jax.runtime import distributed, preemption
 from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
+from gd2po_jax.runtime.wandb_logging import WandbLogger
 from gd2po_jax.runtime.workdir import RunDir
 from gd2po_jax.sft.warm_start import warm_start
 from gd2po_jax.tasks import task_of
@@ -145,18 +148,21 @@ def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progre
     workdir.mkdir(parents=True, exist_ok=True)
     primary = distributed.is_primary()  # several processes: process 0 locks, writes and reports
     with run_dir.lock_workdir(workdir, "train.py") if primary else contextlib.nullcontext():
-        with preemption.PreemptionWatch(config.train.preemption_signals, config.train.preemption_grace_s) as watch:
-            return _train_and_evaluate(config, workdir, progress=progress and primary, watch=watch)
+        with preemption.PreemptionWatch(config.train.preemption_signals, config.train.preemption_grace_s) as watch, \
+                WandbLogger(config, workdir, primary=primary) as wandb_log:  # finished however the run ends
+            return _train_and_evaluate(config, workdir, progress=progress and primary, watch=watch, wandb_log=wandb_log)
 
 
 def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: bool,
-                        watch: preemption.PreemptionWatch) -> dict[str, Any]:
+                        watch: preemption.PreemptionWatch, wandb_log: WandbLogger) -> dict[str, Any]:
     files = RunDir(workdir)
     primary = distributed.is_primary()
     if primary:
-        for directory in (workdir, files.eval_dir):  # left by killed writes; no one else writes here now
+        # What killed writes left; no one else writes here now.
+        for directory in (workdir, files.eval_dir, files.rollouts):
             run_dir.remove_stale_staging(directory, all_stale=True)
     run_dir.check_resume_config(workdir, config)
+    wandb_log.start()  # W&B (process 0): a new run, or the workdir's run resumed
     setup = build_setup(config, workdir)
     split = eval_split(config, setup)  # checked before the warm start
     checkpoints = Checkpoints(files.checkpoints, keep=config.checkpoint.keep)
@@ -176,7 +182,8 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     evaluated_before = distributed.primary_decides(before_file.is_file())  # the same on every process
     initial_params = None  # the policy before RL: the warm start (or model.path without SFT)
     if start == 0 or config.rl.kl_coef or (split is not None and not evaluated_before):
-        policy_path = warm_start(config, setup, workdir, progress=progress) if config.sft.enabled else setup.model_path
+        policy_path = warm_start(config, setup, workdir, progress=progress) if uses_warm_start(config, setup) \
+            else setup.model_path
         if start == 0:
             graphdef, optimizer, state = init_state(config, setup, policy_path)
             initial_params = state.params
@@ -197,14 +204,17 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     del initial_params
 
     writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
-    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length)
+    if primary:
+        remove_later_rollouts(files, start)  # as metrics.jsonl: a resumed run redoes those steps
+    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
+                                  reward_names=setup.reward_names, reward_weights=setup.reward_weights)
     train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh), state_shardings)
     ref_logp_fn = reference_logprobs_fn(graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
                                         temperature=logprob_temperature(config))
     sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
     rollout_settings = RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
                                               prompt_length=setup.prompt_length)
-    reward_names = tuple(config.rewards.names)
+    reward_names = setup.reward_names  # the family's rewards, then rewards.functions'
     bar = tqdm.tqdm(range(start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
                     initial=start, total=config.train.num_steps, disable=not progress)
     skipped_in_a_row = 0  # RL steps that skipped an update for a non-finite gradient
@@ -212,6 +222,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     for step in bar:
         t0 = time.perf_counter()
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
+        begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
         rollouts = collect_rollouts(policy_of(state.params), prompts, setup.tokenizer, setup.reward_fn,
                                     rollout_settings, rng=jax.random.fold_in(sample_key, step))
         check_failures(rollouts.failed, reward_names, config.rewards.max_failed_fraction, step=step + 1,
@@ -228,13 +239,15 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
                    "update": t2 - t1, "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds)}
         metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
         done = step + 1
+        if is_logged_step(done, config.logging.rollouts_every, config.train.num_steps):  # all processes (a gather)
+            save_step_rollouts(files, done, prompts, rollouts, setup.tokenizer, step_config, reward_names)
         if config.eval.every_steps and split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
             summary = evaluate_split(config, setup, policy_of(state.params), split, eval_dir, f"step_{done}",
                                      progress=False)
             metrics.update({f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         skipped = metrics["update/skipped_updates"]
         if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
-            writer.write(done, metrics)
+            wandb_log.log(writer.write(done, metrics))
         if skipped:
             logger.warning("step %d: %d optimizer update(s) skipped for a non-finite gradient", done, skipped)
         skipped_in_a_row = count_skipped_steps(skipped_in_a_row, skipped, done,

@@ -12,6 +12,10 @@ sweeps, report, metrics). A workdir holds everything a run needs to resume or be
                         (`gd2po_jax.runtime.checkpoints.Checkpoints`)
     corrupt_checkpoints/  checkpoints found damaged on resume, moved aside (`Checkpoints.restore_intact`)
     metrics.jsonl       one JSON object per RL step;  tensorboard/  the same as event files
+    rollouts/           step_<N>.jsonl: the rollouts of every logging.rollouts_every-th RL step
+                        (`gd2po_jax.rl.rollout_log`; docs/logging.md)
+    wandb_run_id.txt    the Weights & Biases run a resumed run continues;  wandb/  W&B's own files
+                        (`gd2po_jax.runtime.wandb_logging`)
     eval/               <name>.json reports (before_rl, after_rl, test ...) + <name>.jsonl generations
     policy/             the final policy in HF safetensors format
     results.json        validation metrics before and after RL
@@ -138,6 +142,20 @@ class RunDir:
     @property
     def tensorboard(self) -> pathlib.Path:
         return self.path / "tensorboard"
+
+    @property
+    def rollouts(self) -> pathlib.Path:
+        """``rollouts/``: the logged steps' rollouts (`gd2po_jax.rl.rollout_log`)."""
+        return self.path / "rollouts"
+
+    def rollout_file(self, step: int) -> pathlib.Path:
+        """``rollouts/step_<N>.jsonl``: the rollouts of RL step ``N`` (1-based, as in metrics.jsonl)."""
+        return self.rollouts / f"step_{int(step)}.jsonl"
+
+    @property
+    def wandb_run_id(self) -> pathlib.Path:
+        """``wandb_run_id.txt``: the id of the run's Weights & Biases run (`gd2po_jax.runtime.wandb_logging`)."""
+        return self.path / "wandb_run_id.txt"
 
     @property
     def eval_dir(self) -> pathlib.Path:
@@ -310,6 +328,8 @@ RESUMABLE_FIELDS = (
     "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload", "distributed.coordinator_address",
     "distributed.num_processes", "distributed.process_id", "distributed.initialization_timeout_s",
     "distributed.heartbeat_timeout_s", "export.dtype", "train.preemption_signals", "train.preemption_grace_s",
+    "logging.rollouts_every", "logging.wandb.enabled", "logging.wandb.project", "logging.wandb.name",
+    "logging.wandb.entity", "logging.wandb.mode",
 )
 
 

@@ -9,13 +9,16 @@ vocabulary projection only runs on the completion positions.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import datasets
 import jax
 import numpy as np
 import optax
 
-from gd2po_jax.data.chat import render_sft_example
+from gd2po_jax.data.chat import check_template_kwargs, column_tools, render_sft_example, with_tools
+from gd2po_jax.data.loaders import dataset_columns
 from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
 from gd2po_jax.rl import losses
 from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
@@ -39,18 +42,28 @@ class SFTData:
         return len(self.input_ids)
 
 
-def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, where: str) -> SFTData:
-    """Tokenize the rows of ``dataset`` that have a ``target``.
+def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, where: str,
+                   template_kwargs: Mapping[str, Any] | None = None, tools_column: str = "") -> SFTData:
+    """Tokenize the rows of ``dataset`` that have a ``target``, rendered as RL renders its prompts.
+
+    Args:
+      template_kwargs: keyword arguments of the chat template (``config.data.template_kwargs``).
+      tools_column: the column of each row's tools, passed as ``tools=`` (``config.data.tools_column``,
+        `gd2po_jax.data.chat.column_tools`); empty: none.
 
     Raises:
-      ValueError: no row has a target, or an example is longer than ``max_length`` (naming the row).
+      ValueError: no row has a target, an example is longer than ``max_length`` (naming the row), a
+        missing ``tools_column`` or a bad value of it, or refused template arguments.
     """
     prompts, completions = [], []
     pad_id = pad_token_id(tokenizer, eos_token_ids(tokenizer))
+    template_kwargs = check_template_kwargs(template_kwargs or {}, tools_column=tools_column)
+    tools = column_tools(dataset_columns(dataset, where=where), tools_column, where) if tools_column else None
     for row, (messages, target) in enumerate(zip(dataset["prompt"], dataset["target"])):
         if not target:
             continue
-        prompt_text, completion_text = render_sft_example(messages, target, tokenizer)
+        row_kwargs = with_tools(template_kwargs, None if tools is None else tools[row])
+        prompt_text, completion_text = render_sft_example(messages, target, tokenizer, **row_kwargs)
         prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
         completion_ids = list(tokenizer(completion_text, add_special_tokens=False)["input_ids"])
         if len(prompt_ids) + len(completion_ids) > max_length:

@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 # (examples and, for the embedded task, the tokenizer), the model, and the SFT optimizer's settings.
 WARM_START_FIELDS = ("task", "data", "model", "train.weight_decay", "train.grad_clip", "train.logit_chunk_size")
 INPUTS_FILE = "warm_start_inputs.json"
+KEY_FIELDS_IF_SET = {"data.chat_template_kwargs": [], "data.tools_column": ""}
+"""Fields of WARM_START_FIELDS' sections added after warm starts were first cached, and the value that
+means "not set": left out of the key when not set, so that existing caches keep their keys. (sft's
+only_with_targets decides whether there is a warm start, not what it is: never in the key.)"""
 
 
 def warm_start_inputs(config: RunConfig) -> dict[str, Any]:
@@ -60,7 +64,12 @@ def warm_start_inputs(config: RunConfig) -> dict[str, Any]:
         for part in dotted.split("."):
             node = node[part]
         inputs[dotted] = node
-    inputs["sft"] = {k: v for k, v in values["sft"].items() if k != "cache_dir"}
+    for dotted, absent in KEY_FIELDS_IF_SET.items():  # fields added later: in the key only when set
+        section, name = dotted.split(".")
+        node = inputs[section] if section in inputs else None
+        if isinstance(node, dict) and name in node and json.loads(json.dumps(node[name])) == absent:
+            del node[name]
+    inputs["sft"] = {k: v for k, v in values["sft"].items() if k not in ("cache_dir", "only_with_targets")}
     inputs["sft"].setdefault("seed", 0)  # a config.json older than sft.seed: the seed was 0
     return json.loads(json.dumps(inputs, sort_keys=True))  # tuples become lists
 
@@ -108,7 +117,8 @@ def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path,
     """SFT of ``setup.model_path`` on ``setup.sft_dataset``'s targets for ``config.sft.num_steps``;
     logs the loss to ``logs_dir``. Returns (graphdef, trained params)."""
     data = build_sft_data(setup.sft_dataset, setup.tokenizer, max_length=config.sft.max_length,
-                          where=config.sft.data or "training data")
+                          where=config.sft.data or "training data", template_kwargs=config.data.template_kwargs,
+                          tools_column=config.data.tools_column)
     model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh, remat=config.model.remat)
     graphdef, params = nnx.split(model, nnx.Param)
     schedule = optax.warmup_cosine_decay_schedule(
@@ -189,6 +199,9 @@ def build_warm_start(config: RunConfig, workdir: str | pathlib.Path, *, progress
             run_dir.remove_stale_staging(workdir, all_stale=True)
         run_dir.check_resume_config(workdir, config)
         setup = build_setup(config, workdir)
+        if setup.sft_dataset is None:
+            raise ConfigError("config.sft.only_with_targets: the SFT data has no row with a target, so there is no "
+                              "warm start to build")
         if primary:
             run_dir.write_config(workdir, config)
         return warm_start(config, setup, workdir, progress=progress and primary)

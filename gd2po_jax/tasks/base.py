@@ -20,17 +20,19 @@ name:
 ============================  ==================================================================
 
 The defaults serve a task whose rows are scored by the run's reward functions: evaluation by the
-tool-calling metrics or by the reward models (``rewards.kind``), the generic table. A task defined
-outside the package is registered the same way::
+run's reward functions (each reward's mean and their sum), or by the tool-calling metrics for the
+ToolRL family alone; the generic table. A task defined outside the package needs no edit of it::
 
-    from gd2po_jax.tasks import Task, register_task
+    # my_module.py
+    from gd2po_jax.tasks import Task
 
-    @register_task("my_task")
     class MyTask(Task):
         def load_splits(self, config, workdir):
             ...
 
-and run with ``--config.task=my_task`` once the module that registers it is imported.
+run with ``--config.task=my_module:MyTask`` (or ``path/to/my_module.py:MyTask``; an instance works
+too): the trainer imports it and registers it under that path (`register_task` registers one under
+a short name, for code that imports it first).
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig, TinyModelConfig
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
-from gd2po_jax.data.loaders import FEATURES
+from gd2po_jax.data.loaders import EXTRA_COLUMNS, FEATURES, PROMPT_TEXT
 from gd2po_jax.evaluation.generation import tool_calling_scorer
+from gd2po_jax.evaluation.reward_scorer import RewardFunctionScorer
 from gd2po_jax.evaluation.safe_alignment import RewardModelScorer
 from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.models.config import tiny_qwen2_config
+from gd2po_jax.rewards.user_functions import load_function, run_reward_weights
+from gd2po_jax.runtime.imports import import_object, is_import_path
 from gd2po_jax.runtime.workdir import publish_dir, staging_name
 
 SPLITS = ("train", "validation", "test")
@@ -106,8 +111,13 @@ class Task(abc.ABC):
 
     def eval_scorer(self, config: RunConfig, reward_fn):
         """How evaluation scores a split's greedy responses
-        (`gd2po_jax.evaluation.generation.Scorer`): the run's reward models (each reward's score and
-        their sum) with ``rewards.kind='reward_model'``, else the tool-calling metrics."""
+        (`gd2po_jax.evaluation.generation.Scorer`): with ``rewards.functions``, the run's reward
+        functions (each reward and their weighted sum); the run's reward models (each reward's score
+        and their sum) with ``rewards.kind='reward_model'``; else the tool-calling metrics."""
+        if config.rewards.functions:
+            rewards = config.rewards
+            return RewardFunctionScorer(reward_fn, run_reward_weights(config, reward_fn), on_error=rewards.on_error,
+                                        num_workers=rewards.num_workers, timeout_s=rewards.timeout_s)
         if config.rewards.kind == "reward_model":
             return RewardModelScorer(reward_fn)
         return tool_calling_scorer(config.rewards.max_think_words)
@@ -123,7 +133,12 @@ class Task(abc.ABC):
     def test_metrics(self, config: RunConfig) -> tuple[tuple[str, str], ...]:
         """(key, label) of the test metrics a sweep report shows for a run of ``config``
         (``test/<summary key>``): each reward's mean and their sum for reward models, else the
-        tool-calling metrics (`TOOL_CALLING_TEST_METRICS`)."""
+        tool-calling metrics (`TOOL_CALLING_TEST_METRICS`); with ``rewards.functions``, each of the
+        run's rewards (its functions are imported to learn their names) and their sum."""
+        if config.rewards.functions:
+            names = tuple(config.rewards.names) + tuple(
+                name for entry in config.rewards.function_entries() for name in load_function(entry).names)
+            return tuple((f"test/{name}", name) for name in names) + (("test/reward_sum", "sum"),)
         if config.rewards.kind == "reward_model":
             return tuple((f"test/{name}", name) for name in config.rewards.names) + (("test/reward_sum", "sum"),)
         return TOOL_CALLING_TEST_METRICS
@@ -164,20 +179,46 @@ def task_of(config: RunConfig) -> Task:
         field the task's check refuses.
     """
     task = _TASKS.get(config.task)
+    if task is None and is_import_path(config.task):
+        task = _import_task(config.task)
     if task is None:
         raise ConfigError(f"config.task: {config.task!r} is not a registered task; registered: "
-                          f"{', '.join(registered_tasks())} (a task of your own: gd2po_jax.tasks.register_task)")
+                          f"{', '.join(registered_tasks())}; a task of your own: module:object or "
+                          "path/to/file.py:object (a Task subclass or instance)")
     task.check_config(config)
     return task
+
+
+def _import_task(path: str) -> Task:
+    """The `Task` that ``config.task = "module:object"`` names (a subclass, built without arguments, or an
+    instance), registered under ``path`` so that later lookups find it.
+
+    Raises:
+      ConfigError: naming ``config.task``: the import fails, or the object is not a Task.
+    """
+    target, source = import_object(path, f"config.task ({path!r})")
+    if isinstance(target, type) and issubclass(target, Task):
+        target = target()
+    if not isinstance(target, Task):
+        raise ConfigError(f"config.task ({path!r}): {path.rpartition(':')[2]!r} in {source} is a "
+                          f"{type(target).__name__}, not a gd2po_jax.tasks.Task subclass or instance")
+    register_task(path)(target)
+    return target
 
 
 def dataset_splits(rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]],
                    features: datasets.Features = FEATURES) -> datasets.DatasetDict:
     """The ``DatasetDict`` of generated rows (split -> rows, each a dict with every column of
     ``features``), each split typed by ``features`` (an empty split too). Default: the prompt
-    schema `gd2po_jax.data.loaders.FEATURES`."""
+    schema `gd2po_jax.data.loaders.FEATURES`, whose ``prompt_text`` and ``extra_columns`` a row may
+    leave out (None: no prompt string, no extra columns)."""
+    optional = (PROMPT_TEXT, EXTRA_COLUMNS)
+
+    def value(row: Mapping[str, Any], name: str) -> Any:
+        return row.get(name) if name in optional else row[name]
+
     return datasets.DatasetDict({
-        split: datasets.Dataset.from_dict({name: [row[name] for row in rows] for name in features},
+        split: datasets.Dataset.from_dict({name: [value(row, name) for row in rows] for name in features},
                                           features=features)
         for split, rows in rows_by_split.items()
     })

@@ -14,7 +14,7 @@ import pathlib
 from typing import Any
 
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.data.loaders import DataFormatError
+from gd2po_jax.data.loaders import DataFormatError, dataset_columns
 from gd2po_jax.data.sources import load_source
 from gd2po_jax.rewards.base import column_problems
 from gd2po_jax.tasks.base import Task, register_task
@@ -25,7 +25,8 @@ NAME = "files"
 
 PROMPT_ONLY_REWARD_KINDS = ("reward_model",)
 """Reward kinds that score without a ground truth: their verl parquet files may be prompt-only (no
-``reward_model.ground_truth``, as the safety runs' Alpaca files)."""
+``reward_model.ground_truth``, as the safety runs' Alpaca files). So may a run whose rewards are only
+``rewards.functions``."""
 
 
 def load_file(source: str, config: RunConfig, field: str) -> Any:
@@ -38,7 +39,10 @@ def load_file(source: str, config: RunConfig, field: str) -> Any:
       ConfigError: naming the field, when the source is none of the forms or a Hub id that cannot be had.
       DataFormatError: a malformed row or file, naming it and the row.
     """
-    options = {"require_ground_truth": False} if config.rewards.kind in PROMPT_ONLY_REWARD_KINDS else {}
+    # Verl files need a ground truth only for a family that scores against one (not reward models, not
+    # functions of your own alone, which read whatever columns they need).
+    prompt_only = config.rewards.kind in PROMPT_ONLY_REWARD_KINDS or not config.rewards.kind
+    options = {"require_ground_truth": False} if prompt_only else {}
     try:
         result = load_source(source, kind=config.data.kind, on_error=config.data.on_error, what=f"config.{field}",
                              **options)
@@ -53,7 +57,7 @@ def scorable_rows(dataset, path: str, reward_fn, config: RunConfig) -> Any:
     """``dataset`` checked against the reward function (`column_problems`: a ground truth it cannot
     parse, a missing one): such rows raise `DataFormatError` naming the file, the row and the
     column, or with ``data.on_error='skip'`` are left out (all of them left out: an error too)."""
-    columns = {name: dataset[name] for name in dataset.column_names}
+    columns = dataset_columns(dataset, where=path)  # the extra columns decoded, as reward functions get them
     problems = column_problems(reward_fn, columns)
     if not problems:
         return dataset

@@ -15,7 +15,7 @@ from gd2po_jax.rl.trainer import train_and_evaluate
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.runtime.workdir import RunDir
-from tests.fakes import alpaca_path, as_run_config, data_files, tiny_safety_policy, tiny_score_model_dir
+from tests.fakes import REPO, alpaca_path, as_run_config, data_files, tiny_safety_policy, tiny_score_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -93,3 +93,19 @@ def test_eval_scores_the_safe_alignment_sets_with_the_runs_reward_models(safety_
     records = [json.loads(line) for line in files.eval_generations("safe_alignment").read_text().splitlines()]
     assert [r["set"] for r in records] == ["alpaca_test"] * 2 + ["hh_rlhf_test"] * 2 + ["pku_saferlhf_test"] * 2
     assert all(isinstance(r["response"], str) and isinstance(r["harmless"], float) for r in records)
+
+
+def test_a_rule_function_and_the_reward_models_train_together(tmp_path):
+    """A format rule of your own (examples/own_task's brevity, TRL's form) beside the two reward models:
+    three reward columns in the stated order (the family's, then the functions'), each logged with the
+    reward models' own metrics, and the conflict diagnostics over all three."""
+    config = tiny_safety_config(1)
+    config.rewards.functions = (f"{REPO / 'examples' / 'own_task' / 'rewards.py'}:brevity",)
+    config.eval.split = "none"
+    train_and_evaluate(as_run_config(config), tmp_path, progress=False)
+    (step,) = read_metrics(tmp_path)
+    for name in ("useful", "harmless", "brevity"):
+        assert isinstance(step[f"reward/{name}"], float) and step[f"reward_abstained/{name}"] == 0.0
+    assert 0.0 <= step["advantages/zero_std_fraction/brevity"] <= 1.0
+    assert 0.0 <= step["reward_truncated/useful"] <= 1.0 and step["time/reward_model/harmless"] > 0
+    assert 0.0 <= step["advantages/conflict_ratio"] <= 1.0

@@ -6,8 +6,10 @@ and on the real public files (``[real]``, where ``GD2PO_JAX_DATA_DIR`` names the
 with what each holds (`EXPECTED`)."""
 
 import dataclasses
+import datetime
 import json
 import pathlib
+import pickle
 import re
 
 import datasets
@@ -16,9 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from gd2po_jax.data import (
+    EXTRA_COLUMNS,
     FEATURES,
+    PROMPT_TEXT,
+    RESERVED_COLUMNS,
     DataFormatError,
+    dataset_columns,
     decode_api_bank_answer,
+    decode_extra_columns,
     detect_kind,
     encode_api_bank_answer,
     load_api_bank,
@@ -29,6 +36,7 @@ from gd2po_jax.data import (
     load_verl_parquet,
     parse_api_bank_answer,
 )
+from gd2po_jax.rewards.base import RESPONSE_IDS, ROLLOUT_INDEX
 from tests import fixture_data
 from tests.fakes import data_files
 
@@ -99,6 +107,29 @@ def test_verl_parquet_file(files):
     assert (first["source"], first["target"], first["level"]) == ("rlla", None, None)
     assert ds["row"] == list(range(expected.rlla_rows))
     assert sum("<tool_call>" in gt for gt in ds["ground_truth"]) == expected.rlla_tool_calls
+
+
+def test_verl_parquet_keeps_every_other_column_as_extras(files):
+    data_dir, _ = files
+    path = data_dir / "rlla_4k" / "test.parquet"
+    raw = pq.read_table(path).to_pylist()
+    ds = load_verl_parquet(path).dataset
+    extras = decode_extra_columns(ds)
+    assert set(extras) == {"data_source", "reward_model", "extra_info", "ability"}  # every column but prompt
+    for name, values in extras.items():
+        assert values == [record[name] for record in raw], name
+    assert extras["reward_model"][0]["ground_truth"] == ds[0]["ground_truth"]  # still extracted
+    assert set(ds[PROMPT_TEXT]) == {None}  # chat messages
+
+
+def test_verl_parquet_extras_keep_values_json_cannot_hold(tmp_path):
+    rows = pq.read_table(_rlla_parquet()).slice(0, 2).to_pylist()
+    rows[0] |= {"asked_on": datetime.date(2024, 3, 26), "blob": b"\x00\xff"}
+    rows[1] |= {"asked_on": None, "blob": b""}
+    path = tmp_path / "dated.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    extras = decode_extra_columns(load_verl_parquet(path).dataset)
+    assert extras["asked_on"] == [datetime.date(2024, 3, 26), None] and extras["blob"] == [b"\x00\xff", b""]
 
 
 def test_verl_prompt_only_parquet(files):
@@ -174,6 +205,7 @@ def test_toolrl_sft_file(files):
     assert ds[0]["target"] == raw[0]["output"] and ds[0]["target"].startswith("<think>")
     assert ds[0]["ground_truth"] is None and ds[0]["source"] == "toolrl_sft"
     assert expected.sft_first_user in ds[0]["prompt"][1]["content"]
+    assert decode_extra_columns(ds.select([0])) == {name: [raw[0][name]] for name in ("instruction", "input", "output")}
 
 
 def _corrupt_sft(tmp_path):
@@ -227,6 +259,8 @@ def test_api_bank_files(files, level):
     assert len(ds) == expected.api_bank_rows[level]
     assert set(ds["level"]) == {level} and set(ds["source"]) == {"api_bank"}
     assert [m["role"] for m in ds[0]["prompt"]] == ["system", "user"]
+    raw = json.loads((data_dir / "api_bank" / f"level-{level}-api_processed.json").read_text())
+    assert decode_extra_columns(ds) == {name: [r[name] for r in raw] for name in ("system", "user", "answer", "other")}
     for gt in ds["ground_truth"]:
         calls = decode_api_bank_answer(gt)
         assert isinstance(calls[0]["name"], str) and isinstance(calls[0]["parameters"], dict)
@@ -323,6 +357,60 @@ def test_jsonl_schema(tmp_path):
     assert ds[1]["prompt"][0] == {"role": "system", "content": "sys"}
     assert (ds[1]["target"], ds[1]["level"], ds[1]["ground_truth"]) == ("hello", 2, None)
     assert ds[2]["source"] == "mine"
+
+
+def test_jsonl_extra_columns_keep_each_rows_own_values(tmp_path):
+    """A column that is an int in one row, text in another and missing in a third keeps each row's
+    value (None where missing); the FEATURES columns and the `messages` alias are not extras."""
+    records = [
+        {"prompt": "What is 2+2?", "answer": 4, "meta": {"tags": ["math"]}},
+        {"messages": [{"role": "user", "content": "Spell four"}], "answer": "four", "ground_truth": "g",
+         "level": 1, "source": "s", "target": "t"},
+        {"prompt": [{"role": "user", "content": "Nothing"}], "meta": None, "hint": 1.5},
+    ]
+    ds = load_jsonl(_write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in records])).dataset
+    assert ds.features == FEATURES
+    assert decode_extra_columns(ds) == {"answer": [4, "four", None], "meta": [{"tags": ["math"]}, None, None],
+                                        "hint": [None, None, 1.5]}
+    assert ds[PROMPT_TEXT] == ["What is 2+2?", None, None]  # only a prompt given as one string
+    assert ds[0]["prompt"] == [{"role": "user", "content": "What is 2+2?"}]
+    assert (ds[1]["ground_truth"], ds[1]["level"], ds[1]["source"], ds[1]["target"]) == ("g", 1, "s", "t")
+
+
+@pytest.mark.parametrize("name", RESERVED_COLUMNS)
+def test_a_reserved_column_name_is_a_malformed_row_naming_it(tmp_path, name):
+    lines = [json.dumps({"prompt": "fine"}), json.dumps({"prompt": "shadowed", name: 1})]
+    path = _write_jsonl(tmp_path / "d.jsonl", lines)
+    with pytest.raises(DataFormatError, match=rf"d\.jsonl, row 1 \(0-based\), line 2, field '{name}': is a reserved "
+                                              r"column name .*; rename it"):
+        load_jsonl(path)
+    assert load_jsonl(path, on_error="skip").dataset[PROMPT_TEXT] == ["fine"]
+
+
+def test_reserved_names_cover_what_rollouts_add_and_parquet_columns_too(tmp_path):
+    assert {RESPONSE_IDS, ROLLOUT_INDEX, "row", PROMPT_TEXT, EXTRA_COLUMNS} == set(RESERVED_COLUMNS)
+    rows = pq.read_table(_rlla_parquet()).slice(0, 2).to_pylist()
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.Table.from_pylist([r | {"response_ids": [1, 2]} for r in rows]), path)
+    with pytest.raises(DataFormatError, match=r"ids\.parquet, row 0 \(0-based\), field 'response_ids': is a reserved"):
+        load_verl_parquet(path)
+
+
+def test_decode_extra_columns_fills_none_and_reads_values_or_a_dataset():
+    values = [pickle.dumps({"a": 1}), None, pickle.dumps({"b": b"x", "a": "one"}), pickle.dumps({})]
+    assert decode_extra_columns(values) == {"a": [1, None, "one", None], "b": [None, None, b"x", None]}
+    assert decode_extra_columns(datasets.Dataset.from_dict({"prompt": ["p"]})) == {}  # no such column
+    assert decode_extra_columns([]) == {}
+
+
+def test_dataset_columns_decode_the_extras_and_refuse_a_clash(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps({"prompt": "p", "answer": 4})])
+    ds = load_jsonl(path).dataset
+    columns = dataset_columns(ds)
+    assert EXTRA_COLUMNS not in columns and columns["answer"] == [4] and columns["row"] == [0]
+    assert list(columns) == [*(n for n in FEATURES if n != EXTRA_COLUMNS), "answer"]
+    with pytest.raises(ValueError, match=r"^train data: the extra columns \['answer'\] have the names of columns"):
+        dataset_columns(ds.add_column("answer", [5]), where="train data")
 
 
 def test_jsonl_corrupted_lines(tmp_path):

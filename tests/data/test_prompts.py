@@ -1,9 +1,14 @@
 """Tests of gd2po_jax.data.prompts: prompt rendering, the seeded epoch order and its resumption."""
 
+import json
+import pickle
+
 import datasets
 import pytest
 
+from gd2po_jax.data.loaders import load_jsonl
 from gd2po_jax.data.prompts import EpochSampler, build_prompt_set, padded_batches
+from tests.data.test_chat import CLOCK, TOOLS_TEMPLATE, WEATHER, chat_tokenizer
 from tests.fakes import EchoTokenizer
 
 
@@ -42,6 +47,53 @@ def test_a_data_column_may_not_take_the_name_of_the_sampled_ids():
     dataset = _dataset(["ab"]).add_column("response_ids", [[1, 2]])
     with pytest.raises(ValueError, match="f.jsonl: a data column is named 'response_ids'"):
         build_prompt_set(dataset, EchoTokenizer(), max_prompt_tokens=10, where="f.jsonl")
+
+
+def _jsonl(tmp_path, records) -> datasets.Dataset:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return load_jsonl(path).dataset
+
+
+def test_the_data_files_own_columns_reach_the_prompt_set(tmp_path):
+    dataset = _jsonl(tmp_path, [{"prompt": "2+2?", "answer": 4}, {"prompt": "Spell 4", "answer": "four", "hint": "f"}])
+    prompts = build_prompt_set(dataset, EchoTokenizer(), max_prompt_tokens=10, where="d.jsonl")
+    assert prompts.columns["answer"] == [4, "four"] and prompts.columns["hint"] == [None, "f"]
+    assert prompts.columns["prompt_text"] == ["2+2?", "Spell 4"] and "extra_columns" not in prompts.columns
+    assert prompts.select([1, 0, 1]).columns["answer"] == ["four", 4, "four"]
+    # The loaders refuse it; an extra column of a dataset built by hand is refused here.
+    by_hand = _dataset(["ab"]).add_column("extra_columns", [pickle.dumps({"response_ids": [1]})])
+    with pytest.raises(ValueError, match="by hand: a data column is named 'response_ids'"):
+        build_prompt_set(by_hand, EchoTokenizer(), max_prompt_tokens=10, where="by hand")
+    with pytest.raises(ValueError, match="by hand: a data column is named 'rollout_index', the name rollouts give "
+                                         "the index of each rollout"):
+        build_prompt_set(_dataset(["ab"]).add_column("rollout_index", [0]), EchoTokenizer(), max_prompt_tokens=10,
+                         where="by hand")
+
+
+def test_template_kwargs_and_each_rows_tools_reach_the_chat_template(tmp_path):
+    dataset = _jsonl(tmp_path, [{"prompt": "U", "tools": [WEATHER, CLOCK]}, {"prompt": "U", "tools": None},
+                                {"prompt": "U", "tools": json.dumps([CLOCK])}])
+    prompts = build_prompt_set(dataset, chat_tokenizer(TOOLS_TEMPLATE), max_prompt_tokens=64, where="d.jsonl",
+                               template_kwargs={"enable_thinking": False}, tools_column="tools")
+    assert [text.split("<|im_start|>")[0] for text in prompts.texts] == [
+        "TOOLS get_weather get_time\nNOTHINK\n", "NOTHINK\n", "TOOLS get_time\nNOTHINK\n"]
+    plain = build_prompt_set(dataset, chat_tokenizer(TOOLS_TEMPLATE), max_prompt_tokens=64, where="d.jsonl")
+    assert all(text.startswith("<|im_start|>user") for text in plain.texts)  # neither unless asked
+    assert len(prompts.token_ids[0]) == len(plain.token_ids[0]) + 4  # TOOLS, two names, NOTHINK
+
+
+def test_a_missing_tools_column_or_a_bad_value_names_it(tmp_path):
+    dataset = _jsonl(tmp_path, [{"prompt": "U", "tools": None}, {"prompt": "U", "tools": {"name": "x"}}])
+    build = dict(max_prompt_tokens=64, where="training data")
+    with pytest.raises(ValueError, match=r"^training data: config.data.tools_column='tool' is not a column of the "
+                                         r"data; its columns are \[.*'tools'"):
+        build_prompt_set(dataset, chat_tokenizer(TOOLS_TEMPLATE), tools_column="tool", **build)
+    with pytest.raises(ValueError, match=r"^training data, row 1 \(0-based\), column 'tools' "
+                                         r"\(config.data.tools_column\): expected a list of tool schemas"):
+        build_prompt_set(dataset, chat_tokenizer(TOOLS_TEMPLATE), tools_column="tools", **build)
+    with pytest.raises(ValueError, match="config.data.chat_template_kwargs: tokenize cannot be given"):
+        build_prompt_set(dataset, chat_tokenizer(TOOLS_TEMPLATE), template_kwargs={"tokenize": True}, **build)
 
 
 def test_epoch_sampler_serves_full_batches_of_each_epoch_and_resumes_exactly():

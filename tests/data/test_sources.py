@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gd2po_jax.config import ConfigError
-from gd2po_jax.data.loaders import DataFormatError
+from gd2po_jax.data.loaders import DataFormatError, decode_extra_columns
 from gd2po_jax.data.sources import load_source
 from gd2po_jax.rl.setup import build_setup
 from gd2po_jax.tasks.base import build_tiny_model
@@ -49,6 +49,21 @@ def test_a_save_to_disk_folder_loads_and_its_row_errors_name_it(tmp_path):
     datasets.Dataset.from_list(bad).save_to_disk(tmp_path / "bad")
     with pytest.raises(DataFormatError, match=rf"^{tmp_path / 'bad'}, row 1 \(0-based\), field 'prompt'"):
         load_source(str(tmp_path / "bad"))
+
+
+def test_a_save_to_disk_folder_keeps_its_other_columns_as_extras(tmp_path):
+    records = verl_records(["a", "b"])
+    records[0] |= {"extra_info": {"index": 7, "split": "train"}, "ability": "spelling"}
+    records[1] |= {"ability": "saying"}  # no extra_info: datasets fills None
+    datasets.Dataset.from_list(records).save_to_disk(tmp_path / "saved")
+    extras = decode_extra_columns(load_source(str(tmp_path / "saved")).dataset)
+    assert extras["ability"] == ["spelling", "saying"]
+    assert extras["extra_info"] == [{"index": 7, "split": "train"}, None]
+    assert extras["data_source"] == ["words", "words"] and extras["reward_model"][1]["style"] == "rule"
+    # A folder saved from a loaded dataset holds the loader's own columns: refused, never unpickled.
+    load_source(str(tmp_path / "saved")).dataset.save_to_disk(tmp_path / "resaved")
+    with pytest.raises(DataFormatError, match=r"resaved, row 0 \(0-based\), field 'row': is a reserved column name"):
+        load_source(str(tmp_path / "resaved"))
 
 
 def test_a_saved_dataset_dict_needs_a_split(tmp_path):

@@ -88,13 +88,22 @@ def copy_warm_start(source: pathlib.Path, workdir: pathlib.Path) -> None:
         shutil.copytree(source / name, workdir / name)
 
 
+FAKE_WANDB = REPO / "tests" / "fake_wandb"  # a `wandb` package that records its calls (FAKE_WANDB_CALLS)
+ROLLOUTS_EVERY = 1  # the reference saves the rollouts of every step (which steps: tests/rl/test_rollout_log.py)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, train_env) -> pathlib.Path:
-    """The workdir of one uninterrupted tiny run (warm start, RL, evaluations)."""
+    """The workdir of one uninterrupted tiny run (warm start, RL, evaluations), which also saves
+    rollouts and logs to W&B (the fake of tests/fake_wandb, its calls in ``../wandb_calls.jsonl``).
+    How a run is logged is not what it computes: the runs compared with it log nothing."""
     root = tmp_path_factory.mktemp("reference")
     workdir = root / "run"
-    config_file = write_config_file(root)
-    run_train(workdir, config_file, dict(train_env, JAX_LOG_COMPILES="1"))
+    config_file = write_config_file(root, logging__rollouts_every=ROLLOUTS_EVERY, logging__wandb__enabled=True,
+                                    logging__wandb__mode="offline")
+    env = dict(train_env, JAX_LOG_COMPILES="1", FAKE_WANDB_CALLS=str(root / "wandb_calls.jsonl"),
+               PYTHONPATH=os.pathsep.join([str(FAKE_WANDB), train_env["PYTHONPATH"]]))
+    run_train(workdir, config_file, env)
     return workdir
 
 
@@ -181,6 +190,43 @@ def test_run_writes_every_artifact(reference):
     log = workdir.with_name(workdir.name + ".log").read_text()
     update_compiles = [line for line in log.splitlines() if "Compiling jit(step)" in line and "float32[8,4,3]" in line]
     assert len(update_compiles) == 1, update_compiles
+
+
+def test_rollouts_of_the_logged_steps_are_saved_with_the_update_s_view(reference):
+    """rollouts/step_N.jsonl of every step: P x G records each, whose rewards, lengths and GD2PO keep
+    mask average to the step's metrics."""
+    steps = range(1, tiny_config().train.num_steps + 1)
+    assert sorted(p.name for p in (reference / "rollouts").iterdir()) == sorted(f"step_{s}.jsonl" for s in steps)
+    metrics = {r["step"]: r for r in read_metrics(reference)}
+    num_rollouts = tiny_config().train.prompts_per_step * tiny_config().rl.num_generations
+    filtered = 0
+    for step in steps:
+        records = run_dir.read_jsonl(reference / "rollouts" / f"step_{step}.jsonl")
+        assert len(records) == num_rollouts and [r["rollout"] for r in records] == list(range(num_rollouts))
+        assert {r["step"] for r in records} == {step}
+        assert all(r["completion"] and r["prompt_text"] and isinstance(r["row"], int) for r in records)
+        assert np.mean([r["keep"] for r in records]) == pytest.approx(metrics[step]["advantages/kept_fraction"],
+                                                                       abs=1e-6)
+        assert np.mean([r["conflict"] for r in records]) == pytest.approx(
+            metrics[step]["advantages/conflict_ratio"], abs=1e-6)
+        assert np.mean([r["response_length"] for r in records]) == pytest.approx(metrics[step]["response_length"])
+        assert np.mean([r["truncated"] for r in records]) == pytest.approx(metrics[step]["truncation_rate"])
+        for name in ("correctness", "format", "length"):
+            assert np.mean([r["rewards"][name] for r in records]) == pytest.approx(metrics[step][f"reward/{name}"],
+                                                                                    rel=1e-5, abs=1e-6)
+        filtered += sum(not r["keep"] for r in records)
+    assert filtered > 0  # GD2PO-SNR dropped conflicting rollouts at some step: the keep masks are not all True
+
+
+def test_wandb_gets_the_config_and_every_metrics_record(reference):
+    calls = run_dir.read_jsonl(reference.parent / "wandb_calls.jsonl")
+    init, *logs, finish = calls
+    assert init["call"] == "init" and finish == {"call": "finish", "exit_code": 0}
+    assert init["id"] == (reference / "wandb_run_id.txt").read_text().strip() and init["resume"] == "allow"
+    assert (init["dir"], init["name"], init["mode"]) == (str(reference), "run", "offline")
+    assert init["config"] == json.loads((reference / "config.json").read_text())
+    assert [(c["call"], c["step"], c["data"]) for c in logs] == [
+        ("log", r["step"], {k: v for k, v in r.items() if k != "step"}) for r in read_metrics(reference)]
 
 
 def test_exported_policy_loads_in_jax_and_transformers(reference):

@@ -28,6 +28,7 @@ import pytest
 
 from gd2po_jax.config import ConfigError, DistributedConfig
 from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import REPO, subprocess_env, write_config_file
@@ -37,11 +38,12 @@ HEARTBEAT_S = 10  # config.distributed.heartbeat_timeout_s of the runs here
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs
 # configs/tiny.py shrunk to what still takes every path: a 2-step warm start, an evaluation of 8
 # examples before and after RL, 4 RL steps of 8 prompts x 4 rollouts with a checkpoint every 2, on
-# the default mesh (data parallel over the 2 devices: each process holds 4 of the 8 prompts). Split
-# parameters are exported by tests/runtime/multihost_worker.py (fsdp over processes costs gloo a round
-# trip per layer and token: 1.6x the CPU time of this run).
+# the default mesh (data parallel over the 2 devices: each process holds 4 of the 8 prompts), each
+# step's rollouts saved (process 0 writes those the other process sampled). Split parameters are
+# exported by tests/runtime/multihost_worker.py (fsdp over processes costs gloo a round trip per layer
+# and token: 1.6x the CPU time of this run).
 MINI = dict(sft__num_steps=2, train__num_steps=4, checkpoint__every_steps=2, eval__max_examples=8,
-            data__synthetic__num_validation=8)
+            data__synthetic__num_validation=8, logging__rollouts_every=1)
 
 
 def free_port() -> int:
@@ -302,6 +304,23 @@ def test_two_processes_killed_and_resumed_end_as_one_process(runs):
         for name in expected:
             assert got[name].shape == expected[name].shape and got[name].dtype == expected[name].dtype
             np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=5e-5, err_msg=f"{part}: {name}")
+
+
+@pytest.mark.slow
+def test_two_processes_save_the_rollouts_one_process_saves(runs):
+    """Process 0 wrote every step's rollouts, the other process's completions among them (decoded
+    from the gathered tokens); step 1 (the same parameters sample the same tokens) equals the one-process
+    run's record for record, its advantages within float rounding."""
+    for workdir in (runs.one, runs.two):
+        assert sorted(p.name for p in (workdir / "rollouts").iterdir()) == [f"step_{s}.jsonl" for s in (1, 2, 3, 4)]
+    one, two = (run_dir.read_jsonl(w / "rollouts" / "step_1.jsonl") for w in (runs.one, runs.two))
+    assert len(two) == 32 and all(r["completion"] for r in two)
+    for mine, theirs in zip(two, one):
+        for name in ("rollout", "prompt", "row", "prompt_text", "completion", "rewards", "response_length",
+                     "truncated", "keep", "conflict"):
+            assert mine[name] == theirs[name], (mine["rollout"], name)
+        for name in ("advantage", "snr", "query_weight"):
+            assert mine[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-6), (mine["rollout"], name)
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """Tests of gd2po_jax.sft.step: the tokenized layout, its errors, and that the step learns."""
 
+import json
+
 import datasets
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ from gd2po_jax.models import Decoder
 from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
+from tests.data.test_chat import CLOCK, TOOLS_TEMPLATE, WEATHER, chat_tokenizer
 from tests.fakes import TagTokenizer, tiny_model_config
 
 
@@ -37,6 +40,19 @@ def test_layout_left_pads_prompts_and_masks_completions():
         build_sft_data(_dataset([("ab", "x"), ("abcd", "q")]), TagTokenizer(), max_length=20, where="sft.json")
     with pytest.raises(ValueError, match="no row has a 'target'"):
         build_sft_data(_dataset([("ab", None)]), TagTokenizer(), max_length=64, where="sft.json")
+
+
+def test_examples_render_with_the_template_kwargs_and_each_rows_tools():
+    """The warm start's prompts are RL's: the run's template arguments and each row's tools."""
+    dataset = _dataset([("U", "A"), ("U", "A")]).add_column("tools", [json.dumps([WEATHER, CLOCK]), None])
+    tokenizer = chat_tokenizer(TOOLS_TEMPLATE)
+    data = build_sft_data(dataset, tokenizer, max_length=64, where="sft.jsonl",
+                          template_kwargs={"enable_thinking": False}, tools_column="tools")
+    texts = [tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(data.input_ids, data.attention_mask)]
+    assert texts[0].startswith("TOOLS get_weather get_time NOTHINK [UNK]")  # [UNK]: the pieces of <|im_start|>
+    assert texts[1].startswith("NOTHINK [UNK]")
+    with pytest.raises(ValueError, match=r"^sft.jsonl: config.data.tools_column='functions' is not a column"):
+        build_sft_data(dataset, tokenizer, max_length=64, where="sft.jsonl", tools_column="functions")
 
 
 def test_sft_batches_are_epochs_of_permutations():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import pathlib
+import pickle
 
 import pytest
 
 from gd2po_jax.config import ConfigError
+from gd2po_jax.data.loaders import FEATURES, decode_extra_columns
 from gd2po_jax.tasks import Task, register_task, registered_tasks, task_of
 from gd2po_jax.tasks.base import build_tiny_model, dataset_splits
 from tests.fakes import tiny_run_config
@@ -68,8 +70,27 @@ def test_a_registered_task_is_looked_up_by_name_and_checked():
 
 def test_an_unknown_task_is_named_with_the_registered_ones():
     with pytest.raises(ConfigError, match=r"^config\.task: 'web' is not a registered task; registered: .*files.*"
-                                          r"synthetic_tools.*gd2po_jax\.tasks\.register_task"):
+                                          r"synthetic_tools.*; a task of your own: module:object or "
+                                          r"path/to/file\.py:object"):
         task_of(tiny_run_config(task="web"))
+
+
+def test_a_task_of_your_own_is_found_by_its_import_path(tmp_path, monkeypatch):
+    (tmp_path / "my_tasks.py").write_text(
+        "from gd2po_jax.tasks import Task\n\n"
+        "class MyTask(Task):\n    def load_splits(self, config, workdir):\n        return {}, workdir\n\n"
+        "INSTANCE = MyTask()\nNOT_A_TASK = 3\n")
+    monkeypatch.chdir(tmp_path)
+    task = task_of(tiny_run_config(task="my_tasks:MyTask"))
+    assert type(task).__name__ == "MyTask" and task.name == "my_tasks:MyTask"
+    assert task_of(tiny_run_config(task="my_tasks:MyTask")) is task  # registered once, then looked up
+    assert task_of(tiny_run_config(task=f"{tmp_path / 'my_tasks.py'}:INSTANCE")).name.endswith("my_tasks.py:INSTANCE")
+    with pytest.raises(ConfigError, match=r"^config\.task \('my_tasks:NOT_A_TASK'\): 'NOT_A_TASK' in .*my_tasks\.py "
+                       r"is a int, not a gd2po_jax\.tasks\.Task subclass or instance"):
+        task_of(tiny_run_config(task="my_tasks:NOT_A_TASK"))
+    with pytest.raises(ConfigError, match=r"^config\.task \('my_tasks:Other'\): .*my_tasks\.py has no 'Other'; "
+                       r"it defines MyTask"):
+        task_of(tiny_run_config(task="my_tasks:Other"))
 
 
 def test_only_tasks_register():
@@ -81,6 +102,16 @@ def test_dataset_splits_are_typed_even_when_empty():
     splits = dataset_splits({"train": echo_rows("train", 2, 0), "test": []})
     assert len(splits["train"]) == 2 and len(splits["test"]) == 0
     assert splits["test"].features == splits["train"].features
+
+
+def test_generated_rows_may_leave_out_the_prompt_text_and_extra_columns():
+    rows = echo_rows("train", 2, 0)
+    rows[1] |= {"prompt_text": "say river", "extra_columns": pickle.dumps({"word": "river"})}
+    train = dataset_splits({"train": rows})["train"]
+    assert train.features == FEATURES and train["prompt_text"] == [None, "say river"]
+    assert decode_extra_columns(train) == {"word": [None, "river"]}
+    with pytest.raises(KeyError, match="ground_truth"):  # the other columns stay required
+        dataset_splits({"train": [{k: v for k, v in rows[0].items() if k != "ground_truth"}]})
 
 
 @pytest.mark.slow
