@@ -7,9 +7,9 @@ the step's order (rollout ``i = p * G + g`` is sample g of prompt p), keys in th
 
     step              the RL step, 1-based (as in metrics.jsonl)
     rollout           i, the rollout's index in the step (0 .. P*G-1)
-    prompt            p, its prompt's index in the step (0 .. P-1)
+    prompt_index      p, its prompt's index in the step (0 .. P-1)
     row               the prompt's data row (the data set's ``row`` column; null without one)
-    prompt_text       the rendered prompt (chat template applied), as reward functions get it
+    prompt            the rendered prompt (chat template applied): what the policy reads
     completion        the decoded completion
     rewards           {name: value} of each reward; null where it abstained (NaN)
     response_length   completion tokens (EOS included)
@@ -136,9 +136,9 @@ def rollout_records(step: int, prompts: PromptSet, responses: Sequence[str], rew
     for i in range(num_rollouts):
         p, g = divmod(i, group)
         record = {
-            "step": int(step), "rollout": i, "prompt": p,
+            "step": int(step), "rollout": i, "prompt_index": p,
             "row": None if data_rows is None else _plain(data_rows[p]),
-            "prompt_text": prompts.texts[p], "completion": responses[i],
+            "prompt": prompts.texts[p], "completion": responses[i],
             "rewards": {name: _number(rewards[p, g, k]) for k, name in enumerate(reward_names)},
             "response_length": int(lengths[i]), "truncated": bool(truncated[i]),
             "advantage": _number(advantages.advantages[p, g]), "keep": bool(advantages.keep[p, g]),

@@ -49,7 +49,7 @@ def test_records_carry_the_update_s_advantages_keep_mask_and_conflicts():
     expected = compute_advantages(jnp.asarray(REWARDS), jnp.asarray(LENGTHS), "gd2po_snr", snr_tau=0.8,
                                   reward_weights=jnp.asarray([1.0, 2.0]), batch_norm="token", group_eps=1e-6,
                                   valid=jnp.ones(2, bool), drop_zero_variance_groups=False)
-    assert [r["rollout"] for r in got] == list(range(8)) and [r["prompt"] for r in got] == [0] * 4 + [1] * 4
+    assert [r["rollout"] for r in got] == list(range(8)) and [r["prompt_index"] for r in got] == [0] * 4 + [1] * 4
     for record in got:
         p, g = divmod(record["rollout"], 4)
         assert record["keep"] == bool(expected.keep[p, g]) and record["conflict"] == bool(expected.conflict[p, g])
@@ -68,13 +68,13 @@ def test_records_carry_the_update_s_advantages_keep_mask_and_conflicts():
 def test_records_name_the_prompt_its_data_row_the_completion_and_each_reward():
     got = records(step_config(reward_names=NAMES))
     first, abstained = got[0], got[4]
-    assert list(first) == ["step", "rollout", "prompt", "row", "prompt_text", "completion", "rewards",
+    assert list(first) == ["step", "rollout", "prompt_index", "row", "prompt", "completion", "rewards",
                            "response_length", "truncated", "advantage", "keep", "conflict", "snr", "query_weight",
                            "reward_advantages"]
-    assert (first["step"], first["row"], first["prompt_text"], first["completion"]) == (3, 17, "<user>call a",
+    assert (first["step"], first["row"], first["prompt"], first["completion"]) == (3, 17, "<user>call a",
                                                                                         "answer 0")
     assert first["rewards"] == {"correctness": 1.0, "format": 1.0}
-    assert abstained["row"] == 4 and abstained["prompt_text"] == "<user>call b"
+    assert abstained["row"] == 4 and abstained["prompt"] == "<user>call b"
     assert abstained["rewards"] == {"correctness": 1.0, "format": None}  # NaN: abstained
     assert abstained["reward_advantages"]["format"] == 0.0
     assert [r["response_length"] for r in got] == LENGTHS.reshape(-1).tolist()

@@ -18,7 +18,15 @@ from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.rl.setup import build_setup, eval_split, reward_spec, with_local_models
 from gd2po_jax.tasks import task_of
 from tests import fixture_data
-from tests.fakes import alpaca_path, as_run_config, data_files, tiny_config, tiny_safety_policy, tiny_score_model_dir, with_changes
+from tests.fakes import (
+    alpaca_path,
+    as_run_config,
+    data_files,
+    tiny_config,
+    tiny_safety_policy,
+    tiny_score_model_dir,
+    with_changes,
+)
 
 
 def _rlla() -> str:
@@ -188,7 +196,7 @@ def test_load_pretrained_names_a_missing_directory(tmp_path):
 
 def test_eval_split_must_be_a_split_the_data_has(tmp_path):
     with pytest.raises(ConfigError, match=r"^config\.eval\.split: 'valdation' is not one of \('validation', "
-                                          r"'test', 'none'\)"):
+                                          r"'test', 'none', 'auto'\)"):
         as_run_config(tiny_config(eval__split="valdation"))
     setup = types.SimpleNamespace(evals={"validation": object()})
     files = _files_config(tmp_path, data__test="", eval__split="test")

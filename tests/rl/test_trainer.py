@@ -204,7 +204,7 @@ def test_rollouts_of_the_logged_steps_are_saved_with_the_update_s_view(reference
         records = run_dir.read_jsonl(reference / "rollouts" / f"step_{step}.jsonl")
         assert len(records) == num_rollouts and [r["rollout"] for r in records] == list(range(num_rollouts))
         assert {r["step"] for r in records} == {step}
-        assert all(r["completion"] and r["prompt_text"] and isinstance(r["row"], int) for r in records)
+        assert all(r["completion"] and r["prompt"] and isinstance(r["row"], int) for r in records)
         assert np.mean([r["keep"] for r in records]) == pytest.approx(metrics[step]["advantages/kept_fraction"],
                                                                        abs=1e-6)
         assert np.mean([r["conflict"] for r in records]) == pytest.approx(

@@ -316,7 +316,7 @@ def test_two_processes_save_the_rollouts_one_process_saves(runs):
     one, two = (run_dir.read_jsonl(w / "rollouts" / "step_1.jsonl") for w in (runs.one, runs.two))
     assert len(two) == 32 and all(r["completion"] for r in two)
     for mine, theirs in zip(two, one):
-        for name in ("rollout", "prompt", "row", "prompt_text", "completion", "rewards", "response_length",
+        for name in ("rollout", "prompt_index", "row", "prompt", "completion", "rewards", "response_length",
                      "truncated", "keep", "conflict"):
             assert mine[name] == theirs[name], (mine["rollout"], name)
         for name in ("advantage", "snr", "query_weight"):
