@@ -158,6 +158,10 @@ STEP_DEFAULTS = dict(
     drop_zero_variance_groups=False, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg_mode="token-mean",
     filtered_in_denominator=True, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, ppo_epochs=1, num_minibatches=1,
     micro_batch_size=0, logit_chunk_size=128, compute_dtype="float32", logprob_temperature=1.0,
+    # The update alone, on the batch's old log-probs, as measured before issue 36 (a run's default,
+    # old_logprobs="recompute", adds a forward pass: bench_train measures it through the run config).
+    old_logprobs="sampler", rollout_is_cap=0.0, shuffle_minibatches=True, micro_batch_max_tokens=0,
+    query_reweighting=True, snr_eps=1e-8, halves_ranking="prompt",
 )
 
 

@@ -81,6 +81,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.micro_batch_size = 8  # rollouts per forward / backward pass; 0: the whole minibatch
     config.rl.length_bucket = 16  # micro-batches cut left padding in steps of this many tokens; 0: off
     config.rl.tempered_logprobs = False  # True: log-probs at sampling.temperature (verl); False: at 1
+    config.rl.old_logprobs = "recompute"  # recompute: the policy's forward before the update (verl) | sampler
+    config.rl.rollout_is_cap = 0.0  # > 0: verl's truncated importance sampling of sampler vs recomputed; 0: off
+    config.rl.shuffle_minibatches = True  # reshuffle before each epoch; False: minibatches in order (verl)
+    config.rl.micro_batch_max_tokens = 0  # > 0: verl's per-micro-batch loss weighting with this token budget
+    config.rl.micro_batch_ranks = 1  # verl's data-parallel ranks, each cutting its share by the budget
+    config.rl.query_reweighting = True  # GD2PO's kappa; False: every prompt weight 1 ("filtering alone")
+    config.rl.snr_eps = 1e-8  # added to the SNR denominator
+    config.rl.halves_ranking = "prompt"  # low/high_conflict_half rank per prompt | batch
 
     config.sampling = ml_collections.ConfigDict()
     config.sampling.max_new_tokens = 96  # longest response (also evaluation's budget)
@@ -127,6 +135,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval.max_examples = 128  # the first N examples; 0: all
     config.eval.batch_size = 64  # prompts per generation batch
     config.eval.every_steps = 0  # 0: only before and after RL
+    config.eval.sets = ""  # a directory of helpfulness-safety parquet sets evaluated instead of the split
+    config.eval.max_total_tokens = 0  # API-Bank (eval.py): prompt + response tokens at most; 0: no cap
 
     # Devices per mesh axis; -1: all remaining. The batch is split over data x fsdp.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

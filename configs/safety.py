@@ -5,18 +5,22 @@ hyperparameters of the ``safe-alignment/`` scripts).
         --config.model.path=/models/Qwen2.5-7B-Instruct --config.data.train=/data/alpaca/train.parquet \
         --config.rewards.reward_models.useful.path=/models/Qwen2.5-7B-SafeRLHF-RM \
         --config.rewards.reward_models.harmless.path=/models/Qwen2.5-7B-SafeRLHF-CM \
-        --config.data.validation=/data/alpaca/test.parquet --config.data.test=/data/alpaca/test.parquet
+        --config.eval.sets=/data/safe_alignment --config.data.test=/data/alpaca/test.parquet
     python eval.py --workdir=runs/safety-snr --data=/data/safe_alignment
 
 The algorithm is ``config.rl.algorithm`` (gdpo, gd2po_hard, gd2po_snr; the paper runs all three
 with these values). No path has a default, and a run stops naming the empty field (and, for the
 data, where it is published): ``config.model.path`` (the instruct policy), ``config.data.train`` (the
 Alpaca prompt-only training parquet, ``safe-alignment/dataset/alpaca_prompt_only/train.parquet`` of
-github.com/Qwen-Applications/GD2PO), ``config.data.validation`` (the 512 Alpaca test prompts,
-``test.parquet`` in the same folder: validation is greedy on them, scored by the reward models) and
-the two score models. ``config.data.test`` is optional: the split that ``eval.py --workdir=RUN``
-scores by default. ``eval.py --data=DIR`` scores the three helpfulness-safety test sets of a directory
-(docs/safety.md). docs/safety.md lists the values and estimates the memory.
+github.com/Qwen-Applications/GD2PO) and the two score models. Validation, greedy and scored by the
+reward models before RL, every 10 steps and after RL, is on the sets of ``config.eval.sets``: the
+directory of the three helpfulness-safety test sets (Alpaca, HH-RLHF, PKU-SafeRLHF, as the official
+runs' ``data.val_files``; docs/safety.md), logged per set as ``eval/<set>/useful``, ``harmless`` and
+``reward_sum``. Without it, on ``config.data.validation`` (the 512 Alpaca test prompts,
+``test.parquet`` in the Alpaca folder) alone; with neither the run stops naming
+``config.data.validation``. ``config.data.test`` is optional: the split that ``eval.py --workdir=RUN``
+scores by default. ``eval.py --data=DIR`` scores the sets of a directory afterwards. docs/safety.md
+lists the values and estimates the memory.
 """
 
 import ml_collections
@@ -34,9 +38,10 @@ def reward_model(batch_size: int = 16) -> ml_collections.ConfigDict:
     """One score model's fields (gd2po_jax/config.py, RewardModelConfig); the path is required."""
     return ml_collections.ConfigDict(dict(
         path="",  # a local Hugging Face score-model directory; required
-        negate=config_dict.placeholder(bool),  # None: the checkpoint's (a safe-rlhf cost model is negated)
+        negate=False,  # the official runs use both scores as they are (higher = more helpful / safer)
         normalize=config_dict.placeholder(bool),  # None: the checkpoint's do_normalize
-        max_length=2048,  # the rendered conversation is cut on the right to this many tokens
+        max_length=2048,  # tokens of the rendered conversation scored (the official reward_model_*.max_length)
+        truncation="right",  # longer: cut on the right and scored, as the official verl worker does
         batch_size=batch_size,  # conversations per forward pass (divisible by the data-parallel devices)
         dtype="bfloat16",
     ))
@@ -51,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.remat = True  # gradient checkpointing
 
     config.data.train = ""  # the Alpaca prompt-only training parquet; required
-    config.data.validation = ""  # the Alpaca test prompts (512), the official validation file; required (eval.split)
+    config.data.validation = ""  # the Alpaca test prompts (512): validated on when eval.sets is empty
     config.data.test = ""  # what `eval.py --workdir=RUN` scores by default (officially the validation file)
     config.data.max_prompt_tokens = 512
     config.data.prompt_truncation = "left"  # verl's data.truncation=left: keep a prompt's last 512 tokens
@@ -77,6 +82,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.micro_batch_size = 16  # rollouts per forward / backward pass, over all devices
     config.rl.length_bucket = 0  # off: each length is a compiled branch of the update; not measured at this scale
     config.rl.tempered_logprobs = True  # log-probs of logits / 0.7, as the official runs compute them
+    config.rl.shuffle_minibatches = False  # verl's actor.shuffle: false: mini-batches in order
+    # verl's dynamic batches (actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=2048 in the official
+    # scripts): a token mean per micro-batch of at most 2048 tokens per GPU, 8 GPUs.
+    config.rl.micro_batch_max_tokens = 2048
+    config.rl.micro_batch_ranks = 8
+    config.rl.snr_eps = 1e-6  # gdpo_filter_ratio_conflict_eps of the official safe-alignment config
 
     config.sampling.max_new_tokens = 1024  # longest response
     config.sampling.temperature = 0.7  # of RL rollouts (validation is greedy)
@@ -97,10 +108,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 20  # save every this many RL steps
     config.checkpoint.keep = 2
 
-    config.eval.split = "validation"  # Alpaca test prompts, greedy, scored by the reward models
+    config.eval.sets = ""  # the three test sets' directory (alpaca, hh_rlhf, pku_saferlhf): validated on
+    config.eval.split = "validation"  # without eval.sets: the Alpaca test prompts alone
     config.eval.max_examples = 0  # all 512
     config.eval.batch_size = 128  # prompts per generation batch
-    config.eval.every_steps = 10  # greedy validation every 10 RL steps
+    config.eval.every_steps = 10  # greedy validation every 10 RL steps (and before and after RL)
 
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1  # parameters and batch over all devices
     return config

@@ -88,6 +88,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rl.micro_batch_size = micro_batch_size  # rollouts per forward / backward pass (MODELS)
     config.rl.length_bucket = 0  # off: each length is a compiled branch of the update; not measured at this scale
     config.rl.tempered_logprobs = True  # verl: log-probs at the rollout temperature (1 here: the same)
+    config.rl.old_logprobs = "recompute"  # verl recomputes the old log-probs with the actor before the update
+    config.rl.shuffle_minibatches = False  # verl's actor.shuffle: false: mini-batches in order
+    # verl's dynamic batches (actor.use_dynamic_bsz=True in the official scripts): a token mean per micro-batch
+    # of at most ppo_max_token_len_per_gpu = 16384 tokens (verl's default; the scripts keep it) per GPU, 8 GPUs.
+    config.rl.micro_batch_max_tokens = 16384
+    config.rl.micro_batch_ranks = 8
+    config.rl.snr_eps = 1e-8  # algorithm.gdpo_filter_ratio_conflict_eps=1e-8 of the official scripts
 
     config.sampling.max_new_tokens = 1024  # longest response
     config.sampling.temperature = 1.0  # of RL rollouts (validation is greedy)
@@ -115,6 +122,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval.max_examples = 0  # all 80 validation prompts
     config.eval.batch_size = 128  # prompts per generation batch
     config.eval.every_steps = 10  # greedy validation every 10 RL steps
+    config.eval.max_total_tokens = 4096  # API-Bank: prompt + response within vLLM's max_model_len, as official
 
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1  # parameters and batch over all devices
     return config

@@ -45,6 +45,12 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 """The values of ``config.rl.loss_agg_mode`` (verl's names; `gd2po_jax.rl.losses.aggregate_loss`)."""
 KL_ESTIMATORS = ("k1", "k3")
 """The values of ``config.rl.kl_estimator`` (`gd2po_jax.rl.losses`)."""
+OLD_LOGPROBS = ("recompute", "sampler")
+"""The values of ``config.rl.old_logprobs``: where the update's old log-probs come from
+(`gd2po_jax.rl.train_step`)."""
+HALVES_RANKINGS = ("prompt", "batch")
+"""The values of ``config.rl.halves_ranking``: over what the SNR halves rank rollouts
+(`gd2po_jax.rl.advantages.snr_halves`)."""
 DATA_KINDS = ("verl", "toolrl_sft", "api_bank", "jsonl")
 """The data file formats of ``config.data.kind`` besides auto (`gd2po_jax.data.loaders`)."""
 PROMPT_TRUNCATIONS = ("error", "left")
@@ -52,6 +58,9 @@ PROMPT_TRUNCATIONS = ("error", "left")
 
 
 EVAL_SPLITS = ("validation", "test", "none", "auto")
+REWARD_MODEL_TRUNCATIONS = ("right", "error")
+"""The values of ``config.rewards.reward_models.<name>.truncation``: what a conversation longer than the
+model's ``max_length`` does (`gd2po_jax.rewards.reward_model`)."""
 """The values of ``config.eval.split``."""
 
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGXCPU")
@@ -517,15 +526,20 @@ class RewardModelConfig(_Section):
 
     Attributes:
       path: a Hugging Face score-model directory or Hub id (a transformers ``*ForSequenceClassification``,
-        align-anything or safe-rlhf checkpoint: `gd2po_jax.models.score_model`) whose tokenizer has
-        a chat template. Empty: the run stops when it starts, naming this field.
+        align-anything or safe-rlhf checkpoint: `gd2po_jax.models.score_model`) with its tokenizer,
+        whose chat template renders the conversations (without one: align-anything's plain
+        ``ROLE: content`` lines). Empty: the run stops when it starts, naming this field.
       negate: flip the sign of the score (a model where higher = worse); None: only for a safe-rlhf
         ``score_type="cost"`` checkpoint.
       normalize: apply safe-rlhf's normalizer; None: as the checkpoint's ``do_normalize`` says (off
         for the other layouts).
-      max_length: tokens of the rendered conversation the model scores; a longer one is cut on the
-        right (counted per step as ``reward_truncated/<name>``), and a prompt that alone does not fit
-        is an error naming its row.
+      max_length: tokens of the rendered conversation the model scores (the official runs: 2048).
+      truncation: what a longer conversation does: right: cut on the right to ``max_length`` and
+        scored (the official verl worker's ``truncation="right"``; also a conversation whose prompt
+        alone fills it, whose response then counts for nothing), counted per step as
+        ``reward_truncated/<name>``; error: stop the run naming the rollout and its data row (and,
+        when the data is loaded, every row whose prompt alone fills ``max_length``). Absent from
+        older runs' config.json: right.
       batch_size: conversations per forward pass, fixed (one compiled program per length bucket);
         it must divide by the data-parallel devices (mesh data x fsdp).
       dtype: parameter and compute dtype (float32 | bfloat16); the scores are float32.
@@ -537,6 +551,7 @@ class RewardModelConfig(_Section):
     max_length: int = 2048
     batch_size: int = 32
     dtype: str = "bfloat16"
+    truncation: str = "right"
 
     def check(self, prefix: str) -> None:
         """Raises `ConfigError` naming ``config.<prefix>.<field>`` for an invalid value."""
@@ -546,6 +561,7 @@ class RewardModelConfig(_Section):
             _require(value is None or isinstance(value, bool), f"{prefix}.{name}",
                      f"must be True, False or None (the checkpoint's own setting), got {value!r}")
         _int_at_least(self.max_length, f"{prefix}.max_length", minimum=2)
+        _one_of(self.truncation, f"{prefix}.truncation", REWARD_MODEL_TRUNCATIONS)
         _int_at_least(self.batch_size, f"{prefix}.batch_size")
         _one_of(self.dtype, f"{prefix}.dtype", DTYPES)
 
@@ -775,6 +791,40 @@ class RLConfig(_Section):
         ``update/prompt_padding`` and ``update/padding`` say what share of the update's token slots
         is left padding (and padding after the response). 0: every micro-batch at the padded
         length. Absent from older runs' config.json: 0.
+
+    The fields below came with issue 36 (docs/algorithm.md#where-we-differ-from-the-official-code);
+    older runs' config.json files lack them and take the defaults.
+
+      old_logprobs: where the update's old log-probs (of the ratio rho) come from: recompute (verl)
+        runs the training policy's forward pass over the step's rollouts before the update, inside
+        the jitted step, with the update's dtype, micro-batches and log-prob temperature; sampler
+        takes the sampler's own (from its KV cache). With recompute the first minibatch's ratios are
+        1, and the step logs ``rollout/logprob_diff_mean`` and ``_max`` (|sampler - recomputed| over
+        response tokens). Default recompute.
+      rollout_is_cap: > 0: verl's truncated importance sampling (``actor.tis_imp_ratio_cap``): the
+        policy-gradient loss of each token is multiplied by ``min(exp(recomputed - sampler), cap)``,
+        correcting what remains of the sampler / trainer mismatch; needs old_logprobs=recompute.
+        0: off (default; the official runs have no such correction).
+      shuffle_minibatches: reshuffle the rollouts before each epoch splits them into minibatches
+        (default); False: split them in order, as verl (``actor.shuffle: false``).
+      micro_batch_max_tokens: > 0: weight the loss per micro-batch as verl's dynamic batches do
+        (``actor.use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu`` = this): each minibatch is cut
+        into micro-batches of about this many tokens (prompt + response) per rank, each micro-batch's
+        loss is its own token mean, weighted by its share of the minibatch's rows
+        (`gd2po_jax.rl.micro_batches`). Needs loss_agg_mode=token-mean and shuffle_minibatches=False;
+        the micro-batches the update computes in stay ``micro_batch_size`` rows. 0 (default): one
+        token mean over the whole minibatch.
+      micro_batch_ranks: with micro_batch_max_tokens: verl's data-parallel ranks (GPUs), which each
+        take their share of a minibatch (dealt by token count, verl's ``trainer.balance_batch``) and
+        cut it by the budget on their own. Default 1.
+      query_reweighting: GD2PO scales each prompt's summed advantage by kappa, its kept fraction,
+        before the batch step (default); False: weight 1 for every prompt, the paper's "filtering
+        alone" ablation.
+      snr_eps: added to the SNR denominator, sum_k |T_k| + snr_eps (the official
+        ``algorithm.gdpo_filter_ratio_conflict_eps``: 1e-8 in the tool-calling runs, 1e-6 in the
+        helpfulness-safety ones). Default 1e-8. The sign test keeps 1e-8.
+      halves_ranking: low_conflict_half / high_conflict_half rank the rollouts of each prompt
+        (prompt, default) or of the whole batch (batch).
     """
 
     _path: ClassVar[str] = "rl"
@@ -798,6 +848,14 @@ class RLConfig(_Section):
     micro_batch_size: int
     tempered_logprobs: bool = False
     length_bucket: int = 0
+    old_logprobs: str = "recompute"
+    rollout_is_cap: float = 0.0
+    shuffle_minibatches: bool = True
+    micro_batch_max_tokens: int = 0
+    micro_batch_ranks: int = 1
+    query_reweighting: bool = True
+    snr_eps: float = 1e-8
+    halves_ranking: str = "prompt"
 
     def __post_init__(self):
         _one_of(self.algorithm, "rl.algorithm", ALGORITHMS)
@@ -823,6 +881,24 @@ class RLConfig(_Section):
         _int_at_least(self.micro_batch_size, "rl.micro_batch_size", minimum=0)
         _flag(self.tempered_logprobs, "rl.tempered_logprobs")
         _int_at_least(self.length_bucket, "rl.length_bucket", minimum=0)
+        _one_of(self.old_logprobs, "rl.old_logprobs", OLD_LOGPROBS)
+        _number(self.rollout_is_cap, "rl.rollout_is_cap")
+        _require(self.rollout_is_cap >= 0, "rl.rollout_is_cap", f"must be >= 0 (0: off), got {self.rollout_is_cap}")
+        _require(not self.rollout_is_cap or self.old_logprobs == "recompute", "rl.rollout_is_cap",
+                 "corrects the sampler's log-probs towards the recomputed ones: it needs rl.old_logprobs='recompute'")
+        _flag(self.shuffle_minibatches, "rl.shuffle_minibatches")
+        _int_at_least(self.micro_batch_max_tokens, "rl.micro_batch_max_tokens", minimum=0)
+        _int_at_least(self.micro_batch_ranks, "rl.micro_batch_ranks")
+        if self.micro_batch_max_tokens:
+            _require(not self.shuffle_minibatches, "rl.micro_batch_max_tokens",
+                     "verl's micro-batches are cut from minibatches taken in order: set rl.shuffle_minibatches=False")
+            _require(self.loss_agg_mode == "token-mean", "rl.micro_batch_max_tokens",
+                     f"verl's per-micro-batch weighting is implemented for rl.loss_agg_mode='token-mean', got "
+                     f"{self.loss_agg_mode!r} (the sequence modes weight micro-batches by their rows already)")
+        _flag(self.query_reweighting, "rl.query_reweighting")
+        _number(self.snr_eps, "rl.snr_eps")
+        _require(self.snr_eps > 0, "rl.snr_eps", f"must be > 0, got {self.snr_eps}")
+        _one_of(self.halves_ranking, "rl.halves_ranking", HALVES_RANKINGS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1012,6 +1088,14 @@ class EvalConfig(_Section):
       max_examples: evaluate the first this many examples of each split; 0: all.
       batch_size: prompts per generation batch.
       every_steps: also evaluate every this many RL steps; 0: only before and after RL.
+      sets: helpfulness-safety sets evaluated instead of ``split`` (before RL, every ``every_steps``
+        and after RL): a directory of verl parquet files, each a set named by its file stem (the
+        paper's alpaca_test, hh_rlhf_test, pku_saferlhf_test), or one such file, scored by the run's
+        reward models (`gd2po_jax.evaluation.safe_alignment`, what ``eval.py --data=DIR`` takes).
+        Empty: ``split``. Absent from older runs' config.json: empty.
+      max_total_tokens: API-Bank evaluation (eval.py): prompt + response tokens at most, as the
+        official generation's vLLM ``max_model_len``: each example gets at most this minus its
+        prompt's tokens (and ``max_new_tokens``). 0: no cap. Absent from older runs' config.json: 0.
     """
 
     _path: ClassVar[str] = "eval"
@@ -1020,12 +1104,16 @@ class EvalConfig(_Section):
     max_examples: int
     batch_size: int
     every_steps: int
+    sets: str = ""
+    max_total_tokens: int = 0
 
     def __post_init__(self):
         _one_of(self.split, "eval.split", EVAL_SPLITS)
         _int_at_least(self.max_examples, "eval.max_examples", minimum=0)
         _int_at_least(self.batch_size, "eval.batch_size")
         _int_at_least(self.every_steps, "eval.every_steps", minimum=0)
+        _text(self.sets, "eval.sets", "a directory of parquet sets, one parquet file, or empty")
+        _int_at_least(self.max_total_tokens, "eval.max_total_tokens", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1268,6 +1356,11 @@ class RunConfig(_Section):
         _require(per_call == 0 or per_call >= prompts or prompts % per_call == 0, "sampling.prompts_per_call",
                  f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")
         _batch_layout(self, num_data_shards=1)
+        if self.rl.micro_batch_max_tokens:
+            rollouts, parts = prompts * self.rl.num_generations, self.rl.num_minibatches * self.rl.micro_batch_ranks
+            _require(rollouts % parts == 0, "rl.micro_batch_ranks",
+                     f"the {rollouts} rollouts of a step do not split into {self.rl.micro_batch_ranks} ranks x "
+                     f"{self.rl.num_minibatches} minibatches (rl.num_minibatches) of equal size")
 
     @classmethod
     def from_config_dict(cls, config: Any) -> RunConfig:

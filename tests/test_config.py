@@ -124,6 +124,10 @@ def test_official_hyperparameters(model):
     assert c.rewards.max_think_words == 512 and not c.rewards.conditional_length
     assert (c.model.dtype, c.train.master_dtype, c.model.remat) == ("bfloat16", "float32", True)
     assert c.rl.tempered_logprobs  # verl's log-probs at the rollout temperature (1: the same numbers)
+    # verl's update: old log-probs recomputed, mini-batches in order, dynamic batches of 16384 tokens per GPU
+    assert (c.rl.old_logprobs, c.rl.shuffle_minibatches, c.rl.rollout_is_cap) == ("recompute", False, 0.0)
+    assert (c.rl.micro_batch_max_tokens, c.rl.micro_batch_ranks, c.rl.snr_eps) == (16384, NUM_GPUS, 1e-8)
+    assert c.rl.query_reweighting
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (1, -1, 1)
     assert c.task == "files" and c.model.path == "" and not c.sft.enabled
     assert (c.data.train, c.data.validation, c.data.test) == ("", "", "")  # no default: the user gives them
@@ -235,6 +239,14 @@ INVALID = [
     ({"rl.tempered_logprobs": "yes"}, "rl.tempered_logprobs"),
     ({"rl.length_bucket": -1}, "rl.length_bucket"),
     ({"rl.length_bucket": 2.5}, "rl.length_bucket"),
+    ({"rl.old_logprobs": "vllm"}, "rl.old_logprobs"),
+    ({"rl.rollout_is_cap": -1.0}, "rl.rollout_is_cap"),
+    ({"rl.shuffle_minibatches": 0}, "rl.shuffle_minibatches"),
+    ({"rl.micro_batch_max_tokens": -1}, "rl.micro_batch_max_tokens"),
+    ({"rl.micro_batch_ranks": 0}, "rl.micro_batch_ranks"),
+    ({"rl.query_reweighting": "no"}, "rl.query_reweighting"),
+    ({"rl.snr_eps": 0.0}, "rl.snr_eps"),
+    ({"rl.halves_ranking": "group"}, "rl.halves_ranking"),
     ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens"),
     ({"sampling.temperature": 0.0}, "sampling.temperature"),
     ({"sampling.top_p": 0.0}, "sampling.top_p"),
@@ -280,6 +292,20 @@ def test_each_invalid_value_is_refused_naming_its_field(changes, field):
     (value,) = changes.values()
     if field.startswith(("rl.", "sampling.top", "train.", "model.", "mesh.")) and value is not None:
         assert repr(value) in message or str(value) in message, message  # and says what it got
+
+
+@pytest.mark.parametrize("changes, field, says", [
+    ({"rl.rollout_is_cap": 2.0, "rl.old_logprobs": "sampler"}, "rl.rollout_is_cap",
+     "needs rl.old_logprobs='recompute'"),
+    ({"rl.micro_batch_max_tokens": 4096}, "rl.micro_batch_max_tokens", "set rl.shuffle_minibatches=False"),
+    ({"rl.micro_batch_max_tokens": 4096, "rl.shuffle_minibatches": False, "rl.loss_agg_mode": "seq-mean-token-mean"},
+     "rl.micro_batch_max_tokens", "token-mean"),
+    ({"rl.micro_batch_max_tokens": 4096, "rl.shuffle_minibatches": False, "rl.micro_batch_ranks": 3},
+     "rl.micro_batch_ranks", "32 rollouts of a step do not split into 3 ranks"),
+])
+def test_verls_update_fields_are_refused_without_what_they_need(changes, field, says):
+    message = error_of(with_values(tiny.get_config(), changes))
+    assert message.startswith(f"config.{field}:") and says in message, message
 
 
 NOT_FINITE_OR_OUT_OF_RANGE = [
@@ -372,7 +398,14 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     del old["rewards"]["timeout_s"], old["rewards"]["max_failed_fraction"]
     del old["rl"]["tempered_logprobs"], old["train"]["max_consecutive_skipped_steps"]
     del old["rewards"]["reward_models"], old["rewards"]["offload"], old["rl"]["length_bucket"]
+    for name in ("old_logprobs", "rollout_is_cap", "shuffle_minibatches", "micro_batch_max_tokens",
+                 "micro_batch_ranks", "query_reweighting", "snr_eps", "halves_ranking"):
+        del old["rl"][name]  # issue 36's fields: their defaults (old_logprobs: recompute, verl's)
     config = RunConfig.from_config_dict(old)
+    rl = config.rl
+    assert (rl.old_logprobs, rl.rollout_is_cap, rl.shuffle_minibatches, rl.micro_batch_max_tokens,
+            rl.micro_batch_ranks, rl.query_reweighting, rl.snr_eps, rl.halves_ranking) == \
+        ("recompute", 0.0, True, 0, 1, True, 1e-8, "prompt")
     assert config.rl.length_bucket == 0  # every micro-batch at the padded length, as then
     assert (config.rewards.reward_models, config.rewards.offload, config.data.prompt_truncation) == ({}, False, None)
     assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
@@ -526,7 +559,9 @@ def test_safety_builds_validates_converts_back_and_holds_the_official_values():
     assert RunConfig.from_config_dict(json.loads(c.to_json())) == c  # config.json reads back
     assert c.rewards.kind == "reward_model" and c.rewards.names == ("useful", "harmless")
     for model in c.rewards.reward_models.values():
-        assert (model.path, model.negate, model.normalize, model.max_length) == ("", None, None, 2048)
+        # The official runs score as the checkpoints do (never negated) and cut at 2048 on the right.
+        assert (model.path, model.negate, model.normalize, model.max_length, model.truncation) == \
+            ("", False, None, 2048, "right")
     assert not c.rewards.offload
     assert c.rl.algorithm == "gd2po_snr" and c.rl.snr_tau == 0.8 and c.rl.num_generations == 4
     assert c.train.prompts_per_step == 512 and c.train.num_steps == 100
@@ -534,8 +569,11 @@ def test_safety_builds_validates_converts_back_and_holds_the_official_values():
     assert (c.sampling.temperature, c.sampling.top_p, c.sampling.top_k) == (0.7, 1.0, 0)
     assert c.rl.tempered_logprobs and c.train.learning_rate == 1e-6
     assert c.rl.kl_coef == 0.0 and c.rl.entropy_coef == 0.0
+    # verl's update of the safe-alignment scripts: ppo_max_token_len_per_gpu=2048, 8 GPUs, SNR eps 1e-6
+    assert (c.rl.old_logprobs, c.rl.shuffle_minibatches, c.rl.snr_eps) == ("recompute", False, 1e-6)
+    assert (c.rl.micro_batch_max_tokens, c.rl.micro_batch_ranks) == (2048, NUM_GPUS)
     assert (c.data.max_prompt_tokens, c.data.prompt_truncation, c.sampling.max_new_tokens) == (512, "left", 1024)
-    assert (c.checkpoint.every_steps, c.eval.every_steps, c.eval.split) == (20, 10, "validation")
+    assert (c.checkpoint.every_steps, c.eval.every_steps, c.eval.split, c.eval.sets) == (20, 10, "validation", "")
     assert (c.data.validation, c.data.test, c.model.path) == ("/data/alpaca/test.parquet", "", "")
     assert (safety.get_config().data.train, safety.get_config().data.validation) == ("", "")  # no default
 
@@ -568,7 +606,7 @@ def test_safety_command_line_overrides_as_train_py_parses_them():
     models = config.rewards.reward_models
     assert (models["useful"].path, models["harmless"].path) == ("/models/rm", "/models/cm")
     assert models["harmless"].negate is True
-    assert models["useful"].negate is None and config.rl.algorithm == "gdpo"
+    assert models["useful"].negate is False and config.rl.algorithm == "gdpo"  # pinned in configs/safety.py
 
 
 def test_reward_models_must_match_the_reward_names():

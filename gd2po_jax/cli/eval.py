@@ -1,7 +1,7 @@
 """Evaluate a trained policy or a Hugging Face model, greedily.
 
     python eval.py --workdir=DIR [--split=test|validation] [--checkpoint_step=N]
-    python eval.py --workdir=DIR --data=API_BANK_DIR [--max_examples=N] [--max_new_tokens=4096]
+    python eval.py --workdir=DIR --data=API_BANK_DIR [--max_examples=N] [--max_new_tokens=N] [--max_total_tokens=N]
     python eval.py --model_path=HF_DIR --data=API_BANK_DIR [--workdir=OUT]
     python eval.py --workdir=DIR --data=SAFETY_SETS_DIR [--max_examples=N] [--model_path=HF_DIR]
     python eval.py --workdir=DIR --habits [--split=test]
@@ -65,6 +65,9 @@ def define_flags() -> None:
                       module_name=main_module)
     flags.DEFINE_integer("max_new_tokens", None, "Generation budget (default: the run's sampling.max_new_tokens; "
                          "4096 for API-Bank).", module_name=main_module)
+    flags.DEFINE_integer("max_total_tokens", None, "API-Bank: prompt + response tokens at most, as vLLM's "
+                         "max_model_len (default: the run's eval.max_total_tokens; 4096 with --model_path); "
+                         "0: no cap.", module_name=main_module)
     flags.DEFINE_integer("batch_size", None, "Prompts per generation batch (default: the run's eval.batch_size; "
                          "32 with --model_path).", module_name=main_module)
     flags.DEFINE_integer("max_examples", 0, "Evaluate only the first N examples (per level for API-Bank, per set "

@@ -1,7 +1,10 @@
 """Greedy generation over a prompt set and scoring of the outputs (validation, eval.py).
 
 Generation runs in fixed-size batches (the last one filled with repeats that are discarded), with
-one padded prompt length, so evaluating compiles one prefill and one decode program.
+one padded prompt length and one token budget, so evaluating compiles one prefill and one decode
+program. A cap on prompt + response tokens (``max_total_tokens``, vLLM's ``max_model_len``) keeps that
+one program: the set is generated with the budget of its shortest prompt, and each response is then
+cut to its own (`response_budgets`), which is what a greedy decoder stopped there would have given.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,6 +56,29 @@ def tool_calling_scorer(max_think_words: int) -> Scorer:
     return score
 
 
+def response_budgets(prompt_lengths: Sequence[int], max_new_tokens: int, max_total_tokens: int,
+                     where: str = "eval") -> np.ndarray:
+    """``[N]`` the response tokens each prompt may get: ``max_new_tokens``, and with ``max_total_tokens``
+    > 0 at most ``max_total_tokens`` minus the prompt's tokens, as vLLM stops a sequence that reaches
+    ``max_model_len`` (``vllm/v1/core/sched/utils.py``, ``check_stop``).
+
+    Raises:
+      ValueError: a prompt of ``max_total_tokens`` tokens or more (no response token fits), naming
+        ``where`` and the example (its index among ``prompt_lengths``).
+    """
+    lengths = np.asarray(prompt_lengths, np.int64)
+    budgets = np.full(len(lengths), max_new_tokens, np.int64)
+    if not max_total_tokens:
+        return budgets
+    too_long = np.flatnonzero(lengths >= max_total_tokens)
+    if len(too_long):
+        row = int(too_long[0])
+        raise ValueError(f"{where}, example {row} (0-based): the prompt has {lengths[row]} tokens, at least "
+                         f"max_total_tokens={max_total_tokens} (config.eval.max_total_tokens, eval.py "
+                         "--max_total_tokens): no token of a response fits")
+    return np.minimum(budgets, max_total_tokens - lengths)
+
+
 def evaluate(
     model,
     prompt_set: PromptSet,
@@ -66,8 +92,15 @@ def evaluate(
     prompt_length: int,
     progress: bool = True,
     desc: str = "eval",
+    max_total_tokens: int = 0,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy completions of every prompt, scored (by a `BatchScorer` one generation batch at a time).
+
+    Each response gets at most ``max_new_tokens``, and with ``max_total_tokens`` > 0 at most that
+    minus its prompt's tokens (`response_budgets`): the whole set is generated with the largest
+    budget (its shortest prompt's), one program, and each response is cut to its own budget
+    afterwards (then ``truncated`` unless it ended within it). Greedy decoding is causal, so the cut
+    response is the one a decoder stopped at the budget gives, as vLLM's per-sequence limit does.
 
     Returns:
       summary: ``<metric>`` means over all examples, ``<metric>/level_<L>`` per level when the data
@@ -78,15 +111,20 @@ def evaluate(
         always write them; ``row`` finds them in the data.
     """
     records: list[dict[str, Any]] = []
+    budgets = response_budgets([len(ids) for ids in prompt_set.token_ids], max_new_tokens, max_total_tokens, desc)
+    budget = int(budgets.max()) if len(budgets) else max_new_tokens  # one program for the whole set
     batches = padded_batches(len(prompt_set), batch_size)
     for indices, real in tqdm.tqdm(batches, desc=desc, disable=not progress, leave=False):
         part = prompt_set.select(indices)
         out = generate(
-            model, part.token_ids, max_new_tokens=max_new_tokens, temperature=0.0,
+            model, part.token_ids, max_new_tokens=budget, temperature=0.0,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, prompt_length=prompt_length,
         )
         # Whole on every process of a multi-host run, which all score every example alike.
         tokens, lengths, finished = host_value((out.tokens, out.lengths, out.finished))
+        own = budgets[np.asarray(indices)]
+        cut = np.asarray(lengths) > own  # ran past its own budget: cut there, unfinished
+        lengths, finished = np.where(cut, own, lengths), np.asarray(finished) & ~cut
         responses = decode_completions(tokenizer, tokens[:real], lengths[:real])
         rows = [{name: values[i] for name, values in part.columns.items()} | {RESPONSE_IDS: tokens[i, :n].tolist()}
                 for i, n in enumerate(lengths[:real])]

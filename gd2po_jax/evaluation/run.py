@@ -50,19 +50,21 @@ from gd2po_jax.evaluation.api_bank import (
     api_bank_report,
     api_bank_scorer,
 )
-from gd2po_jax.evaluation.generation import evaluate, write_report
+from gd2po_jax.evaluation.generation import evaluate, response_budgets, write_report
 from gd2po_jax.evaluation.safe_alignment import (
     evaluate_safe_alignment,
     is_safe_alignment_data,
     resolve_sets,
     safe_alignment_table,
+    set_metrics,
 )
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.config import load_hf_config
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import build_reward_function
+from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.rl.logprobs import merge_model
-from gd2po_jax.rl.setup import RunSetup, build_setup, reward_spec
+from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split, reward_spec
 from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.distributed import is_primary
@@ -79,7 +81,12 @@ API_BANK_ORIGIN = ("the level-{1,2,3}-api_processed.json files of tool-calling/A
                    "github.com/Qwen-Applications/GD2PO")
 """Where the API-Bank evaluation files are published (for errors that ask for them)."""
 API_BANK_MAX_NEW_TOKENS = 4096  # docs/algorithm.md#api-bank-metric
+API_BANK_MAX_TOTAL_TOKENS = 4096
+"""Prompt + response tokens of an API-Bank example with ``--model_path`` (no run config): the official
+generate_deterministic.py's vLLM ``max_model_len`` default (a run's is ``eval.max_total_tokens``)."""
 MODEL_PATH_BATCH_SIZE = 32
+SETS = "sets"
+"""What a training run with ``eval.sets`` evaluates, in place of a split's name (`eval_target`)."""
 
 
 class EvalError(ValueError):
@@ -92,6 +99,8 @@ class EvalOptions:
 
     ``max_new_tokens`` / ``batch_size`` None: the run's config values for a split; for API-Bank
     4096 new tokens and the run's ``eval.batch_size`` (32 with ``model_path``).
+    ``max_total_tokens`` None: for API-Bank the run's ``eval.max_total_tokens`` (4096 with
+    ``model_path``, `API_BANK_MAX_TOTAL_TOKENS`); 0: no cap.
     ``max_examples`` 0: every example (per level for API-Bank).
     ``habits``: names of saved evaluations (``before_rl``, ``after_rl``, ``test`` ...) whose habit
     breakdown to print instead of evaluating.
@@ -105,6 +114,7 @@ class EvalOptions:
     model_path: str = ""
     dtype: str = "bfloat16"
     max_new_tokens: int | None = None
+    max_total_tokens: int | None = None
     batch_size: int | None = None
     max_examples: int = 0
     max_think_words: int = DEFAULT_MAX_THINK_WORDS
@@ -263,6 +273,65 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
     return summary
 
 
+def eval_target(config: RunConfig, setup: RunSetup) -> str | None:
+    """What a training run evaluates before RL, every ``eval.every_steps`` and after RL: `SETS` when
+    ``config.eval.sets`` names helpfulness-safety sets, else the split (`gd2po_jax.rl.setup.eval_split`;
+    None: nothing). Called when the run starts, before anything is computed.
+
+    Raises:
+      ConfigError: naming ``config.eval.sets``: no such directory or file (or one without parquet
+        sets), or a run whose rewards are not the reward models alone (which score the sets); or
+        `eval_split`'s.
+    """
+    if not config.eval.sets:
+        return eval_split(config, setup)
+    try:
+        resolve_sets(config.eval.sets)
+    except FileNotFoundError as err:
+        raise ConfigError(f"config.eval.sets={config.eval.sets!r}: {err}") from None
+    if not isinstance(setup.reward_fn, RewardModelReward):
+        raise ConfigError(f"config.eval.sets: helpfulness-safety sets are scored by the run's reward models, but its "
+                          f"rewards are config.rewards.kind={config.rewards.kind!r}"
+                          f"{' with rewards.functions' if config.rewards.functions else ''}: use "
+                          "rewards.kind='reward_model' without rewards.functions, or leave config.eval.sets empty")
+    return SETS
+
+
+def evaluate_run(config: RunConfig, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
+                 *, progress: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One evaluation of a training run (``name``: before_rl, step_<N>, after_rl) on what `eval_target`
+    gave: with `SETS`, the sets of ``config.eval.sets``, greedy at the run's ``sampling.max_new_tokens``,
+    prompts as the training prompts (``data.max_prompt_tokens``, ``data.prompt_truncation``), the
+    first ``eval.max_examples`` of each, scored by the run's reward models
+    (`gd2po_jax.evaluation.safe_alignment.evaluate_safe_alignment`); else the split (`evaluate_split`).
+    Writes ``out_dir/<name>.json`` and ``.jsonl``; returns the summary (`eval_metrics` reads it)."""
+    if split != SETS:
+        return evaluate_split(config, setup, model, split, out_dir, name, progress=progress, extra=extra)
+    policy = Policy(model=model, tokenizer=setup.tokenizer, eos_ids=setup.eos_ids, pad_id=setup.pad_id, source={})
+    return evaluate_safe_alignment(
+        policy, resolve_sets(config.eval.sets), setup.reward_fn, out_dir, batch_size=config.eval.batch_size,
+        max_new_tokens=config.sampling.max_new_tokens, max_examples=config.eval.max_examples,
+        max_prompt_tokens=config.data.max_prompt_tokens, truncation=config.data.prompt_truncation,
+        template_kwargs=config.data.template_kwargs, progress=progress, extra=extra, name=name,
+    )
+
+
+def eval_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """An evaluation's numbers as metrics.jsonl's ``eval/...``: a split's ``eval/<metric>``; a sets
+    evaluation's overall mean as ``eval/<metric>`` and each set's as ``eval/<set>/<metric>``
+    (`gd2po_jax.evaluation.safe_alignment.set_metrics`: ``eval/alpaca_test/useful`` ...)."""
+    if "sets" in summary:
+        return {f"eval/{k}": v for k, v in set_metrics(summary).items()}
+    return {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+
+
+def logged_before_rl(config: RunConfig, before: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The before-RL evaluation's `eval_metrics`, logged as step 0 of metrics.jsonl (as verl's
+    ``val_before_train`` logs at step 0) for a run that validates on ``eval.sets``; empty otherwise
+    (a split's before-RL evaluation is in ``eval/before_rl.json`` only)."""
+    return eval_metrics(before) if before is not None and config.eval.sets else {}
+
+
 def habits_of_workdir(workdir: pathlib.Path, names: Sequence[str]) -> dict[str, dict[str, dict[str, int]]]:
     """`gd2po_jax.tasks.synthetic_tools.habits.habits_of_run` on the saved generations
     ``eval/<name>.jsonl`` of each of ``names`` in ``workdir``.
@@ -313,18 +382,30 @@ def api_bank_prompts(path: pathlib.Path, tokenizer, max_examples: int, max_promp
 
 def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path, *, batch_size: int,
                       max_new_tokens: int, max_examples: int, max_think_words: int, max_prompt_tokens: int,
-                      progress: bool, template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Greedy generation over API-Bank; writes ``out_dir/api_bank.json`` and ``api_bank.jsonl``."""
+                      progress: bool, template_kwargs: Mapping[str, Any] | None = None,
+                      max_total_tokens: int = 0) -> dict[str, Any]:
+    """Greedy generation over API-Bank; writes ``out_dir/api_bank.json`` and ``api_bank.jsonl``.
+
+    Each example gets at most ``max_new_tokens`` (the official ``max_tokens``) and, with
+    ``max_total_tokens`` > 0, at most ``max_total_tokens`` minus its prompt's tokens (the official
+    vLLM ``max_model_len``, tool-calling/API_Bank/generate_deterministic.py: 4096 for both):
+    `gd2po_jax.evaluation.generation.evaluate` generates the set in one program at its shortest
+    prompt's budget and cuts each response to its own."""
     prompts = api_bank_prompts(path, policy.tokenizer, max_examples, max_prompt_tokens, template_kwargs)
+    try:  # before any generation: a prompt that leaves no token of a response
+        response_budgets([len(ids) for ids in prompts.token_ids], max_new_tokens, max_total_tokens, f"API-Bank {path}")
+    except ValueError as err:
+        raise EvalError(str(err)) from None
     summary, records = evaluate(
         policy.model, prompts, policy.tokenizer, api_bank_scorer(max_think_words), batch_size=batch_size,
         max_new_tokens=max_new_tokens, eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id,
         prompt_length=bucket_length(prompts.max_tokens), progress=progress, desc="API-Bank",
+        max_total_tokens=max_total_tokens,
     )
     report = api_bank_report(records)
     result = {
         **report.to_dict(), "num_examples": len(records), "data": str(path), "policy": policy.source,
-        "max_new_tokens": max_new_tokens, "max_think_words": max_think_words,
+        "max_new_tokens": max_new_tokens, "max_total_tokens": max_total_tokens, "max_think_words": max_think_words,
         "truncation_rate": summary["truncation_rate"], "response_tokens": summary["response_tokens"],
     }
     write_report(out_dir, API_BANK, result, records)
@@ -385,15 +466,21 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
     template_kwargs = None
     if options.model_path:
         policy, batch_size = policy_from_model_path(options.model_path, options.dtype), MODEL_PATH_BATCH_SIZE
+        max_total_tokens = API_BANK_MAX_TOTAL_TOKENS
     else:
         config, setup = _run_setup(options, workdir)
         policy, batch_size = policy_from_run(config, setup, workdir, options.checkpoint_step), config.eval.batch_size
         template_kwargs = config.data.template_kwargs  # rendered as the run's prompts were
+        max_total_tokens = config.eval.max_total_tokens
+    if options.max_total_tokens is not None:
+        max_total_tokens = options.max_total_tokens
+    if max_total_tokens < 0:
+        raise EvalError(f"--max_total_tokens={max_total_tokens}: must be >= 0 (0: no cap)")
     return evaluate_api_bank(
         policy, path, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS, max_examples=options.max_examples,
         max_think_words=options.max_think_words, max_prompt_tokens=options.max_prompt_tokens,
-        progress=options.progress, template_kwargs=template_kwargs,
+        progress=options.progress, template_kwargs=template_kwargs, max_total_tokens=max_total_tokens,
     )
 
 

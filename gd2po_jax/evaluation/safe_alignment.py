@@ -13,7 +13,8 @@ Prompts are rendered and limited as the run's training prompts were (``data.max_
 whole prompt. ``--max_examples=N`` keeps the first N prompts of each set, in file order.
 
 The report, ``RUN/eval/safe_alignment.json`` (one generation a line in ``safe_alignment.jsonl``,
-with its ``set``):
+with its ``set``; a training run with ``eval.sets`` writes the same report as ``eval/before_rl.json``,
+``step_<N>.json`` and ``after_rl.json``):
 
   sets.<set>.<name>      the mean score of reward <name> (useful, harmless) over the set's responses
   sets.<set>.reward_sum  the mean over the set of each response's summed scores (= the sum of the
@@ -23,6 +24,8 @@ with its ``set``):
   overall.<metric>       the unweighted mean over the evaluated sets of sets.<set>.<metric>: every
                          set counts once, whatever its size (the paper's "Overall Avg" averages its
                          per-set columns this way); overall.num_examples is the total
+  <metric>               overall.<metric> again at the top level, where a split's summary has its
+                         metrics (train.py's before/after table, `set_metrics`)
 """
 
 from __future__ import annotations
@@ -145,33 +148,49 @@ def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn:
                             out_dir: pathlib.Path, *, batch_size: int, max_new_tokens: int, max_examples: int,
                             max_prompt_tokens: int, truncation: str | None, progress: bool,
                             extra: Mapping[str, Any] | None = None,
-                            template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                            template_kwargs: Mapping[str, Any] | None = None,
+                            name: str = SAFE_ALIGNMENT) -> dict[str, Any]:
     """Greedy generation on every set, scored by ``reward_fn``'s models; writes
-    ``out_dir/safe_alignment.json`` (the module docstring's report, with ``extra``) and
-    ``safe_alignment.jsonl``, and returns the report.
+    ``out_dir/<name>.json`` (the module docstring's report, with ``extra``) and ``<name>.jsonl``, and
+    returns the report.
 
     Args:
       policy: a `gd2po_jax.evaluation.run.Policy` (model, tokenizer, EOS and pad ids).
       sets: set name -> parquet file (`resolve_sets`).
+      name: the report's name (eval.py: `SAFE_ALIGNMENT`; a training run: before_rl, step_<N>, after_rl).
     """
     scorer = RewardModelScorer(reward_fn)
     per_set, records = {}, []
-    for name, path in sets.items():
+    for set_name, path in sets.items():
         prompts = set_prompts(path, policy.tokenizer, max_examples=max_examples, max_prompt_tokens=max_prompt_tokens,
                               truncation=truncation, template_kwargs=template_kwargs)
         summary, set_records = evaluate(
             policy.model, prompts, policy.tokenizer, scorer, batch_size=batch_size, max_new_tokens=max_new_tokens,
             eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id, prompt_length=bucket_length(prompts.max_tokens),
-            progress=progress, desc=f"{name} ({len(prompts)} prompts)",
+            progress=progress, desc=f"{set_name} ({len(prompts)} prompts)",
         )
-        per_set[name] = summary
-        records.extend({"set": name, **record} for record in set_records)
-    report = {"sets": per_set, "overall": overall(per_set), "reward_names": list(scorer.names),
-              "data": {name: str(path) for name, path in sets.items()}, "max_new_tokens": max_new_tokens,
+        per_set[set_name] = summary
+        records.extend({"set": set_name, **record} for record in set_records)
+    average = overall(per_set)
+    report = {**average, "sets": per_set, "overall": average, "reward_names": list(scorer.names),
+              "data": {set_name: str(path) for set_name, path in sets.items()}, "max_new_tokens": max_new_tokens,
               "max_examples": max_examples,
               "reward_models": {name: model.path for name, model in reward_fn.models.items()}, **(extra or {})}
-    write_report(out_dir, SAFE_ALIGNMENT, report, records)
+    write_report(out_dir, name, report, records)
     return report
+
+
+def set_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a report (`evaluate_safe_alignment`) as metrics.jsonl names them (without the
+    ``eval/`` prefix): ``<metric>`` of ``overall`` (the mean of the sets) and ``<set>/<metric>`` of
+    each set (``alpaca_test/useful``, ``alpaca_test/harmless``, ``alpaca_test/reward_sum`` ...)."""
+    def numbers(summary: Mapping[str, Any]) -> dict[str, float]:
+        return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    metrics = numbers(report["overall"])
+    for set_name, summary in report["sets"].items():
+        metrics.update({f"{set_name}/{k}": v for k, v in numbers(summary).items()})
+    return metrics
 
 
 def safe_alignment_table(report: Mapping[str, Any], title: str = "") -> str:

@@ -10,17 +10,23 @@ helpfulness-safety setting::
     rewards = fn(prompts, responses, columns)        # [N, 2] float32, higher = better
     fn.step_metrics()                                 # reward_truncated/<name>, time/reward_model/<name>
 
-What a reward model reads (as the official GD2PO runs' verl ``_switch_chat_template`` builds it):
+What a reward model reads (as the official GD2PO runs' verl ``RewardModelWorker._switch_chat_template``,
+safe-alignment/verl/workers/fsdp_workers.py, builds it):
 
 1. the response: the policy's sampled token ids (``columns[RESPONSE_IDS]``, EOS included), decoded
-   by the policy's tokenizer with special tokens kept, then every EOS string removed (the text of
-   each EOS id). Without ``columns[RESPONSE_IDS]`` (texts that were never sampled), ``responses``
-   as given;
+   by the policy's tokenizer with special tokens kept, then the text of the policy tokenizer's
+   ``eos_token`` removed (only that one: another EOS id's text, e.g. Qwen's ``<|endoftext|>``,
+   stays, as in the official code). Without ``columns[RESPONSE_IDS]`` (texts that were never
+   sampled), ``responses`` as given;
 2. appended as the assistant turn to the prompt's chat messages (``columns["prompt"]``);
-3. rendered with the reward model's tokenizer's own chat template (``add_generation_prompt=False``);
+3. rendered with the reward model's tokenizer's own chat template (``add_generation_prompt=False``),
+   or, for a tokenizer without one, as align-anything's ``ModelFormatter.default_format`` writes a
+   conversation: one ``ROLE: content`` line per turn (`plain_format`);
 4. tokenized by that tokenizer with ``add_special_tokens=False`` (the template writes any BOS
-   itself, as ``apply_chat_template(tokenize=True)`` does), cut on the right to ``max_length``
-   tokens (counted per step: ``reward_truncated/<name>``) and right-padded;
+   itself, as ``apply_chat_template(tokenize=True)`` does; align-anything trains its score models
+   on text tokenized so), and right-padded. A conversation over ``max_length`` tokens is cut on the
+   right (``truncation="right"``, the official worker's: counted per step as
+   ``reward_truncated/<name>``) or stops the run (``truncation="error"``);
 5. scored at its last token (the score model's last attention-mask token).
 
 Fast path: when the reward model's tokenizer is the policy's (same vocabulary, special tokens and
@@ -41,11 +47,13 @@ Memory: parameters live on the run's mesh, sharded like the policy's (``mesh``);
 they wait in host memory (NumPy) between calls and are copied to the devices for each call.
 
 Errors: a score that is NaN (or infinite) stops the run (`RewardOutputError`, whatever
-``rewards.on_error`` says) naming the reward, the model's path and the rollout; so does a prompt
-that alone fills ``max_length`` (`RewardModelInputError`, naming the rollout and its data row), and
-`check_columns` finds such prompts when the data is loaded (naming the file and the row). A model
-directory without weights, with an unknown head layout, or whose tokenizer has no chat template
-stops the run when the reward is built, naming the path.
+``rewards.on_error`` says) naming the reward, the model's path and the rollout; with
+``truncation="error"`` so does a conversation over ``max_length`` (`RewardModelInputError`, naming
+the rollout and its data row), and `check_columns` finds the prompts that alone fill it when the
+data is loaded (naming the file and the row). With ``truncation="right"`` such a prompt is scored
+cut, as the official runs score it (its response counts for nothing), with a warning. A model
+directory without weights, with an unknown head layout, or without a tokenizer stops the run when
+the reward is built, naming the path.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import pathlib
 import threading
 import time
@@ -70,6 +79,8 @@ from gd2po_jax.rewards.base import RESPONSE_IDS, RewardOutputError, register_rew
 from gd2po_jax.runtime.distributed import host_value
 from gd2po_jax.runtime.sharding import batch_sharding
 
+logger = logging.getLogger(__name__)
+
 MIN_BUCKET = 128
 """The shortest padded length of a scored conversation (`length_buckets`)."""
 
@@ -84,8 +95,9 @@ replies with surrounding whitespace and think tags (which some templates rewrite
 
 
 class RewardModelInputError(RewardOutputError):
-    """A rollout that a reward model cannot score: its prompt alone fills the model's max_length.
-    A `RewardOutputError`, so scoring stops at once naming the rollout (never floored)."""
+    """A rollout that a reward model with ``truncation="error"`` cannot score: its conversation is
+    longer than the model's max_length. A `RewardOutputError`, so scoring stops at once naming the
+    rollout (never floored)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -93,27 +105,56 @@ class RewardModelInputError(RewardOutputError):
 # ----------------------------------------------------------------------------------------------
 
 
-def eos_texts(tokenizer, eos_ids: Sequence[int]) -> tuple[str, ...]:
-    """The text of each EOS id under ``tokenizer`` (what `response_text` removes), non-empty ones."""
-    texts = (tokenizer.decode([int(i)], skip_special_tokens=False) for i in eos_ids)
-    return tuple(dict.fromkeys(t for t in texts if t))
+def eos_text(tokenizer, eos_ids: Sequence[int] = ()) -> str:
+    """What `response_text` removes: ``tokenizer.eos_token`` (the official code's
+    ``response.replace(src_tokenizer.eos_token, "")``); for a tokenizer without one, the text of the
+    first of ``eos_ids``; empty when neither exists."""
+    if getattr(tokenizer, "eos_token", None):
+        return str(tokenizer.eos_token)
+    return tokenizer.decode([int(eos_ids[0])], skip_special_tokens=False) if len(eos_ids) else ""
 
 
-def response_text(tokenizer, token_ids: Sequence[int], eos: Sequence[str]) -> str:
+def response_text(tokenizer, token_ids: Sequence[int], eos: str) -> str:
     """A sampled response as a reward model reads it: ``token_ids`` decoded with special tokens kept,
-    every string of ``eos`` (`eos_texts`) removed."""
+    every occurrence of ``eos`` (`eos_text`) removed."""
     text = tokenizer.decode(list(token_ids), skip_special_tokens=False)
-    for string in eos:
-        text = text.replace(string, "")
-    return text
+    return text.replace(eos, "") if eos else text
+
+
+def plain_format(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False) -> str:
+    """A conversation as align-anything writes it for a tokenizer without a chat template
+    (``ModelFormatter.default_format``, align_anything/configs/format_model.py; the official GD2PO
+    copy is safe-alignment/verl/workers/align_anything/configs/format_model.py): one line
+    ``ROLE: content`` per turn, the role upper-cased (a list content: one line per text part), and
+    ``"ASSISTANT: "`` after them with ``add_generation_prompt``."""
+    lines = []
+    for message in messages:
+        role, content = str(message["role"]).upper(), message["content"]
+        if isinstance(content, str):
+            lines.append(f"{role}: {content}\n")
+        elif isinstance(content, (list, tuple)):
+            lines.extend(f"{role}: {part['text']}\n" for part in content if part.get("type") == "text")
+        else:
+            raise ValueError(f"a {message['role']!r} turn has content of type {type(content).__name__}; "
+                             "a chat message's content is a string or a list of text parts")
+    return "".join(lines) + ("ASSISTANT: " if add_generation_prompt else "")
+
+
+def render_messages(tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+    """``messages`` rendered by ``tokenizer``'s chat template, or `plain_format` for a tokenizer
+    without one (as align-anything's ``ModelFormatter`` chooses)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    return plain_format(messages, add_generation_prompt)
 
 
 def render_conversation(tokenizer, messages: Sequence[Mapping[str, str]], response: str) -> str:
     """``messages`` + the assistant turn ``response``, rendered by ``tokenizer``'s chat template
-    (``add_generation_prompt=False``)."""
+    (``add_generation_prompt=False``), or in `plain_format` without one."""
     conversation = [{"role": m["role"], "content": m["content"]} for m in messages]
     conversation.append({"role": "assistant", "content": response})
-    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False)
+    return render_messages(tokenizer, conversation, add_generation_prompt=False)
 
 
 def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -150,6 +191,8 @@ def template_closing(tokenizer) -> str | None:
     closing`` with one fixed closing; None when it does not (a template that rewrites replies or
     earlier turns), or fails on a probe."""
     closing = None
+    if not getattr(tokenizer, "chat_template", None):
+        return None
     try:
         for messages in _PROBE_CONVERSATIONS:
             prompt = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
@@ -234,10 +277,12 @@ def score_batch_jit(graphdef, params, input_ids: jax.Array, attention_mask: jax.
 @dataclasses.dataclass(frozen=True)
 class Encoded:
     """The conversations one reward model scores: ``token_ids`` (N lists, cut to max_length),
-    ``truncated`` [N] bool (cut), ``fast`` (the fast path rendered them)."""
+    ``truncated`` [N] bool (longer than max_length: cut), ``lengths`` [N] their tokens before any
+    cut, ``fast`` (the fast path rendered them)."""
 
     token_ids: list[list[int]]
     truncated: np.ndarray
+    lengths: np.ndarray
     fast: bool
 
 
@@ -247,9 +292,12 @@ class RewardModel:
 
     Args:
       name: the reward it gives (in errors and metrics).
-      path: the score-model directory (weights, config.json, a tokenizer with a chat template).
+      path: the score-model directory (weights, config.json, its tokenizer, with the chat template the
+        model was trained with, or without one: `plain_format`).
       negate, normalize: `gd2po_jax.models.load_score_model`'s options (None: the checkpoint's).
-      max_length: tokens scored per conversation; longer ones are cut on the right.
+      max_length: tokens scored per conversation.
+      truncation: a longer conversation is cut on the right ("right") or an error ("error"; the
+        caller raises, `Encoded.truncated` says which).
       batch_size: rows per forward pass (divisible by the mesh's data x fsdp devices).
       dtype: parameter dtype ("bfloat16" | "float32").
       mesh: the run's mesh (None: the default device).
@@ -257,15 +305,19 @@ class RewardModel:
 
     Raises:
       ValueError: naming the reward and ``path``: no such directory, no weights, an unknown head
-        layout, no tokenizer or one without a chat template, a bad batch size.
+        layout, no tokenizer, a bad batch size or truncation.
     """
 
     def __init__(self, name: str, path: str, *, negate: bool | None = None, normalize: bool | None = None,
-                 max_length: int = 2048, batch_size: int = 32, dtype: str = "bfloat16", mesh: Mesh | None = None,
-                 offload: bool = False):
+                 max_length: int = 2048, truncation: str = "right", batch_size: int = 32, dtype: str = "bfloat16",
+                 mesh: Mesh | None = None, offload: bool = False):
         self.name, self.path = name, str(path)
         self.max_length, self.batch_size, self.mesh, self.offload = int(max_length), int(batch_size), mesh, offload
+        self.truncation = truncation
         where = f"reward model {name!r} ({self.path})"
+        if truncation not in ("right", "error"):
+            raise ValueError(f"{where}: truncation={truncation!r} is not 'right' or 'error' "
+                             f"(config.rewards.reward_models.{name}.truncation)")
         if not self.path or not pathlib.Path(self.path).is_dir():
             raise ValueError(f"{where}: no such directory (config.rewards.reward_models.{name}.path)")
         shards = mesh.shape["data"] * mesh.shape["fsdp"] if mesh is not None else 1
@@ -276,11 +328,10 @@ class RewardModel:
             self.tokenizer = load_tokenizer(self.path)
         except (OSError, ValueError) as err:
             raise ValueError(f"{where}: cannot load its tokenizer ({type(err).__name__}: {err}); a reward "
-                             "model directory needs the tokenizer its chat template belongs to") from None
+                             "model directory needs the tokenizer it was trained with") from None
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"{where}: its tokenizer has no chat template (tokenizer_config.json "
-                             "'chat_template' or chat_template.jinja); the reward model scores conversations "
-                             "rendered with its own template")
+            logger.info("%s: its tokenizer has no chat template; conversations are rendered as align-anything's "
+                        "plain 'ROLE: content' lines", where)
         try:
             model = load_score_model(self.path, dtype, mesh, negate=negate, normalize=normalize)
         except (FileNotFoundError, KeyError, ValueError, RuntimeError) as err:
@@ -301,9 +352,8 @@ class RewardModel:
         return self._state is not None
 
     def prompt_lengths(self, prompts_messages: Sequence[Sequence[Mapping[str, str]]]) -> list[int]:
-        """Tokens of each prompt rendered by this model's template with the assistant turn opened."""
-        texts = [self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
-                                                    add_generation_prompt=True) for messages in prompts_messages]
+        """Tokens of each prompt rendered by this model (`render_messages`) with the assistant turn opened."""
+        texts = [render_messages(self.tokenizer, messages, add_generation_prompt=True) for messages in prompts_messages]
         return [len(ids) for ids in encode(self.tokenizer, texts)]
 
     def encode(self, prompts: Sequence[str], responses: Sequence[str], messages: Sequence | None,
@@ -321,8 +371,8 @@ class RewardModel:
         else:
             texts = [render_conversation(self.tokenizer, m, r) for m, r in zip(messages, responses)]
         token_ids = encode(self.tokenizer, texts)
-        truncated = np.array([len(ids) > self.max_length for ids in token_ids], bool)
-        return Encoded([ids[:self.max_length] for ids in token_ids], truncated, fast)
+        lengths = np.array([len(ids) for ids in token_ids], np.int64)
+        return Encoded([ids[:self.max_length] for ids in token_ids], lengths > self.max_length, lengths, fast)
 
     def scores(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """``[N]`` float32 scores of conversations of at most ``max_length`` tokens each, in fixed-shape
@@ -368,10 +418,12 @@ class RewardModelReward:
     Args:
       names: the K rewards, in order.
       reward_models: name -> options of `RewardModel` (``path``, ``negate``, ``normalize``,
-        ``max_length``, ``batch_size``, ``dtype``): ``config.rewards.reward_models``.
-      policy_tokenizer: the policy's tokenizer (decodes ``columns[RESPONSE_IDS]``; the fast path
-        compares against it). None: responses are taken as given.
-      policy_eos_ids: the policy's EOS ids; their texts are removed from decoded responses.
+        ``max_length``, ``truncation``, ``batch_size``, ``dtype``): ``config.rewards.reward_models``.
+      policy_tokenizer: the policy's tokenizer (decodes ``columns[RESPONSE_IDS]``; its ``eos_token``
+        is removed from decoded responses; the fast path compares against it). None: responses are
+        taken as given.
+      policy_eos_ids: the policy's EOS ids: the first one's text is removed instead when the policy's
+        tokenizer has no ``eos_token`` (`eos_text`).
       mesh: the run's mesh, the score models' parameters are sharded over it.
       offload: keep every model's parameters in host memory between calls (``config.rewards.offload``).
 
@@ -393,13 +445,14 @@ class RewardModelReward:
         self.models = {name: RewardModel(name, **dict(reward_models[name]), mesh=mesh, offload=offload)
                        for name in self.names}
         self.policy_tokenizer = policy_tokenizer
-        self.eos = eos_texts(policy_tokenizer, policy_eos_ids) if policy_tokenizer is not None else ()
+        self.eos = eos_text(policy_tokenizer, policy_eos_ids) if policy_tokenizer is not None else ""
         self.fast = {name: policy_tokenizer is not None and model.closing is not None
                      and same_tokenizer(policy_tokenizer, model.tokenizer) for name, model in self.models.items()}
         self._lock = threading.Lock()  # one scoring at a time (rewards.num_workers chunks queue here)
         self._seconds = dict.fromkeys(self.names, 0.0)
         self._truncated = dict.fromkeys(self.names, 0)
         self._scored = 0
+        self._warned_prompt_only: set[str] = set()  # models that scored a cut prompt (warned once)
 
     # ---------------------------------------------------------------- inputs
 
@@ -413,9 +466,7 @@ class RewardModelReward:
             raise ValueError("the reward_model reward got sampled token ids (columns['response_ids']) but no "
                              "policy_tokenizer to decode them")
         texts = self.policy_tokenizer.batch_decode([list(row) for row in ids], skip_special_tokens=False)
-        for string in self.eos:
-            texts = [text.replace(string, "") for text in texts]
-        return texts
+        return [text.replace(self.eos, "") for text in texts] if self.eos else texts
 
     def encode(self, prompts: Sequence[str], responses: Sequence[str],
                columns: Mapping[str, Sequence[Any]]) -> dict[str, Encoded]:
@@ -434,12 +485,15 @@ class RewardModelReward:
     # ---------------------------------------------------------------- data checks
 
     def check_columns(self, columns: Mapping[str, Sequence[Any]]) -> list[tuple[int, str, str]]:
-        """(row, "prompt", problem) of each dataset row whose prompt alone fills a model's max_length
-        (nothing of a response would be scored), for `gd2po_jax.rewards.base.column_problems`."""
+        """(row, "prompt", problem) of each dataset row whose prompt alone fills the max_length of a
+        model with ``truncation="error"`` (every rollout of it would stop the run), for
+        `gd2po_jax.rewards.base.column_problems`. Models that cut on the right score such rows cut."""
         if "prompt" not in columns:
             raise ValueError("the reward_model reward needs the dataset column 'prompt' (the chat messages)")
         problems = []
         for name, model in self.models.items():
+            if model.truncation != "error":
+                continue
             for row, length in enumerate(model.prompt_lengths(columns["prompt"])):
                 if length >= model.max_length:
                     problems.append((row, "prompt", self._too_long(name, length)))
@@ -448,22 +502,36 @@ class RewardModelReward:
     def _too_long(self, name: str, length: int) -> str:
         model = self.models[name]
         return (f"the prompt renders to {length} tokens with reward model {name!r} ({model.path}), at least its "
-                f"max_length={model.max_length} (config.rewards.reward_models.{name}.max_length): no token of a "
-                "response would be scored")
+                f"max_length={model.max_length} (config.rewards.reward_models.{name}.max_length, truncation='error'): "
+                "no token of a response would be scored")
 
-    def _check_truncated_prompts(self, name: str, encoded: Encoded, columns) -> None:
-        """Raises `RewardModelInputError` for the first truncated rollout whose prompt alone fills the
-        model's max_length (naming the rollout and its data row)."""
+    def _check_truncated(self, name: str, encoded: Encoded, columns) -> None:
+        """What a conversation over the model's max_length does: with ``truncation="error"`` raises
+        `RewardModelInputError` for the first one (naming the rollout and its data row); with "right"
+        it was cut, and a model that cut a prompt (its response wholly cut off) warns once."""
         rows = np.flatnonzero(encoded.truncated)
-        if not len(rows) or "prompt" not in columns:
+        if not len(rows):
             return
-        lengths = self.models[name].prompt_lengths([columns["prompt"][i] for i in rows])
-        for i, length in zip(rows, lengths):
-            if length >= self.models[name].max_length:
-                data_row = columns["row"][i] if "row" in columns else None
-                where = "" if data_row is None else f" (data row {data_row}, 0-based)"
-                raise RewardModelInputError(type(self).__name__, self._too_long(name, length) + where,
-                                            reward=name, rollout=int(i))
+        model = self.models[name]
+        if model.truncation == "error":
+            i = int(rows[0])
+            data_row = columns["row"][i] if "row" in columns else None
+            where = "" if data_row is None else f" (data row {data_row}, 0-based)"
+            raise RewardModelInputError(
+                type(self).__name__, f"the conversation renders to {encoded.lengths[i]} tokens with reward model "
+                f"{name!r} ({model.path}), more than its max_length={model.max_length} "
+                f"(config.rewards.reward_models.{name}.max_length; truncation='right' cuts it){where}",
+                reward=name, rollout=i)
+        if name in self._warned_prompt_only or "prompt" not in columns:
+            return
+        lengths = model.prompt_lengths([columns["prompt"][i] for i in rows])
+        cut = sum(length >= model.max_length for length in lengths)
+        if cut:
+            self._warned_prompt_only.add(name)
+            logger.warning("reward model %r (%s): %d conversation(s) whose prompt alone fills max_length=%d were "
+                           "scored without any response token (truncation='right', as the official runs; "
+                           "reward_truncated/%s counts them; warned once)", name, model.path, cut, model.max_length,
+                           name)
 
     # ---------------------------------------------------------------- scoring
 
@@ -473,7 +541,8 @@ class RewardModelReward:
 
         Raises:
           RewardOutputError: a model scored NaN or infinity for a rollout (naming reward, path, rollout).
-          RewardModelInputError: a rollout's prompt alone fills a model's max_length.
+          RewardModelInputError: a conversation is longer than the max_length of a model with
+            ``truncation="error"``.
         """
         with self._lock:
             values = np.zeros((len(responses), len(self.names)), np.float32)
@@ -484,7 +553,7 @@ class RewardModelReward:
             for k, (name, model) in enumerate(self.models.items()):
                 start = time.perf_counter()
                 encoded = self._encode(name, prompts, texts, columns)
-                self._check_truncated_prompts(name, encoded, columns)
+                self._check_truncated(name, encoded, columns)
                 scores = model.scores(encoded.token_ids)
                 bad = np.flatnonzero(~np.isfinite(scores))
                 if len(bad):

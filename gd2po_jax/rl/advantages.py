@@ -24,10 +24,10 @@ masks and dispatches. Notation used throughout:
    rollout's tokens ``T_k = w_k A_k L``::
 
        conflict = any_k(T_k > 1e-8) and any_k(T_k < -1e-8)
-       snr      = sum_k T_k / (sum_k |T_k| + 1e-8)                       in [-1, 1]
+       snr      = sum_k T_k / (sum_k |T_k| + snr_eps)                    in [-1, 1], snr_eps = 1e-8
        keep     = not conflict                                           (Hard)
        keep     = not (conflict and |snr| < tau)                         (SNR, tau in [0, 1])
-       kappa[p] = (kept rollouts of prompt p) / G                        (query reweighting)
+       kappa[p] = (kept rollouts of prompt p) / G                        (query reweighting; 1 without)
        A_gd2po  = keep * batch_whiten(kappa * S, weights = L * keep)
 
 5. The SNR halves (the paper's appendix C.1, Table 6: "Low-Conflict Half" / "High-Conflict Half")
@@ -71,11 +71,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from gd2po_jax.config import BATCH_NORMS, SNR_HALF_ALGORITHMS
+from gd2po_jax.config import BATCH_NORMS, HALVES_RANKINGS, SNR_HALF_ALGORITHMS
 
 Method = Literal["grpo", "gdpo", "gd2po_hard", "gd2po_snr", "low_conflict_half", "high_conflict_half"]
 BatchNorm = Literal["token", "sequence", "none"]
 GroupScale = Literal["group", "batch", "none"]
+HalvesRanking = Literal["prompt", "batch"]
 
 GROUP_SCALES: tuple[str, ...] = ("group", "batch", "none")
 
@@ -85,7 +86,8 @@ GROUP_EPS = 1e-6
 TOKEN_WHITEN_EPS = 1e-8
 #: std epsilon of TRL's sequence-level batch normalization.
 SEQUENCE_NORM_EPS = 1e-4
-#: epsilon of the sign test and of the SNR denominator (official GD2PO code).
+#: epsilon of the sign test, and the default of the SNR denominator's (official GD2PO code; its
+#: helpfulness-safety runs add 1e-6 to the denominator: ``rl.snr_eps``).
 RATIO_EPS = 1e-8
 #: epsilon added to the token count in verl's ``masked_mean``.
 MASKED_MEAN_EPS = 1e-8
@@ -343,6 +345,8 @@ class AdvantageOptions(NamedTuple):
     batch_eps: float | None
     group_eps: float
     group_scale: GroupScale
+    query_reweighting: bool = True
+    halves_ranking: HalvesRanking = "prompt"
 
 
 def grpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
@@ -364,8 +368,8 @@ def gdpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[ja
 
 def _reweighted_batch_step(s: RewardSignals, keep: jax.Array, o: AdvantageOptions) -> jax.Array:
     """GD2PO's batch step: ``keep * batch_whiten(kappa S, weights = L keep)``, kappa the kept
-    fraction of each prompt (docs/algorithm.md#query-reweighting)."""
-    reweighted = query_weight(keep)[:, None] * s.summed
+    fraction of each prompt, or 1 without query reweighting (docs/algorithm.md#query-reweighting)."""
+    reweighted = query_weight(keep)[:, None] * s.summed if o.query_reweighting else s.summed
     return batch_normalize(reweighted, keep, s.lengths, mode=o.batch_norm, eps=o.batch_eps)
 
 
@@ -390,21 +394,29 @@ def conflict_score(conflict: jax.Array, snr: jax.Array) -> jax.Array:
     return jnp.where(conflict, jnp.abs(snr), 1.0)
 
 
-def snr_halves(score: jax.Array, eligible: jax.Array) -> tuple[jax.Array, jax.Array]:
+def snr_halves(score: jax.Array, eligible: jax.Array, ranking: HalvesRanking = "prompt") -> tuple[jax.Array, jax.Array]:
     """The low- and high-conflict halves of each prompt's eligible rollouts (docs/algorithm.md#snr-halves).
 
     Per prompt, the n eligible rollouts are ordered by ``score`` from highest to lowest, equal
     scores by rollout index (lower first). The low-conflict half is the first ``n // 2`` of that
     order, the high-conflict half the last ``n // 2``: equal in size, disjoint, and together every
-    eligible rollout when n is even (the middle one is in neither when n is odd).
+    eligible rollout when n is even (the middle one is in neither when n is odd). With
+    ``ranking="batch"`` the same over all the batch's eligible rollouts at once (ties by the
+    rollout's place in the batch, prompt-major): a prompt may then fall wholly into one half.
 
     Args:
       score: [P, G] float32, higher = less conflict (`conflict_score`).
       eligible: [P, G] bool.
+      ranking: "prompt" | "batch" (``rl.halves_ranking``).
 
     Returns:
       (low, high): [P, G] bool each.
     """
+    if ranking == "batch":
+        low, high = snr_halves(score.reshape(1, -1), eligible.reshape(1, -1))
+        return low.reshape(score.shape), high.reshape(score.shape)
+    if ranking != "prompt":
+        raise ValueError(f"halves ranking must be one of {HALVES_RANKINGS}, got {ranking!r}")
     group = score.shape[1]
     ranked = jnp.where(eligible, score, -jnp.inf)  # ineligible rollouts come last
     index = jnp.arange(group)
@@ -422,14 +434,14 @@ def snr_halves(score: jax.Array, eligible: jax.Array) -> tuple[jax.Array, jax.Ar
 def low_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """The paper's "Low-Conflict Half" (appendix C.1, Table 6): keep the half of each prompt's
     rollouts with the highest conflict score c (`snr_halves`), then GD2PO's batch step."""
-    keep, _ = snr_halves(conflict_score(s.conflict, s.snr), eligible)
+    keep, _ = snr_halves(conflict_score(s.conflict, s.snr), eligible, o.halves_ranking)
     return keep, _reweighted_batch_step(s, keep, o)
 
 
 def high_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """The paper's "High-Conflict Half": keep the half of each prompt's rollouts with the lowest
     conflict score c (`snr_halves`), then GD2PO's batch step."""
-    _, keep = snr_halves(conflict_score(s.conflict, s.snr), eligible)
+    _, keep = snr_halves(conflict_score(s.conflict, s.snr), eligible, o.halves_ranking)
     return keep, _reweighted_batch_step(s, keep, o)
 
 
@@ -461,6 +473,9 @@ def compute_advantages(
     group_scale: GroupScale = "group",
     valid: jax.Array | None = None,
     drop_zero_variance_groups: bool = False,
+    snr_eps: float = RATIO_EPS,
+    query_reweighting: bool = True,
+    halves_ranking: HalvesRanking = "prompt",
 ) -> AdvantageOutput:
     """Per-rollout advantages of GRPO, GDPO, GD2PO-Hard, GD2PO-SNR or an SNR half.
 
@@ -489,6 +504,11 @@ def compute_advantages(
         and get zero advantages, keep=False and query_weight=0). Default: all True.
       drop_zero_variance_groups: also drop groups whose rewards are all constant
         (docs/algorithm.md#dapo-filter).
+      snr_eps: added to the SNR denominator (1e-8; the official helpfulness-safety runs: 1e-6).
+      query_reweighting: the filtering methods scale each prompt's summed advantage by kappa
+        before the batch step (official); False: by 1 (filtering alone). ``query_weight`` is then 1
+        for a prompt with a kept rollout and 0 for one without, as for GRPO and GDPO.
+      halves_ranking: "prompt" | "batch", over what the SNR halves rank (`snr_halves`).
 
     Returns:
       An `AdvantageOutput`.
@@ -524,21 +544,20 @@ def compute_advantages(
         rewards=rewards, present=present, scorable=scorable, weights=weights, lengths=lengths,
         summed=jnp.sum(weighted_adv, axis=-1),
         conflict=sign_conflict(token_adv) & scorable,
-        snr=jnp.where(scorable, signal_to_noise(token_adv), 0.0),
+        snr=jnp.where(scorable, signal_to_noise(token_adv, eps=snr_eps), 0.0),
     )
     eligible = scorable
     if drop_zero_variance_groups:
         eligible = eligible & ~zero_variance_groups(reward_zero_std)[:, None]
 
     options = AdvantageOptions(snr_tau=snr_tau, batch_norm=batch_norm, batch_eps=batch_eps,
-                               group_eps=group_eps, group_scale=group_scale)
+                               group_eps=group_eps, group_scale=group_scale, query_reweighting=query_reweighting,
+                               halves_ranking=halves_ranking)
     keep, advantages = ADVANTAGE_METHODS[method](signals, eligible, options)
-    if method in FILTERING_METHODS:
-        kappa = query_weight(keep)
-        _, unfiltered = gdpo(signals, eligible, options)
-    else:
-        kappa = jnp.where(jnp.any(keep, axis=1), 1.0, 0.0)
-        unfiltered = advantages
+    # kappa as applied; 1 or 0 (a prompt with or without a kept rollout) where no kappa is applied.
+    kappa = query_weight(keep) if method in FILTERING_METHODS and query_reweighting \
+        else jnp.where(jnp.any(keep, axis=1), 1.0, 0.0)
+    unfiltered = gdpo(signals, eligible, options)[1] if method in FILTERING_METHODS else advantages
 
     return AdvantageOutput(
         advantages=advantages,

@@ -10,7 +10,9 @@ The objective is PPO's clipped surrogate as verl computes it for GRPO / GDPO / G
 Shapes: ``B`` sequences, ``T`` response tokens. The log-probs come from `gd2po_jax.rl.logprobs`.
 
 Aggregation returns ``(numerator, denominator)`` instead of a mean, so gradient accumulation over
-micro-batches sums both and divides once: the result equals one big batch exactly.
+micro-batches sums both and divides once: the result equals one big batch exactly. verl's dynamic
+micro-batches weight the loss otherwise (a token mean per micro-batch, weighted by its rows):
+`verl_row_weights` turns that into per-row weights of the same sums (docs/algorithm.md#micro-batch-weighting).
 
 Filtered rollouts (GD2PO's ``keep == False``) arrive here with advantage 0: their token losses are
 0, but whether they stay in the denominator is decided by the mask the caller passes. The official
@@ -19,6 +21,7 @@ code keeps them (their response mask is unchanged); the trainer exposes that as 
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
@@ -135,6 +138,7 @@ def aggregate_loss(
     mode: LossAggMode = "token-mean",
     *,
     norm_length: float | None = None,
+    row_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Aggregate a per-token quantity into ``(numerator, denominator)``; the loss is their ratio.
 
@@ -152,11 +156,16 @@ def aggregate_loss(
     micro-batches and dividing once gives the full-batch value exactly (for ``token-mean`` and
     the sequence modes alike).
 
+    With ``row_weights`` w (verl's micro-batch weighting, `verl_row_weights`; token-mean only) the
+    token sums are weighted per sequence: numerator ``sum_b w_b sum_t l[b, t]``, denominator
+    ``sum_b w_b (valid tokens of b)``.
+
     Args:
       per_token: [B, T] float.
       mask: [B, T] bool or {0, 1}.
       mode: one of `LOSS_AGG_MODES`.
       norm_length: the constant of ``seq-mean-token-sum-norm``.
+      row_weights: [B] float, or None.
 
     Returns:
       numerator, denominator: float32 scalars.
@@ -166,6 +175,10 @@ def aggregate_loss(
     masked = per_token * mask
     tokens_per_seq = jnp.sum(mask, axis=-1)
     has_tokens = (tokens_per_seq > 0).astype(per_token.dtype)
+    if row_weights is not None:
+        if mode != "token-mean":
+            raise ValueError(f"row weights (verl's micro-batch weighting) need token-mean aggregation, got {mode!r}")
+        return jnp.sum(row_weights * jnp.sum(masked, axis=-1)), jnp.sum(row_weights * tokens_per_seq)
     if mode == "token-mean":
         return jnp.sum(masked), jnp.sum(mask)
     if mode == "seq-mean-token-mean":
@@ -177,6 +190,37 @@ def aggregate_loss(
         length = float(per_token.shape[-1] if norm_length is None else norm_length)
         return jnp.sum(masked), jnp.sum(has_tokens) * length
     raise ValueError(f"loss aggregation mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+
+
+def verl_row_weights(mask: jax.Array, segment_ids: jax.Array, minibatch_rows: int) -> jax.Array:
+    """Per-row weights that give verl's dynamic micro-batch weighting as one weighted sum.
+
+    verl (``DataParallelPPOActor.update_policy`` with ``use_dynamic_bsz``) computes the token mean of
+    each of its micro-batches s over the s's own tokens and scales it by s's share of the minibatch's
+    rows::
+
+        loss = sum_s (num_s / max(tokens_s, 1)) * rows_s / minibatch_rows
+
+    with num_s the sum of the token losses of s. Token and row counts do not depend on the
+    parameters, so the coefficient of each segment is known before any forward pass, and the loss
+    is ``sum_b w_b sum_t l[b, t]`` with ``w_b = rows_s / (minibatch_rows * max(tokens_s, 1))`` for b in
+    s: any split of the minibatch into fixed-size micro-batches accumulates it exactly. (verl divides
+    by ``tokens_s + 1e-8``; the same in float32 for tokens_s >= 1, and a segment without tokens adds
+    0 either way.)
+
+    Args:
+      mask: [R, T] the loss mask of a minibatch's R rows.
+      segment_ids: [R] int, each row's micro-batch, in 0 .. R - 1 (`gd2po_jax.rl.micro_batches`).
+      minibatch_rows: R, the rows of the minibatch (static).
+
+    Returns:
+      [R] float32.
+    """
+    tokens = jnp.sum(mask.astype(jnp.float32), axis=-1)
+    segment_tokens = jax.ops.segment_sum(tokens, segment_ids, num_segments=minibatch_rows)
+    segment_rows = jax.ops.segment_sum(jnp.ones_like(tokens), segment_ids, num_segments=minibatch_rows)
+    coefficients = segment_rows / (minibatch_rows * jnp.maximum(segment_tokens, 1.0))
+    return coefficients[segment_ids]
 
 
 def safe_ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
@@ -267,6 +311,8 @@ def policy_loss(
     kl_estimator: str = "k3",
     entropy: jax.Array | None = None,
     entropy_coef: float = 0.0,
+    is_weights: jax.Array | None = None,
+    row_weights: jax.Array | None = None,
 ) -> PolicyLoss:
     """The GRPO/GDPO/GD2PO policy loss of one (micro-)batch as sums.
 
@@ -285,6 +331,11 @@ def policy_loss(
       entropy: [B, T] per-token entropy (e.g. from `gd2po_jax.rl.logprobs.completion_logprobs`), required when
         ``entropy_coef`` is not 0; when given it is also reported.
       entropy_coef: entropy bonus.
+      is_weights: [B, T] truncated importance weights ``min(exp(old_logp - sampler_logp), cap)``
+        that multiply the clipped policy-gradient loss per token (verl's ``tis_imp_ratio_cap``:
+        ``compute_policy_loss_vanilla`` in verl/trainer/ppo/core_algos.py); no gradient flows to them.
+      row_weights: [B] verl's micro-batch weights of the rows (`verl_row_weights`; token-mean only),
+        applied to all three terms.
 
     Returns:
       A `PolicyLoss`. Its ``approx_kl`` metric is `approx_kl_old_new`.
@@ -292,7 +343,10 @@ def policy_loss(
     pg, stats = clipped_surrogate(
         logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
     )
-    numerator, denominator = aggregate_loss(pg, mask, agg_mode, norm_length=norm_length)
+    if is_weights is not None:
+        pg = pg * jax.lax.stop_gradient(at_least_f32(is_weights))
+    aggregate = functools.partial(aggregate_loss, mode=agg_mode, norm_length=norm_length, row_weights=row_weights)
+    numerator, denominator = aggregate(pg, mask)
     maskf = mask.astype(pg.dtype)
     zeros = jnp.zeros_like(pg)
 
@@ -302,14 +356,14 @@ def policy_loss(
     if kl_coef:
         if ref_logp is None:
             raise ValueError("kl_coef is set but no ref_logp was given (enable the reference policy)")
-        kl_numerator, _ = aggregate_loss(kl, mask, agg_mode, norm_length=norm_length)
+        kl_numerator, _ = aggregate(kl, mask)
         numerator = numerator + kl_coef * kl_numerator
     if entropy is None:
         if entropy_coef:
             raise ValueError("entropy_coef is set but no per-token entropy was given")
         entropy = zeros
     elif entropy_coef:
-        entropy_numerator, _ = aggregate_loss(entropy, mask, agg_mode, norm_length=norm_length)
+        entropy_numerator, _ = aggregate(entropy, mask)
         numerator = numerator - entropy_coef * entropy_numerator
 
     approx_kl = approx_kl_old_new(stats["log_ratio"])

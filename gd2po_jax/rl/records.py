@@ -31,6 +31,11 @@ class RolloutBatch:
     ref_logp: [B, M] float32, reference-policy log-probs (zeros when no KL is used).
     rewards: [P, G, K] float32 raw rewards (NaN = missing).
     valid: [P] bool, False for padded prompts.
+    row_order: [B] int32, the rows in the order the update splits them into minibatches when it does
+      not shuffle (``rl.shuffle_minibatches=False``): verl's order with ``rl.micro_batch_max_tokens``
+      (`gd2po_jax.rl.micro_batches`). None: 0 .. B - 1.
+    segment_ids: [B] int32, each row's verl micro-batch within its minibatch, which the loss is
+      weighted by with ``rl.micro_batch_max_tokens`` (`gd2po_jax.rl.micro_batches`). None: unused.
     """
 
     input_ids: jax.Array
@@ -40,6 +45,8 @@ class RolloutBatch:
     ref_logp: jax.Array
     rewards: jax.Array
     valid: jax.Array
+    row_order: jax.Array | None = None
+    segment_ids: jax.Array | None = None
 
 
 @struct.dataclass

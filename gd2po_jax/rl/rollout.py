@@ -27,6 +27,7 @@ from gd2po_jax.rewards.base import (
     scores_on_devices,
 )
 from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
+from gd2po_jax.rl.micro_batches import verl_update_layout
 from gd2po_jax.rl.records import RolloutBatch
 from gd2po_jax.rl.train_step import logprob_temperature
 from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
@@ -70,6 +71,9 @@ class RolloutSettings:
     logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
       (`gd2po_jax.rl.train_step.logprob_temperature`).
     on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
+    micro_batch_max_tokens, micro_batch_ranks, num_minibatches: > 0: the batch carries verl's
+      minibatch order and micro-batches of the update (``rl.micro_batch_max_tokens``,
+      `gd2po_jax.rl.micro_batches.verl_update_layout`), laid out from the rows' lengths; 0: none.
     """
 
     num_generations: int
@@ -82,6 +86,9 @@ class RolloutSettings:
     on_error: str = "raise"
     num_workers: int = 1
     timeout_s: float = 0.0
+    micro_batch_max_tokens: int = 0
+    micro_batch_ranks: int = 1
+    num_minibatches: int = 1
 
     @classmethod
     def of_run(cls, config: RunConfig, *, eos_token_ids, pad_token_id: int, prompt_length: int) -> RolloutSettings:
@@ -90,7 +97,8 @@ class RolloutSettings:
                    eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id, prompt_length=prompt_length,
                    prompts_per_call=config.sampling.prompts_per_call, logprob_temperature=logprob_temperature(config),
                    on_error=config.rewards.on_error, num_workers=config.rewards.num_workers,
-                   timeout_s=config.rewards.timeout_s)
+                   timeout_s=config.rewards.timeout_s, micro_batch_max_tokens=config.rl.micro_batch_max_tokens,
+                   micro_batch_ranks=config.rl.micro_batch_ranks, num_minibatches=config.rl.num_minibatches)
 
 
 def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardFunction, settings: RolloutSettings,
@@ -129,7 +137,7 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
     # Several processes: each decodes and scores the rollouts its devices hold, then the scores are
     # gathered (`gd2po_jax.runtime.distributed`); one process holds every row.
     rows, tokens = addressable_rows(out.tokens)
-    lengths, finished = host_value((out.lengths, out.finished))
+    lengths, finished, prompt_lengths = host_value((out.lengths, out.finished, jnp.sum(out.prompt_mask, axis=1)))
     sampled = time.perf_counter()
     if scores_on_devices(reward_fn) and jax.process_count() > 1:
         # Reward models run one program over every process's devices, fed the same rows by every
@@ -153,7 +161,13 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
     scored = time.perf_counter()
     valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
     mesh = mesh_of(model)
-    batch = rollout_batch(out, replicated(rewards, mesh), replicated(valid, mesh))
+    layout = {}
+    if settings.micro_batch_max_tokens:  # verl's minibatches and micro-batches, from the rows' tokens
+        plan = verl_update_layout(np.asarray(prompt_lengths) + np.asarray(lengths),
+                                  num_minibatches=settings.num_minibatches, max_tokens=settings.micro_batch_max_tokens,
+                                  ranks=settings.micro_batch_ranks)
+        layout = {"row_order": replicated(plan.row_order, mesh), "segment_ids": replicated(plan.segment_ids, mesh)}
+    batch = rollout_batch(out, replicated(rewards, mesh), replicated(valid, mesh), **layout)
     return Rollouts(batch=batch, responses=responses, rewards=rewards, abstained=abstained_fraction(rewards, valid),
                     failed=failed_fraction(all_failed.reshape(rewards.shape), valid),
                     first_failure=first_failure,
@@ -163,13 +177,16 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
 
 
 def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,
-                  ref_logp: jax.Array | None = None) -> RolloutBatch:
+                  ref_logp: jax.Array | None = None, *, row_order: jax.Array | None = None,
+                  segment_ids: jax.Array | None = None) -> RolloutBatch:
     """A `RolloutBatch` from sampler output (device arrays stay on device).
 
     Args:
       out: `generate` output for B = P x G rows.
       rewards: [P, G, K] rewards; valid: [P] bool.
       ref_logp: [B, M] reference log-probs (default zeros: no KL term).
+      row_order, segment_ids: [B] int32 verl's minibatch order and micro-batches
+        (`gd2po_jax.rl.micro_batches.UpdateLayout`), or None.
     """
     return RolloutBatch(
         input_ids=jnp.concatenate([out.prompt_tokens, out.tokens], axis=1).astype(jnp.int32),
@@ -181,4 +198,6 @@ def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,
         ref_logp=jnp.zeros_like(out.logprobs) if ref_logp is None else ref_logp,
         rewards=rewards.astype(jnp.float32),
         valid=valid,
+        row_order=row_order,
+        segment_ids=segment_ids,
     )

@@ -8,8 +8,9 @@ One call of the step function does, inside a single XLA program::
 
     lengths    = sum(response_mask)                                     [P, G]
     adv        = compute_advantages(rewards, lengths, method, ...)      [P, G] -> [B]
+    old_logp   = forward(params, rows) in micro-batches, no gradient    [B, M]   (old_logprobs="recompute")
     for epoch in range(ppo_epochs):                   (lax.scan)
-        rows   = permutation(B)                       (shuffle, from the state's RNG)
+        rows   = permutation(B)                       (shuffle, from the state's RNG; or row_order)
         for minibatch in split(rows, num_minibatches):                  (lax.scan)
             den    = aggregation denominator of the minibatch (independent of the parameters)
             (with prompt windows: rows sorted by prompt length; each micro-batch's left padding
@@ -18,7 +19,10 @@ One call of the step function does, inside a single XLA program::
             params = optax update(grads)      only if |grads| is finite, else skipped
 
 Dividing every micro-batch numerator by the whole minibatch's denominator makes gradient
-accumulation exact for every aggregation mode (`gd2po_jax.rl.losses.aggregate_loss`).
+accumulation exact for every aggregation mode (`gd2po_jax.rl.losses.aggregate_loss`). verl's
+micro-batch weighting (``micro_batch_max_tokens``) becomes per-row weights of the numerator, from
+the batch's ``segment_ids`` (`gd2po_jax.rl.losses.verl_row_weights`), with den = 1: the same exact
+accumulation over micro-batches of any size.
 
 An update whose gradient norm is not finite (an inf or NaN anywhere, e.g. a bf16 overflow) is
 skipped, as verl skips it: parameters and optimizer state stay as they were, and the metric
@@ -42,10 +46,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from gd2po_jax.config import RunConfig, check_batch_layout
+from gd2po_jax.config import OLD_LOGPROBS, RunConfig, check_batch_layout
 from gd2po_jax.rl import losses
 from gd2po_jax.rl.advantages import AdvantageOutput, advantage_diagnostics, compute_advantages
-from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
+from gd2po_jax.rl.logprobs import at_least_f32, completion_logprobs, merge_model
 from gd2po_jax.rl.records import RolloutBatch, TrainState
 from gd2po_jax.runtime.sharding import batch_sharding
 
@@ -69,6 +73,10 @@ class StepConfig:
       group_eps: eps_group, added to the group std (``rl.group_eps``).
       drop_zero_variance_groups: DAPO's filter of groups where every reward is constant
         (``rl.drop_zero_variance_groups``).
+      snr_eps: added to the SNR denominator (``rl.snr_eps``).
+      query_reweighting: scale each prompt's summed advantage by kappa before the batch step
+        (``rl.query_reweighting``; False: the paper's "filtering alone").
+      halves_ranking: "prompt" | "batch", over what the SNR halves rank (``rl.halves_ranking``).
 
     Policy loss (docs/algorithm.md#policy-loss, #loss-aggregation, #kl-estimators):
       clip_low, clip_high: eps_low, eps_high: the ratio rho is clipped to [1 - eps_low,
@@ -106,6 +114,19 @@ class StepConfig:
         raw logits; verl: the rollout temperature). Read with `logprob_temperature` from
         ``rl.tempered_logprobs`` and ``sampling.temperature``; the batch's old_logp must have been
         sampled at the same T (`gd2po_jax.models.sampling.generate`'s ``logprob_temperature``).
+      old_logprobs: "recompute" | "sampler" (``rl.old_logprobs``): the old log-probs of the ratio
+        are recomputed by the policy's forward pass before the update, inside the step (verl's
+        ``compute_log_prob``; the same function, micro-batch size, prompt windows, dtype and
+        log-prob temperature as the update's new log-probs), or taken from the batch (the
+        sampler's). Recompute logs ``rollout/logprob_diff_mean`` and ``_max``.
+      rollout_is_cap: > 0: the policy-gradient loss of each token is multiplied by
+        ``min(exp(recomputed - sampler), cap)`` (verl's truncated importance sampling,
+        `truncated_is_weights`); needs "recompute" (``rl.rollout_is_cap``).
+      shuffle_minibatches: reshuffle the rows before each epoch splits them into minibatches; False:
+        split them in the batch's ``row_order`` (rows in order without one; ``rl.shuffle_minibatches``).
+      micro_batch_max_tokens: > 0: weight the loss per verl micro-batch, the batch's ``segment_ids``
+        (`gd2po_jax.rl.losses.verl_row_weights`; the budget itself shaped them on the host,
+        `gd2po_jax.rl.micro_batches`); 0: one token mean per minibatch (``rl.micro_batch_max_tokens``).
       skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (not in
         the run config; False applies every update, as before the guard existed).
     """
@@ -131,6 +152,13 @@ class StepConfig:
     logit_chunk_size: int
     compute_dtype: str
     logprob_temperature: float
+    old_logprobs: str
+    rollout_is_cap: float
+    shuffle_minibatches: bool
+    micro_batch_max_tokens: int
+    query_reweighting: bool
+    snr_eps: float
+    halves_ranking: str
     # Not in the run config: what the trainer sets from the data, and switches for tests and benches.
     prompt_windows: tuple[int, ...] = ()
     norm_length: float | None = None
@@ -149,6 +177,13 @@ class StepConfig:
             object.__setattr__(self, "reward_weights", None)
         if not self.logprob_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0, got {self.logprob_temperature}")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}")
+        if self.rollout_is_cap > 0 and self.old_logprobs != "recompute":
+            raise ValueError("rollout_is_cap needs old_logprobs='recompute'")
+        if self.micro_batch_max_tokens > 0 and (self.shuffle_minibatches or self.loss_agg_mode != "token-mean"):
+            raise ValueError("micro_batch_max_tokens (verl's micro-batch weighting) needs shuffle_minibatches=False "
+                             "and loss_agg_mode='token-mean'")
 
     @classmethod
     def from_config(cls, config: RunConfig, **changes: Any) -> StepConfig:
@@ -163,7 +198,10 @@ class StepConfig:
             kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef, ppo_epochs=rl.ppo_epochs,
             num_minibatches=rl.num_minibatches, micro_batch_size=rl.micro_batch_size,
             logit_chunk_size=config.train.logit_chunk_size, compute_dtype=config.model.dtype,
-            logprob_temperature=logprob_temperature(config),
+            logprob_temperature=logprob_temperature(config), old_logprobs=rl.old_logprobs,
+            rollout_is_cap=rl.rollout_is_cap, shuffle_minibatches=rl.shuffle_minibatches,
+            micro_batch_max_tokens=rl.micro_batch_max_tokens, query_reweighting=rl.query_reweighting,
+            snr_eps=rl.snr_eps, halves_ranking=rl.halves_ranking,
         )
         return cls(**(values | changes))
 
@@ -208,8 +246,18 @@ def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int,
     ``rl.length_bucket`` for its training prompts (``shortest_prompt`` tokens at least, padded to
     ``prompt_length``; `prompt_window_lengths`) and the run's reward columns and weights
     (`gd2po_jax.rl.setup.RunSetup.reward_names`, ``reward_weights``: the family's and
-    ``rewards.functions``'; None: ``rewards.names`` and ``rewards.weights``)."""
+    ``rewards.functions``'; None: ``rewards.names`` and ``rewards.weights``).
+
+    Raises:
+      ValueError: naming ``rl.length_bucket`` (`prompt_window_lengths`), or ``rl.micro_batch_max_tokens``
+        when it is below a padded rollout's tokens (verl refuses that budget too).
+    """
     windows = prompt_window_lengths(config.rl.length_bucket, shortest_prompt, prompt_length)
+    budget, padded = config.rl.micro_batch_max_tokens, prompt_length + config.sampling.max_new_tokens
+    if budget and budget < padded:
+        raise ValueError(  # verl asserts the same (rearrange_micro_batches)
+            f"rl.micro_batch_max_tokens: {budget} tokens cannot hold one padded rollout of {padded} tokens "
+            f"(prompts padded to {prompt_length} + sampling.max_new_tokens={config.sampling.max_new_tokens})")
     changes: dict[str, Any] = {"prompt_windows": windows}
     if reward_names is not None:
         changes["reward_names"] = tuple(reward_names)
@@ -243,7 +291,8 @@ def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, co
         rewards, lengths, config.method, snr_tau=config.snr_tau,
         reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
         batch_norm=config.batch_norm, group_eps=config.group_eps, valid=valid,
-        drop_zero_variance_groups=config.drop_zero_variance_groups,
+        drop_zero_variance_groups=config.drop_zero_variance_groups, snr_eps=config.snr_eps,
+        query_reweighting=config.query_reweighting, halves_ranking=config.halves_ranking,
     )
 
 
@@ -267,49 +316,46 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
       A pure function; wrap it with `jit_train_step`.
     """
     compute_dtype = jnp.dtype(config.compute_dtype)
+    need_entropy = config.log_entropy or bool(config.entropy_coef)
+
+    def policy_logprobs(params, rows: dict, with_entropy: bool):
+        """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
+        forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``."""
+        model = merge_model(graphdef, params, compute_dtype)
+        return completion_logprobs(
+            model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
+            chunk_size=config.logit_chunk_size, with_entropy=with_entropy, temperature=config.logprob_temperature,
+        )
 
     def micro_loss(params, rows: dict, denominator):
-        model = merge_model(graphdef, params, compute_dtype)
-        need_entropy = config.log_entropy or bool(config.entropy_coef)
-        logp, entropy = completion_logprobs(
-            model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
-            chunk_size=config.logit_chunk_size, with_entropy=need_entropy, temperature=config.logprob_temperature,
-        )
+        logp, entropy = policy_logprobs(params, rows, need_entropy)
         out = losses.policy_loss(
             logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
             clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
             agg_mode=config.loss_agg_mode, norm_length=config.norm_length,
             ref_logp=rows["ref_logp"] if config.kl_coef else None, kl_coef=config.kl_coef,
             kl_estimator=config.kl_estimator, entropy=entropy, entropy_coef=config.entropy_coef,
+            is_weights=rows.get("is_weights"), row_weights=rows.get("row_weights"),
         )
         return out.numerator / jnp.maximum(denominator, 1e-8), out
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def windowed_grad_fn(windows: tuple[int, ...], prompt_length: int):
-        """``fn(params, micro_batch, denominator) -> (grad_fn's value and gradients, window)``: the
-        micro-batch runs on the shortest of ``windows`` (ascending, the last ``prompt_length``) that
-        holds its longest prompt, with the left padding before the window cut."""
-        if len(windows) == 1:
-            return lambda *args: (grad_fn(*args), jnp.int32(prompt_length))
+    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, sort: bool) -> jax.Array:
+        """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the
+        update's size (sorted by prompt length when there are windows, as the update sorts), each
+        on its prompt window; no gradient."""
+        total = rows["input_ids"].shape[0]
+        keys = ("input_ids", "attention_mask", "old_logp", "prompt_lengths")
+        order = jnp.argsort(rows["prompt_lengths"], stable=True) if sort else jnp.arange(total)
+        micro = {k: rows[k][order].reshape((total // micro_rows, micro_rows) + rows[k].shape[1:]) for k in keys}
 
-        def on_window(window):
-            def run(params, micro_batch, denominator):
-                cut = prompt_length - window
-                trimmed = dict(micro_batch, input_ids=micro_batch["input_ids"][:, cut:],
-                               attention_mask=micro_batch["attention_mask"][:, cut:])
-                return grad_fn(params, trimmed, denominator)
-            return run
+        def forward(_, micro_batch):
+            logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh))
+            return None, logp
 
-        branches = [on_window(w) for w in windows]
-        window_array = jnp.asarray(windows, jnp.int32)
-
-        def run(params, micro_batch, denominator):
-            longest = jnp.max(micro_batch["prompt_lengths"])
-            branch = jnp.minimum(jnp.searchsorted(window_array, longest), len(windows) - 1)
-            return jax.lax.switch(branch, branches, params, micro_batch, denominator), window_array[branch]
-
-        return run
+        _, logp = jax.lax.scan(forward, None, micro)
+        return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
 
     def step(state: TrainState, batch: RolloutBatch):
         num_prompts, group, _ = batch.rewards.shape
@@ -319,7 +365,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         adv = step_advantages(batch.rewards, lengths, batch.valid, config)
         prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
         windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
-        micro_grad_fn = windowed_grad_fn(windows, prompt_length)
+        micro_grad_fn = on_prompt_windows(grad_fn, windows, prompt_length)
         prompt_lengths = jnp.sum(batch.attention_mask[:, :prompt_length], axis=-1, dtype=jnp.int32)
         row_valid = jnp.repeat(batch.valid, group)
         loss_mask = batch.response_mask & row_valid[:, None]
@@ -331,6 +377,23 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
             "response_lengths": lengths.reshape(-1),
         }
+        verl_weighting = config.micro_batch_max_tokens > 0
+        if verl_weighting:
+            if batch.segment_ids is None:
+                raise ValueError("rl.micro_batch_max_tokens: the batch has no segment_ids (verl's micro-batches); "
+                                 "build it with gd2po_jax.rl.rollout.rollout_batch(..., segment_ids=...)")
+            rows["segment_ids"] = batch.segment_ids.astype(jnp.int32)
+        rollout_metrics = {}
+        if config.old_logprobs == "recompute":
+            forward = lambda params, micro_batch: policy_logprobs(params, micro_batch, False)[0]  # noqa: E731
+            recomputed = recompute_old_logprobs(state.params, rows, micro_rows,
+                                                on_prompt_windows(forward, windows, prompt_length),
+                                                sort=len(windows) > 1 and rows_total > micro_rows)
+            rows["old_logp"] = recomputed
+            rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, batch.response_mask & row_valid[:, None],
+                                               config.rollout_is_cap)
+            if config.rollout_is_cap > 0:
+                rows["is_weights"] = truncated_is_weights(batch.old_logp, recomputed, config.rollout_is_cap)
 
         def update_minibatch(carry, indices):
             params, opt_state, loss_sums = carry
@@ -338,10 +401,17 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
                 # Micro-batches of similar prompt lengths, so that each runs on a short window.
                 indices = indices[jnp.argsort(rows["prompt_lengths"][indices], stable=True)]
             minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
-            _, denominator = losses.aggregate_loss(
-                jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.loss_agg_mode,
-                norm_length=config.norm_length,
-            )
+            if verl_weighting:
+                # verl's micro-batch weighting: per-row weights from the minibatch's segments, one
+                # denominator (the weights hold each segment's token count).
+                minibatch["row_weights"] = losses.verl_row_weights(
+                    minibatch["loss_mask"], minibatch.pop("segment_ids"), minibatch_rows)
+                denominator = jnp.float32(1.0)
+            else:
+                _, denominator = losses.aggregate_loss(
+                    jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.loss_agg_mode,
+                    norm_length=config.norm_length,
+                )
             micro = jax.tree.map(
                 lambda x: x.reshape((minibatch_rows // micro_rows, micro_rows) + x.shape[1:]), minibatch
             )
@@ -362,9 +432,11 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             loss_sums = losses.accumulate(loss_sums, sums)
             return (params, opt_state, loss_sums), (grad_norm, ~apply, jax.tree.map(jnp.sum, padding))
 
+        in_order = jnp.arange(rows_total, dtype=jnp.int32) if batch.row_order is None else batch.row_order
+
         def update_epoch(carry, epoch_key):
             params, opt_state, loss_sums = carry
-            order = jax.random.permutation(epoch_key, rows_total)
+            order = jax.random.permutation(epoch_key, rows_total) if config.shuffle_minibatches else in_order
             order = order.reshape(config.num_minibatches, minibatch_rows)
             return jax.lax.scan(update_minibatch, (params, opt_state, loss_sums), order)
 
@@ -375,6 +447,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             update_epoch, (state.params, state.opt_state, init_sums), epoch_keys
         )
         metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
+        metrics.update(rollout_metrics)
         metrics["update/skipped_updates"] = jnp.sum(skipped.astype(jnp.int32))
         slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
         metrics["update/prompt_padding"] = prompt_pads / slots
@@ -383,6 +456,56 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         return new_state, metrics
 
     return step
+
+
+def on_prompt_windows(fn, windows: tuple[int, ...], prompt_length: int):
+    """``run(params, micro_batch, *args) -> (fn(params, micro_batch, *args), window)``: ``fn`` on the
+    micro-batch cut to the shortest of ``windows`` (ascending, the last ``prompt_length``) that holds
+    its longest prompt (the left padding before the window removed), one `jax.lax.switch` branch per
+    window. With one window, ``fn`` on the whole micro-batch."""
+    if len(windows) == 1:
+        return lambda params, micro_batch, *args: (fn(params, micro_batch, *args), jnp.int32(prompt_length))
+
+    def on_window(window):
+        def run(params, micro_batch, *args):
+            cut = prompt_length - window
+            trimmed = dict(micro_batch, input_ids=micro_batch["input_ids"][:, cut:],
+                           attention_mask=micro_batch["attention_mask"][:, cut:])
+            return fn(params, trimmed, *args)
+        return run
+
+    branches = [on_window(w) for w in windows]
+    window_array = jnp.asarray(windows, jnp.int32)
+
+    def run(params, micro_batch, *args):
+        longest = jnp.max(micro_batch["prompt_lengths"])
+        branch = jnp.minimum(jnp.searchsorted(window_array, longest), len(windows) - 1)
+        return jax.lax.switch(branch, branches, params, micro_batch, *args), window_array[branch]
+
+    return run
+
+
+def truncated_is_weights(sampler_logp: jax.Array, recomputed_logp: jax.Array, cap: float) -> jax.Array:
+    """[B, M] verl's truncated importance weights ``min(exp(recomputed - sampler), cap)`` per token
+    (``actor.tis_imp_ratio_cap``; ``compute_policy_loss_vanilla`` in verl/trainer/ppo/core_algos.py,
+    volcengine/verl PR #2953): they multiply the clipped policy-gradient loss, correcting the
+    tokens' probabilities under the sampler towards those under the trained policy."""
+    return jnp.minimum(jnp.exp(at_least_f32(recomputed_logp) - at_least_f32(sampler_logp)), cap)
+
+
+def _rollout_metrics(sampler_logp: jax.Array, recomputed_logp: jax.Array, tokens: jax.Array,
+                     is_cap: float) -> dict[str, jax.Array]:
+    """``rollout/logprob_diff_mean`` and ``_max``: |sampler - recomputed| log-prob over ``tokens`` (the
+    response tokens of real rows, [B, M] bool); with ``is_cap`` > 0 also ``rollout/is_weight_mean``
+    and ``rollout/is_capped_fraction`` (tokens whose weight the cap cut)."""
+    count = jnp.maximum(jnp.sum(tokens), 1).astype(jnp.float32)
+    diff = jnp.where(tokens, jnp.abs(at_least_f32(sampler_logp) - at_least_f32(recomputed_logp)), 0.0)
+    metrics = {"rollout/logprob_diff_mean": jnp.sum(diff) / count, "rollout/logprob_diff_max": jnp.max(diff)}
+    if is_cap > 0:
+        ratio = jnp.exp(at_least_f32(recomputed_logp) - at_least_f32(sampler_logp))
+        metrics["rollout/is_weight_mean"] = jnp.sum(jnp.where(tokens, jnp.minimum(ratio, is_cap), 0.0)) / count
+        metrics["rollout/is_capped_fraction"] = jnp.sum(tokens & (ratio > is_cap)) / count
+    return metrics
 
 
 def _padding_slots(micro_batch: dict, window: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -23,7 +23,7 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import EpochSampler
-from gd2po_jax.evaluation.run import evaluate_split
+from gd2po_jax.evaluation.run import eval_metrics, eval_target, evaluate_run, logged_before_rl
 from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures
@@ -32,7 +32,7 @@ from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
-from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split, uses_warm_start
+from gd2po_jax.rl.setup import RunSetup, build_setup, uses_warm_start
 from gd2po_jax.rl.train_step import (
     count_skipped_steps,
     jit_train_step,
@@ -164,7 +164,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     run_dir.check_resume_config(workdir, config)
     wandb_log.start()  # W&B (process 0): a new run, or the workdir's run resumed
     setup = build_setup(config, workdir)
-    split = eval_split(config, setup)  # checked before the warm start
+    split = eval_target(config, setup)  # the split, or "sets" (eval.sets); checked before the warm start
     checkpoints = Checkpoints(files.checkpoints, keep=config.checkpoint.keep)
     check_num_steps(config, checkpoints)
     if primary:
@@ -199,11 +199,13 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
 
     before = None
     if split is not None:
-        before = run_dir.read_json(before_file) if evaluated_before else evaluate_split(
+        before = run_dir.read_json(before_file) if evaluated_before else evaluate_run(
             config, setup, policy_of(initial_params), split, eval_dir, "before_rl", progress=progress)
     del initial_params
 
     writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
+    if writer and start == 0 and (before_metrics := logged_before_rl(config, before)):
+        wandb_log.log(writer.write(0, before_metrics))  # eval.sets: step 0, as verl's val_before_train
     if primary:
         remove_later_rollouts(files, start)  # as metrics.jsonl: a resumed run redoes those steps
     step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
@@ -242,9 +244,9 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
         if is_logged_step(done, config.logging.rollouts_every, config.train.num_steps):  # all processes (a gather)
             save_step_rollouts(files, done, prompts, rollouts, setup.tokenizer, step_config, reward_names)
         if config.eval.every_steps and split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
-            summary = evaluate_split(config, setup, policy_of(state.params), split, eval_dir, f"step_{done}",
-                                     progress=False)
-            metrics.update({f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+            summary = evaluate_run(config, setup, policy_of(state.params), split, eval_dir, f"step_{done}",
+                                   progress=False)
+            metrics.update(eval_metrics(summary))
         skipped = metrics["update/skipped_updates"]
         if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
             wandb_log.log(writer.write(done, metrics))
@@ -269,7 +271,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
 
     check_finite(state.params, f"the policy after RL step {config.train.num_steps}")  # not exported
     final = policy_of(state.params)
-    after = evaluate_split(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
+    after = evaluate_run(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
     staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
     # The master weights stored in config.export.dtype (default model.dtype: the policy as it computes,
     # `final`; float32 keeps a bf16-compute run's master precision). Several processes: each parameter

@@ -153,7 +153,8 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
             return [self.ids[i] for i in indices]
 
     config = SimpleNamespace(train=SimpleNamespace(prompts_per_step=3),
-                             rl=SimpleNamespace(num_generations=2, tempered_logprobs=True),
+                             rl=SimpleNamespace(num_generations=2, tempered_logprobs=True, micro_batch_max_tokens=0,
+                                                micro_batch_ranks=1, num_minibatches=1),
                              sampling=SimpleNamespace(temperature=0.7, prompts_per_call=3),
                              rewards=SimpleNamespace(on_error="min", num_workers=2, timeout_s=5.0))
     setup = SimpleNamespace(train=Prompts(["a", "b", "c", "d", "e"]), tokenizer="tok", reward_fn="reward",

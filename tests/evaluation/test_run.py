@@ -6,16 +6,20 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from configs import tiny
+from configs import safety, tiny
+from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.data.tokenization import load_tokenizer
 from gd2po_jax.evaluation import run as eval_run
 from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
+from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.rl.setup import build_setup
 from gd2po_jax.rl.trainer import train_and_evaluate
 from tests.fakes import REPO, as_run_config, data_files, subprocess_env, tiny_policy
@@ -72,6 +76,62 @@ def test_the_data_keywords_name_no_directory_but_the_flag_and_the_public_data(tm
         eval_run.run(EvalOptions(workdir=str(tmp_path), model_path=str(tmp_path), data="safe_alignment"))
 
 
+def test_a_run_config_without_the_new_eval_and_reward_model_fields_loads_with_their_defaults():
+    """config.json of runs before eval.sets, eval.max_total_tokens and reward_models.<name>.truncation."""
+    values = as_run_config(safety.get_config()).to_dict()
+    del values["eval"]["sets"], values["eval"]["max_total_tokens"]
+    for model in values["rewards"]["reward_models"].values():
+        del model["truncation"]
+    config = RunConfig.from_config_dict(values)
+    assert (config.eval.sets, config.eval.max_total_tokens) == ("", 0)
+    assert {m.truncation for m in config.rewards.reward_models.values()} == {"right"}
+    with pytest.raises(ConfigError, match=r"config\.rewards\.reward_models\.useful\.truncation: 'left' is not one of"):
+        as_run_config(safety.get_config()).replace({"rewards.reward_models.useful.truncation": "left"})
+    with pytest.raises(ConfigError, match=r"config\.eval\.max_total_tokens: must be an integer >= 0"):
+        as_run_config(safety.get_config()).replace({"eval.max_total_tokens": -1})
+
+
+def test_eval_target_is_the_sets_or_the_split_and_checks_the_sets(tmp_path):
+    """A run with eval.sets evaluates them ("sets"), scored by its reward models alone; checked when the
+    run starts, naming config.eval.sets."""
+    config = as_run_config(safety.get_config())
+    reward_models = types.SimpleNamespace(reward_fn=RewardModelReward.__new__(RewardModelReward))
+    sets = str(data_files() / "safe_alignment")
+    assert eval_run.eval_target(config.replace({"eval.sets": sets}), reward_models) == eval_run.SETS
+    with pytest.raises(ConfigError, match=rf"^config\.eval\.sets='{tmp_path}/none': .*does not exist"):
+        eval_run.eval_target(config.replace({"eval.sets": str(tmp_path / "none")}), reward_models)
+    with pytest.raises(ConfigError, match=r"^config\.eval\.sets: helpfulness-safety sets are scored by the run's "
+                                          r"reward models, but its rewards are config\.rewards\.kind='tool_calling'"):
+        eval_run.eval_target(config.replace({"eval.sets": sets, "rewards.kind": "tool_calling",
+                                             "rewards.names": ("correctness",), "rewards.reward_models": {}}),
+                             types.SimpleNamespace(reward_fn=object()))
+
+
+def test_eval_metrics_of_a_split_and_of_sets():
+    split = {"split": "validation", "num_examples": 8, "useful": 1.0, "reward_names": ["useful"]}
+    assert eval_run.eval_metrics(split) == {"eval/num_examples": 8, "eval/useful": 1.0}
+    per_set = {"a": {"num_examples": 2, "useful": 1.0}, "b": {"num_examples": 2, "useful": 3.0}}
+    sets = {"useful": 2.0, "sets": per_set, "overall": {"useful": 2.0, "num_examples": 4}, "max_new_tokens": 8}
+    assert eval_run.eval_metrics(sets) == {"eval/useful": 2.0, "eval/num_examples": 4, "eval/a/num_examples": 2,
+                                           "eval/a/useful": 1.0, "eval/b/num_examples": 2, "eval/b/useful": 3.0}
+    config = as_run_config(safety.get_config())
+    assert eval_run.logged_before_rl(config, sets) == {}  # a split's before-RL evaluation: eval/before_rl.json only
+    assert eval_run.logged_before_rl(config.replace({"eval.sets": "DIR"}), sets) == eval_run.eval_metrics(sets)
+    assert eval_run.logged_before_rl(config.replace({"eval.sets": "DIR"}), None) == {}
+
+
+def test_api_bank_prompts_that_leave_no_response_token_are_named_before_generating(tmp_path):
+    tokenizer = load_tokenizer(tiny_policy())
+    policy = eval_run.Policy(model=None, tokenizer=tokenizer, eos_ids=[tokenizer.eos_token_id], pad_id=0, source={})
+    path = data_files() / "api_bank"
+    shortest = min(len(ids) for ids in eval_run.api_bank_prompts(path, tokenizer, 1, 4096).token_ids)
+    with pytest.raises(EvalError, match=rf"^API-Bank {path}, example \d+ \(0-based\): the prompt has \d+ tokens, at "
+                                        rf"least max_total_tokens={shortest}"):
+        eval_run.evaluate_api_bank(policy, path, tmp_path, batch_size=2, max_new_tokens=8, max_examples=1,
+                                   max_think_words=512, max_prompt_tokens=4096, progress=False,
+                                   max_total_tokens=shortest)
+
+
 # ---------------------------------------------------------------------------------- --model_path
 
 
@@ -86,6 +146,7 @@ def test_model_path_on_api_bank_command_line(tmp_path):
     result = json.loads((out / "eval" / "api_bank.json").read_text())
     _assert_api_bank_report(result, per_level=2)
     assert result["max_new_tokens"] == 6 and result["policy"] == {"model_path": str(tiny_policy())}
+    assert result["max_total_tokens"] == 4096  # the official generation's max_model_len
     records = [json.loads(line) for line in (out / "eval" / "api_bank.jsonl").read_text().splitlines()]
     assert [r["level"] for r in records] == [1, 1, 2, 2, 3, 3]
     assert all(0 < r["response_tokens"] <= 6 and isinstance(r["response"], str) for r in records)
@@ -194,5 +255,16 @@ def test_api_bank_eval_of_a_training_run(trained_run):
     result = eval_run.run(EvalOptions(workdir=str(trained_run), data=str(data_files() / "api_bank"),
                                       max_examples=1, max_new_tokens=4, progress=False))
     _assert_api_bank_report(result, per_level=1)
-    assert result["policy"]["step"] == 2
+    assert result["policy"]["step"] == 2 and result["max_total_tokens"] == 0  # the run's eval.max_total_tokens
     assert json.loads((trained_run / "eval" / "api_bank.json").read_text()) == result
+    # Capped: each example gets at most max_total_tokens minus its prompt (the longest prompt: 1 token).
+    tokenizer = load_tokenizer(trained_run / "policy")
+    records = [json.loads(line) for line in (trained_run / "eval" / "api_bank.jsonl").read_text().splitlines()]
+    lengths = [len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in records]
+    cap = max(lengths) + 1
+    capped = eval_run.run(EvalOptions(workdir=str(trained_run), data=str(data_files() / "api_bank"),
+                                      max_examples=1, max_new_tokens=4, max_total_tokens=cap, progress=False))
+    assert capped["max_total_tokens"] == cap
+    records = [json.loads(line) for line in (trained_run / "eval" / "api_bank.jsonl").read_text().splitlines()]
+    assert all(r["response_tokens"] <= min(4, cap - n) for r, n in zip(records, lengths))
+    assert {r["response_tokens"] for r, n in zip(records, lengths) if n == max(lengths)} == {1}

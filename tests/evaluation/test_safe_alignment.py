@@ -13,6 +13,7 @@ from gd2po_jax.evaluation.safe_alignment import (
     overall,
     resolve_sets,
     safe_alignment_table,
+    set_metrics,
 )
 from gd2po_jax.rewards.base import RESPONSE_IDS, build_reward_function
 from tests.fakes import alpaca_prompts, data_files, tiny_safety_policy, tiny_score_model_dir
@@ -50,6 +51,15 @@ def test_overall_is_the_mean_of_the_sets_each_counting_once():
     table = safe_alignment_table(report, "title")
     assert table.splitlines()[0] == "title" and "overall (mean of sets)" in table
     assert table.splitlines()[-1].split()[-5:] == ["2.0000", "-0.5000", "1.5000", "nan", "303"]
+
+
+def test_set_metrics_name_each_sets_numbers_and_the_overall_mean():
+    """What a run validating on eval.sets logs (under eval/): the overall mean and each set's numbers."""
+    per_set = {"alpaca_test": {"num_examples": 2, "useful": 1.0, "harmless": -1.0, REWARD_SUM: 0.0},
+               "hh_rlhf_test": {"num_examples": 2, "useful": 3.0, "harmless": 0.0, REWARD_SUM: 3.0}}
+    metrics = set_metrics({"sets": per_set, "overall": overall(per_set), "reward_names": ["useful", "harmless"]})
+    assert metrics == {"useful": 2.0, "harmless": -0.5, REWARD_SUM: 1.5, "num_examples": 4, "num_sets": 2,
+                       **{f"{name}/{k}": v for name, summary in per_set.items() for k, v in summary.items()}}
 
 
 def test_scores_of_a_generation_batch_and_errors_naming_the_data_row():

@@ -1,10 +1,14 @@
-"""gd2po_jax.rewards.reward_model: what a reward model reads (the re-rendering, and the fast path
-that gives the same tokens), fixed-shape batches in length buckets, truncation counted, offload,
-and the errors that name the reward model's path and the rollout.
+"""gd2po_jax.rewards.reward_model: what a reward model reads (the re-rendering, the fast path that
+gives the same tokens, align-anything's plain format for a tokenizer without a chat template, only
+the policy's eos_token removed), fixed-shape batches in length buckets, truncation (cut on the right
+and counted, or an error), offload, and the errors that name the reward model's path and the rollout.
 
 Tiny models built here (tests/fakes.py): a policy tokenizer with ChatML, a reward-model tokenizer
 with another vocabulary and a plain-text template, random 2-layer score models.
 """
+
+import logging
+import shutil
 
 import jax
 import numpy as np
@@ -17,6 +21,7 @@ from gd2po_jax.rewards.reward_model import (
     RewardModelInputError,
     RewardModelReward,
     length_buckets,
+    plain_format,
     plan_batches,
     score_batch_jit,
     template_closing,
@@ -47,10 +52,16 @@ def setting():
             "mesh": make_mesh(data=-1, fsdp=1)}
 
 
+DIR_OPTIONS = ("seed", "nan_token")  # of tiny_score_model_dir; the others are the reward model's
+
+
 def reward(setting, models: dict, **options) -> RewardModelReward:
-    """The reward_model reward of ``models`` (name -> (layout, template, options)), float32, on the mesh."""
-    specs = {name: {"path": str(tiny_score_model_dir(layout, template, **extra)),
-                    "max_length": MAX_LENGTH, "batch_size": 8, "dtype": "float32"}
+    """The reward_model reward of ``models`` (name -> (layout, template, options: `DIR_OPTIONS` make the
+    model, the others are `RewardModel`'s, e.g. truncation)), float32, on the mesh."""
+    specs = {name: {"path": str(tiny_score_model_dir(layout, template,
+                                                     **{k: v for k, v in extra.items() if k in DIR_OPTIONS})),
+                    "max_length": MAX_LENGTH, "batch_size": 8, "dtype": "float32",
+                    **{k: v for k, v in extra.items() if k not in DIR_OPTIONS}}
              for name, (layout, template, extra) in models.items()}
     policy = setting["policy"]
     return build_reward_function({"kind": "reward_model", "names": tuple(models), "reward_models": specs,
@@ -171,16 +182,60 @@ def test_a_nan_score_stops_scoring_naming_the_model_and_the_rollout(setting):
     assert np.isfinite(fn(setting["prompts"], [""] * NUM, columns(setting, ids[:9] + ids[10:11] * 3))).all()
 
 
-def test_a_prompt_that_fills_the_max_length_is_an_error_naming_the_row(setting):
-    fn = reward(setting, {"harmless": ("amo", "plain", {})})
-    long_prompt = [{"role": "user", "content": " ".join(["word"] * 400)}]
-    messages = [setting["messages"][0], long_prompt]
-    problems = fn.check_columns({"prompt": messages})
+LONG_PROMPT = [{"role": "user", "content": " ".join(["word"] * 400)}]  # over MAX_LENGTH with any template
+
+
+def test_truncation_right_scores_a_cut_conversation_even_a_prompt_that_fills_it(setting, caplog):
+    """The official worker's ``truncation="right"``: whatever is over max_length is cut and scored;
+    a prompt that alone fills it is no error (its rollouts all score alike), counted and warned once."""
+    fn = reward(setting, {"harmless": ("amo", "plain", {"truncation": "right"})})
+    assert fn.check_columns({"prompt": [setting["messages"][0], LONG_PROMPT]}) == []
+    cols = {"prompt": [LONG_PROMPT] * NUM, RESPONSE_IDS: setting["ids"], "row": [7] * NUM}
+    with caplog.at_level(logging.WARNING, logger="gd2po_jax.rewards.reward_model"):
+        values = fn(setting["prompts"], [""] * NUM, cols)
+        fn(setting["prompts"], [""] * NUM, cols)
+    assert np.isfinite(values).all() and np.ptp(values) == 0  # only the cut prompt is scored
+    encoded = fn.encode(setting["prompts"], [""] * NUM, cols)["harmless"]
+    assert encoded.truncated.all() and {len(t) for t in encoded.token_ids} == {MAX_LENGTH}
+    assert (encoded.lengths > MAX_LENGTH).all()
+    assert reward_step_metrics(fn)["reward_truncated/harmless"] == 1.0
+    warnings = [r.getMessage() for r in caplog.records if "prompt alone fills" in r.getMessage()]
+    assert len(warnings) == 1 and "12 conversation(s)" in warnings[0] and "max_length=256" in warnings[0]
+
+
+def test_truncation_error_stops_at_an_over_long_conversation_naming_the_row(setting):
+    fn = reward(setting, {"harmless": ("amo", "plain", {"truncation": "error"})})
+    problems = fn.check_columns({"prompt": [setting["messages"][0], LONG_PROMPT]})  # found when data is loaded
     assert [(row, column) for row, column, _ in problems] == [(1, "prompt")]
     assert "with reward model 'harmless'" in problems[0][2] and "max_length=256" in problems[0][2]
-    cols = {"prompt": [long_prompt] * NUM, RESPONSE_IDS: setting["ids"], "row": [7] * NUM}
-    with pytest.raises(RewardModelInputError, match=r"rollout 0: the prompt renders to \d+ tokens .* \(data row 7"):
+    cols = {"prompt": [LONG_PROMPT] * NUM, RESPONSE_IDS: setting["ids"], "row": [7] * NUM}
+    with pytest.raises(RewardModelInputError, match=r"rollout 0: the conversation renders to \d+ tokens with reward "
+                                                    r"model 'harmless' .*max_length=256 .*\(data row 7, 0-based\)"):
         fn(setting["prompts"], [""] * NUM, cols)
+    # A short prompt whose response runs over: also an error, naming that rollout.
+    long_ids = [list(ids) for ids in setting["ids"]]
+    long_ids[5] = [long_ids[5][0]] * 400
+    with pytest.raises(RewardModelInputError, match=r"rollout 5: the conversation renders to"):
+        fn(setting["prompts"], [""] * NUM, columns(setting, long_ids))
+    assert np.isfinite(fn(setting["prompts"], [""] * NUM, columns(setting))).all()  # all fit: scored
+
+
+def test_only_the_policys_eos_token_is_removed_from_a_response(setting):
+    """The official ``response.replace(src_tokenizer.eos_token, "")``: another EOS id's text stays."""
+    policy = setting["policy"]
+    other_eos = policy.convert_tokens_to_ids("<|endoftext|>")
+    fn = reward(setting, {"useful": ("amo", "chatml", {})}, policy_eos_ids=[other_eos, policy.eos_token_id])
+    ids = [policy.encode("Sure.")[:1] + [other_eos, policy.eos_token_id]]
+    (text,) = fn.response_texts([""], {RESPONSE_IDS: ids})
+    assert text == policy.decode(ids[0][:1]) + "<|endoftext|>"
+
+
+def test_plain_format_is_align_anythings_default_format():
+    """align_anything/configs/format_model.py, ModelFormatter.default_format, character for character."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "A."}, {"type": "image"}]}]
+    assert plain_format(messages) == "SYSTEM: Be brief.\nUSER: Q?\nASSISTANT: A.\n"
+    assert plain_format(messages[:2], add_generation_prompt=True) == "SYSTEM: Be brief.\nUSER: Q?\nASSISTANT: "
 
 
 def test_names_must_match_the_reward_models(setting):
@@ -190,18 +245,37 @@ def test_names_must_match_the_reward_models(setting):
         RewardModelReward(("useful", "harmless"), {"useful": {"path": path}})
 
 
+def without_chat_template(source, target):
+    """A copy of the score-model directory ``source`` whose tokenizer has no chat template."""
+    shutil.copytree(source, target)
+    (target / "chat_template.jinja").unlink()
+    return target
+
+
+def test_a_tokenizer_without_chat_template_renders_align_anythings_plain_format(setting, tmp_path):
+    path = without_chat_template(tiny_score_model_dir("amo", "plain"), tmp_path / "no_template")
+    fn = RewardModelReward(("useful",), {"useful": {"path": str(path), "max_length": MAX_LENGTH, "batch_size": 4,
+                                                    "dtype": "float32"}},
+                           policy_tokenizer=setting["policy"], policy_eos_ids=[setting["policy"].eos_token_id])
+    model = fn.models["useful"]
+    assert model.tokenizer.chat_template is None and not fn.fast["useful"]
+    encoded = fn.encode(setting["prompts"], [""] * NUM, columns(setting))["useful"]
+    for i, text in enumerate(fn.response_texts([""] * NUM, columns(setting))):
+        expected = plain_format([*setting["messages"][i], {"role": "assistant", "content": text}])
+        assert expected.startswith("USER: ") and expected.endswith(f"ASSISTANT: {text}\n")
+        assert encoded.token_ids[i] == model.tokenizer(expected, add_special_tokens=False)["input_ids"][:MAX_LENGTH]
+    assert model.prompt_lengths(setting["messages"][:1]) == [
+        len(model.tokenizer(plain_format(setting["messages"][0], True), add_special_tokens=False)["input_ids"])]
+    assert np.isfinite(fn(setting["prompts"], [""] * NUM, columns(setting))).all()
+
+
 def test_unusable_reward_model_directories_are_named(setting, tmp_path):
     good = tiny_score_model_dir("amo")
     with pytest.raises(ValueError, match=rf"reward model 'useful' \({tmp_path}/missing\): no such directory"):
         RewardModelReward(("useful",), {"useful": {"path": str(tmp_path / "missing")}})
-    no_template = tmp_path / "no_template"
-    no_template.mkdir()
-    for file in good.iterdir():
-        if file.name != "chat_template.jinja":
-            (no_template / file.name).write_bytes(file.read_bytes())
-    with pytest.raises(ValueError, match=rf"'useful' \({no_template}\): its tokenizer has no chat template"):
-        RewardModelReward(("useful",), {"useful": {"path": str(no_template)}})
-    (no_template / "chat_template.jinja").write_bytes((good / "chat_template.jinja").read_bytes())
+    with pytest.raises(ValueError, match=r"'useful' .*: truncation='left' is not 'right' or 'error'"):
+        RewardModelReward(("useful",), {"useful": {"path": str(good), "truncation": "left"}})
+    no_template = without_chat_template(good, tmp_path / "no_template")
     (no_template / "model.safetensors").unlink()
     with pytest.raises(ValueError, match=rf"reward model 'useful' \({no_template}\): .*safetensors"):
         RewardModelReward(("useful",), {"useful": {"path": str(no_template)}})

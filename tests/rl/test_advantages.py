@@ -402,14 +402,15 @@ def _group_norm64(x):
     return out
 
 
-def _gd2po_batch_step64(rewards, lengths, valid, keep):
-    """``keep * batch_whiten(kappa * S, weights = L * keep)`` in float64 (docs/algorithm.md)."""
+def _gd2po_batch_step64(rewards, lengths, valid, keep, reweight=True):
+    """``keep * batch_whiten(kappa * S, weights = L * keep)`` in float64 (docs/algorithm.md); kappa 1
+    without ``reweight``."""
     summed = np.zeros(rewards.shape[:2])
     for p in np.flatnonzero(valid):
         for k in range(rewards.shape[2]):
             summed[p] += _group_norm64(rewards[p, :, k])
     keep = np.asarray(keep, bool)
-    kappa = keep.sum(1, keepdims=True) / keep.shape[1]
+    kappa = keep.sum(1, keepdims=True) / keep.shape[1] if reweight else 1.0
     values, weights = kappa * summed, lengths * keep
     total = weights.sum()
     mean = (weights * values).sum() / total
@@ -451,6 +452,72 @@ def test_snr_halves_rank_by_absolute_snr_and_break_ties_by_index():
     np.testing.assert_allclose(out.snr[1, 1], -1.0, atol=1e-6)
     np.testing.assert_allclose(conflict_score(out.conflict, out.snr),
                                [[0.041, 0.127, 0.749, 0.801], [0.190, 1.0, 0.420, 0.177]], atol=1e-3)
+
+
+def test_batch_halves_rank_every_rollout_of_the_batch_together():
+    """``halves_ranking="batch"``: the n eligible rollouts of the whole batch ordered by c (ties by
+    their place in the batch, prompt-major); the halves are the first and last n // 2, and kappa is
+    each prompt's kept share, no longer the same for every prompt."""
+    rewards, lengths, valid = (jnp.asarray(x) for x in (HALVES_REWARDS, HALVES_LENGTHS, HALVES_VALID))
+    gdpo = compute_advantages(rewards, lengths, "gdpo", valid=valid)
+    score = np.asarray(conflict_score(gdpo.conflict, gdpo.snr)).reshape(-1)
+    eligible = np.flatnonzero(np.asarray(gdpo.keep).reshape(-1))  # scored rollouts of real prompts
+    assert len(eligible) == 19
+    ordered = sorted(eligible, key=lambda i: (-score[i], i))
+    for method, half in (("low_conflict_half", ordered[:9]), ("high_conflict_half", ordered[-9:])):
+        expected = np.zeros(HALVES_REWARDS.shape[:2], bool)
+        expected.reshape(-1)[half] = True
+        out = compute_advantages(rewards, lengths, method, valid=valid, halves_ranking="batch")
+        np.testing.assert_array_equal(out.keep, expected)
+        np.testing.assert_array_equal(out.query_weight, expected.sum(1) / 4)
+        reference = _gd2po_batch_step64(HALVES_REWARDS, HALVES_LENGTHS, HALVES_VALID, expected)
+        np.testing.assert_allclose(out.advantages, reference, atol=1e-5)
+        per_prompt = compute_advantages(rewards, lengths, method, valid=valid)
+        assert not np.array_equal(out.keep, per_prompt.keep)  # another cut than the per-prompt one
+    with pytest.raises(ValueError, match="halves ranking must be one of"):
+        snr_halves(jnp.zeros((2, 2)), jnp.ones((2, 2), bool), "group")
+
+
+@pytest.mark.parametrize("method", ["gd2po_hard", "gd2po_snr", "low_conflict_half"])
+def test_without_query_reweighting_every_prompt_weighs_one(method):
+    """``query_reweighting=False`` (the paper's "filtering alone"): the same rollouts are kept, the
+    batch step whitens S instead of kappa S, and ``query_weight`` is 1 for a prompt with a kept
+    rollout, 0 for one without (its advantages are 0 whatever its weight)."""
+    rewards, lengths, valid = (jnp.asarray(x) for x in (HALVES_REWARDS, HALVES_LENGTHS, HALVES_VALID))
+    reweighted = compute_advantages(rewards, lengths, method, valid=valid, snr_tau=0.5)
+    alone = compute_advantages(rewards, lengths, method, valid=valid, snr_tau=0.5, query_reweighting=False)
+    keep = np.asarray(alone.keep)
+    np.testing.assert_array_equal(keep, reweighted.keep)
+    reference = _gd2po_batch_step64(HALVES_REWARDS, HALVES_LENGTHS, HALVES_VALID, keep, reweight=False)
+    np.testing.assert_allclose(alone.advantages, reference, atol=1e-5)
+    assert np.abs(np.asarray(alone.advantages) - np.asarray(reweighted.advantages)).max() > 1e-3
+    np.testing.assert_array_equal(alone.query_weight, keep.any(1).astype(np.float32))
+    np.testing.assert_array_equal(alone.unfiltered_advantages, reweighted.unfiltered_advantages)
+    metrics = advantage_diagnostics(alone, valid=valid)
+    with_kept = keep.any(1) & HALVES_VALID
+    assert float(metrics["query_weight_min"]) == (1.0 if with_kept[HALVES_VALID].all() else 0.0)
+    assert float(metrics["query_weight_max"]) == 1.0
+    # Every real prompt keeping a rollout: the minimum weight is 1.
+    full = compute_advantages(rewards[1:3], lengths[1:3], method, snr_tau=0.5, query_reweighting=False)
+    assert np.asarray(full.keep).any(1).all()
+    assert float(advantage_diagnostics(full)["query_weight_min"]) == 1.0
+
+
+def test_snr_eps_is_added_to_the_snr_denominator():
+    """``snr_eps`` (official 1e-8 for tool calling, 1e-6 for helpfulness-safety) matters where the
+    reward-wise advantages are tiny: T = (-1e-6, 5e-7) has snr -1/3 with 1e-8 and -1/5 with 1e-6, so
+    tau = 0.3 keeps the rollout with the one and drops it with the other. The sign test keeps 1e-8."""
+    rewards = jnp.asarray([[[0.0, 1e-12], [2e-12, 0.0]]], jnp.float32)  # [1, 2, 2]: two rewards, G = 2
+    lengths = jnp.ones((1, 2), jnp.int32)
+    small = compute_advantages(rewards, lengths, "gd2po_snr", snr_tau=0.3)
+    large = compute_advantages(rewards, lengths, "gd2po_snr", snr_tau=0.3, snr_eps=1e-6)
+    token_adv = np.asarray(small.reward_advantages, np.float64)  # L = 1
+    assert np.all(np.asarray(small.conflict)) and np.all(np.asarray(large.conflict))
+    for out, eps in ((small, 1e-8), (large, 1e-6)):
+        expected = token_adv.sum(-1) / (np.abs(token_adv).sum(-1) + eps)
+        np.testing.assert_allclose(out.snr, expected, rtol=1e-5)
+    assert np.abs(np.asarray(small.snr)).min() > 0.3 > np.abs(np.asarray(large.snr)).max()
+    assert np.all(np.asarray(small.keep)) and not np.any(np.asarray(large.keep))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Tests of gd2po_jax.rl.losses: the clipped surrogate, aggregation modes, KL, exact micro-batch
-accumulation, and gradients against finite differences."""
+accumulation, verl's micro-batch weighting, truncated importance weights, and gradients against
+finite differences."""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,9 @@ from gd2po_jax.rl.losses import (
     clipped_surrogate,
     kl_penalty,
     policy_loss,
+    verl_row_weights,
 )
+from gd2po_jax.rl.micro_batches import verl_update_layout
 from tests.fakes import random_normal
 from tests.tolerances import ulps
 
@@ -197,3 +200,72 @@ def test_gradient_matches_finite_differences():
             np.testing.assert_allclose(grad, numeric, atol=1e-6, err_msg=mode)
             assert np.any(np.abs(grad) > 1e-3), mode  # the test exercises non-zero gradients
             np.testing.assert_array_equal(grad[~np.asarray(mask)], 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# verl's micro-batch weighting (rl.micro_batch_max_tokens).
+# ----------------------------------------------------------------------------------------------
+
+
+def verl_dynamic_batch_loss(per_token: np.ndarray, mask: np.ndarray, micro_batches, minibatch_rows: int) -> float:
+    """verl's loss of one minibatch, as DataParallelPPOActor.update_policy accumulates it with
+    use_dynamic_bsz: for each micro-batch, in verl's order, the token mean over its own tokens
+    (agg_loss "token-mean": masked_mean, + 1e-8), times its rows / the minibatch's rows."""
+    total = 0.0
+    for rows in micro_batches:
+        rows = list(rows)
+        token_mean = (per_token[rows] * mask[rows]).sum() / (mask[rows].sum() + 1e-8)
+        total += token_mean * (len(rows) / minibatch_rows)
+    return float(total)
+
+
+@pytest.mark.parametrize("max_tokens", [40, 90, 400])  # many small micro-batches .. one
+@pytest.mark.parametrize("micro_rows", [1, 4, 12])  # ours: any fixed size gives the same sum
+def test_verl_row_weights_reproduce_verls_micro_batch_accumulation(max_tokens, micro_rows):
+    rs = np.random.RandomState(max_tokens + micro_rows)
+    rows, width, prompt = 12, 16, 5
+    lengths = rs.randint(1, width + 1, rows)
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    mask[3] = False  # a row without loss tokens (a padded prompt's)
+    per_token = rs.normal(size=(rows, width)).astype(np.float32)
+    layout = verl_update_layout(prompt + lengths, num_minibatches=1, max_tokens=max_tokens)
+    (micro_batches,) = layout.micro_batches
+    want = verl_dynamic_batch_loss(per_token.astype(np.float64), mask, micro_batches, rows)
+
+    weights = verl_row_weights(jnp.asarray(mask), jnp.asarray(layout.segment_ids), rows)
+    numerator = 0.0
+    for start in range(0, rows, micro_rows):  # our fixed micro-batches, in the batch's order
+        part = slice(start, start + micro_rows)
+        num, _ = aggregate_loss(jnp.asarray(per_token[part]), jnp.asarray(mask[part]), row_weights=weights[part])
+        numerator += float(num)
+    assert abs(numerator - want) < 1e-6
+    # Not the plain token mean of the minibatch (unless one micro-batch holds every row).
+    plain = float((per_token * mask).sum() / mask.sum())
+    assert (len(micro_batches) == 1) == (abs(plain - want) < 1e-6)
+
+
+def test_verl_row_weights_of_one_segment_are_the_token_mean():
+    mask = jnp.asarray([[1, 1, 0], [1, 0, 0], [0, 0, 0]], bool)
+    weights = verl_row_weights(mask, jnp.zeros(3, jnp.int32), 3)
+    np.testing.assert_allclose(weights, [1 / 3] * 3, rtol=1e-7)  # 3 rows / (3 rows x 3 tokens)
+    # Segments {0}, {1, 2}: row 0 gets 1 / (3 x 2), rows 1 and 2 get 2 / (3 x 1).
+    weights = verl_row_weights(mask, jnp.asarray([0, 1, 1]), 3)
+    np.testing.assert_allclose(weights, [1 / 6, 2 / 3, 2 / 3], rtol=1e-7)
+    with pytest.raises(ValueError, match="need token-mean"):
+        aggregate_loss(jnp.ones((3, 3)), mask, "seq-mean-token-mean", row_weights=weights)
+
+
+def test_truncated_is_weights_multiply_the_clipped_loss():
+    logp = jnp.log(jnp.asarray([[1.1, 0.5]]))
+    adv = jnp.asarray([[1.0, -1.0]])
+    mask = jnp.ones((1, 2), bool)
+    plain = policy_loss(logp, jnp.zeros((1, 2)), adv, mask)
+    weighted = policy_loss(logp, jnp.zeros((1, 2)), adv, mask, is_weights=jnp.asarray([[2.0, 0.5]]))
+    per_token = np.asarray([-1.1, 0.8])  # max(-A rho, -A clip(rho)), as in test_clipped_surrogate_hand_computed
+    assert float(plain.numerator) == pytest.approx(per_token.sum(), rel=1e-6)
+    assert float(weighted.numerator) == pytest.approx(2.0 * per_token[0] + 0.5 * per_token[1], rel=1e-6)
+    assert float(weighted.denominator) == float(plain.denominator) == 2.0
+    # No gradient flows into the weights.
+    grad = jax.grad(lambda w: policy_loss(logp, jnp.zeros((1, 2)), adv, mask, is_weights=w).numerator)(
+        jnp.ones((1, 2)))
+    assert not np.any(np.asarray(grad))

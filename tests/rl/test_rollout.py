@@ -14,6 +14,7 @@ from gd2po_jax.models import Decoder
 from gd2po_jax.models.sampling import generate
 from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.scoring import RewardError, score_batch
+from gd2po_jax.rl.micro_batches import verl_update_layout
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from tests.fakes import DigitTokenizer, tiny_model_config
 
@@ -109,6 +110,24 @@ def test_old_logprobs_are_at_the_logprob_temperature():
                         rng=jax.random.PRNGKey(1), num_samples=2, prompt_length=16, logprob_temperature=0.5)
     np.testing.assert_array_equal(tempered.old_logp, expected.logprobs)
     assert np.abs(np.asarray(tempered.old_logp - plain.old_logp)).max() > 0.1
+
+
+def test_rollouts_carry_verls_layout_of_the_update_when_asked():
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    key = jax.random.PRNGKey(1)
+    plain = collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(), settings(), rng=key).batch
+    assert plain.row_order is None and plain.segment_ids is None
+    laid_out = collect_rollouts(model, _prompts(4), DigitTokenizer(), CountReward(),
+                                settings(micro_batch_max_tokens=24, micro_batch_ranks=2, num_minibatches=2),
+                                rng=key).batch
+    # The layout of the rows' tokens (attention mask: prompt + response, EOS included), as verl counts them.
+    tokens = np.asarray(laid_out.attention_mask[:, :16]).sum(-1) + np.asarray(laid_out.response_mask).sum(-1)
+    expected = verl_update_layout(tokens, num_minibatches=2, max_tokens=24, ranks=2)
+    np.testing.assert_array_equal(laid_out.row_order, expected.row_order)
+    np.testing.assert_array_equal(laid_out.segment_ids, expected.segment_ids)
+    assert laid_out.row_order.dtype == laid_out.segment_ids.dtype == jnp.int32
+    assert int(np.max(laid_out.segment_ids)) >= 1  # several micro-batches
+    np.testing.assert_array_equal(laid_out.input_ids, plain.input_ids)  # the same rollouts
 
 
 def test_scores_errors_and_workers():

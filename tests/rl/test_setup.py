@@ -150,12 +150,13 @@ def test_a_reward_model_run_loads_prompt_only_data_and_its_reward_models_on_the_
 
 
 def test_prompts_a_reward_model_cannot_score_are_found_when_the_data_is_loaded(tmp_path):
+    """With truncation='error' (configs/safety.py cuts on the right, as the official runs)."""
     rows = pq.read_table(alpaca_path()).slice(0, 6).to_pylist()
     rows[3]["prompt"] = [{"role": "user", "content": "word " * 3000}]
     path = tmp_path / "long_prompt.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     config = _safety_config(data__train=str(path), data__validation="", data__test="",
-                            data__max_prompt_tokens=8192)
+                            data__max_prompt_tokens=8192, rewards__reward_models__useful__truncation="error")
     with pytest.raises(DataFormatError, match=r"long_prompt\.parquet, row 3 \(0-based\), field 'prompt': the prompt "
                                               r"renders to \d+ tokens with reward model 'useful' .* max_length=2048"):
         build_setup(as_run_config(config), tmp_path / "run")

@@ -17,10 +17,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bench.harness import step_config
 from configs import default as default_config
+from configs import toolrl as toolrl_config
 from gd2po_jax.config import RunConfig, check_batch_layout
 from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
 from gd2po_jax.models.sampling import generate
+from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.losses import LOSS_AGG_MODES
+from gd2po_jax.rl.micro_batches import verl_update_layout
 from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import RolloutBatch, TrainState
 from gd2po_jax.rl.rollout import rollout_batch
@@ -31,6 +34,8 @@ from gd2po_jax.rl.train_step import (
     logprob_temperature,
     make_train_step,
     prompt_window_lengths,
+    run_step_config,
+    step_advantages,
 )
 from gd2po_jax.runtime.sharding import batch_sharding, make_mesh
 from tests.fakes import tiny_model_config
@@ -277,11 +282,28 @@ def test_step_config_from_config_reads_every_field_of_the_run_config():
                "filtered_in_denominator": typed.rl.filtered_in_denominator, "kl_coef": typed.rl.kl_coef,
                "kl_estimator": typed.rl.kl_estimator, "entropy_coef": typed.rl.entropy_coef,
                "ppo_epochs": typed.rl.ppo_epochs, "num_minibatches": typed.rl.num_minibatches,
-               "logit_chunk_size": typed.train.logit_chunk_size}
+               "logit_chunk_size": typed.train.logit_chunk_size, "old_logprobs": typed.rl.old_logprobs,
+               "rollout_is_cap": typed.rl.rollout_is_cap, "shuffle_minibatches": typed.rl.shuffle_minibatches,
+               "micro_batch_max_tokens": typed.rl.micro_batch_max_tokens,
+               "query_reweighting": typed.rl.query_reweighting, "snr_eps": typed.rl.snr_eps,
+               "halves_ranking": typed.rl.halves_ranking}
     for field, value in sources.items():
         assert getattr(step, field) == value, field
+    assert (step.old_logprobs, step.shuffle_minibatches, step.micro_batch_max_tokens) == ("recompute", True, 0)
+    official = StepConfig.from_config(RunConfig.from_config_dict(toolrl_config.get_config("qwen2.5-3b")))
+    assert (official.old_logprobs, official.shuffle_minibatches, official.micro_batch_max_tokens) == \
+        ("recompute", False, 16384)
     assert hash(step) == hash(StepConfig.from_config(typed))  # hashable: part of the program
     assert StepConfig.from_config(typed, ppo_epochs=3).ppo_epochs == 3
+
+
+def test_run_step_config_refuses_a_token_budget_below_a_padded_rollout():
+    config = RunConfig.from_config_dict(toolrl_config.get_config("qwen2.5-3b"))  # 16384 tokens, 1024 new
+    assert run_step_config(config, 100, 2048).micro_batch_max_tokens == 16384
+    small = config.replace({"rl.micro_batch_max_tokens": 3000})
+    with pytest.raises(ValueError, match=r"^rl\.micro_batch_max_tokens: 3000 tokens cannot hold one padded rollout "
+                                         r"of 3072 tokens"):
+        run_step_config(small, 100, 2048)
 
 
 def test_step_config_reads_the_configs_spelling_of_off():
@@ -573,3 +595,211 @@ def test_sharded_step_equals_single_device_and_compiles_once(setup, tmp_path):
         assert step._cache_size() == 1, f"recompiled at step {i + 2}"
         assert jax.tree.map(lambda x: x.sharding, state) == shardings
     np.testing.assert_allclose(flat(state.params), flat(single_state.params), atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Old log-probs recomputed before the update (rl.old_logprobs="recompute", verl).
+# ----------------------------------------------------------------------------------------------
+
+
+def shifted(batch: RolloutBatch, seed: int = 3, scale: float = 0.3) -> tuple[RolloutBatch, np.ndarray]:
+    """The batch with its sampler log-probs moved by uniform(-scale, scale) per token (a mismatch
+    between the sampler and the trained policy), and the shifts [B, M]."""
+    shift = np.random.RandomState(seed).uniform(-scale, scale, batch.old_logp.shape).astype(np.float32)
+    return batch.replace(old_logp=batch.old_logp + shift), shift
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(micro_batch_size=4, prompt_windows=(8, 12))],
+                         ids=["whole", "micro-batches-on-windows"])
+def test_recomputed_old_logprobs_give_unit_ratios_whatever_the_sampler_gave(setup, layout):
+    _, _, batch = setup
+    moved, shift = shifted(batch)
+    config = step_config(old_logprobs="recompute", **layout)
+    _, metrics, _ = run_step(setup, config, batch=moved)
+    # One epoch of one minibatch: every ratio of the update is the recomputation's, 1.
+    assert max(metrics["loss/ratio_max"] - 1, 1 - metrics["loss/ratio_min"]) < 1e-5
+    assert metrics["loss/clip_fraction"] == 0.0 and metrics["loss/dual_clip_fraction"] == 0.0
+    assert abs(metrics["loss/approx_kl"]) < 1e-7
+    # |sampler - recomputed| over the response tokens: the shift (the sampler's own log-probs are
+    # the policy's, up to rounding).
+    mask = np.asarray(batch.response_mask)
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(np.abs(shift)[mask].mean(), abs=1e-5)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(np.abs(shift)[mask].max(), abs=1e-5)
+    # The sampler's log-probs of the same batch: its ratios are the shifts'.
+    _, sampler, _ = run_step(setup, step_config(old_logprobs="sampler", **layout), batch=moved)
+    assert sampler["loss/clip_fraction"] > 0 and sampler["loss/ratio_max"] > 1.2 and sampler["loss/ratio_min"] < 0.8
+    assert "rollout/logprob_diff_mean" not in sampler
+
+
+def test_recompute_of_the_samplers_batch_finds_no_mismatch(setup):
+    _, metrics, _ = run_step(setup, step_config(old_logprobs="recompute"))
+    assert metrics["rollout/logprob_diff_max"] < 1e-5  # the sampler computed them with the same weights
+
+
+def test_truncated_importance_weights_multiply_the_policy_gradient_loss(setup):
+    """rl.rollout_is_cap (verl's TIS): each token's loss times min(exp(recomputed - sampler), cap).
+    With unit ratios the loss of a token is -A w: loss/pg_loss is the mean of -A w by hand."""
+    _, _, batch = setup
+    moved, shift = shifted(batch)
+    cap = 1.1
+    _, metrics, _ = run_step(setup, step_config(old_logprobs="recompute", rollout_is_cap=cap), batch=moved)
+    weights = np.minimum(np.exp(-shift), cap)  # recomputed - (sampler + shift), the sampler being the policy
+    mask = np.asarray(batch.response_mask)
+    config = step_config()
+    lengths = mask.sum(-1).reshape(P, G)
+    advantages = np.asarray(step_advantages(batch.rewards, jnp.asarray(lengths), batch.valid, config).advantages)
+    expected = (-advantages.reshape(-1, 1) * weights)[mask].mean()
+    assert metrics["loss/pg_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert metrics["rollout/is_weight_mean"] == pytest.approx(weights[mask].mean(), rel=1e-5)
+    assert metrics["rollout/is_capped_fraction"] == pytest.approx((np.exp(-shift) > cap)[mask].mean(), abs=1e-6)
+    _, plain, _ = run_step(setup, step_config(old_logprobs="recompute"), batch=moved)
+    assert plain["loss/pg_loss"] == pytest.approx((-advantages.reshape(-1, 1) * np.ones_like(shift))[mask].mean(),
+                                                  rel=1e-4, abs=1e-6)
+    with pytest.raises(ValueError, match="rollout_is_cap needs old_logprobs='recompute'"):
+        step_config(rollout_is_cap=2.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Minibatches in order (rl.shuffle_minibatches=False).
+# ----------------------------------------------------------------------------------------------
+
+
+def test_minibatches_in_order_follow_the_batch_row_order(setup):
+    _, _, batch = setup
+    config = step_config(num_minibatches=2, shuffle_minibatches=False)
+    in_order, _, _ = run_step(setup, config)
+    explicit, _, _ = run_step(setup, config, batch=batch.replace(row_order=jnp.arange(P * G, dtype=jnp.int32)))
+    np.testing.assert_array_equal(flat(in_order), flat(explicit))  # no row_order: rows 0 .. B - 1
+    halves_swapped = jnp.concatenate([jnp.arange(8, 16), jnp.arange(8)]).astype(jnp.int32)
+    swapped, _, _ = run_step(setup, config, batch=batch.replace(row_order=halves_swapped))
+    shuffled, _, _ = run_step(setup, step_config(num_minibatches=2))
+    assert np.abs(flat(swapped) - flat(in_order)).max() > 1e-6  # another first minibatch
+    assert np.abs(flat(shuffled) - flat(in_order)).max() > 1e-6
+
+
+# ----------------------------------------------------------------------------------------------
+# verl's micro-batch weighting (rl.micro_batch_max_tokens).
+# ----------------------------------------------------------------------------------------------
+
+
+def with_verl_layout(batch: RolloutBatch, *, num_minibatches: int, max_tokens: int, ranks: int):
+    """The batch with verl's minibatch order and micro-batches, as `collect_rollouts` lays them out
+    from the rows' tokens (prompt + response), and the layout."""
+    tokens = np.asarray(batch.attention_mask[:, :PROMPT_LEN]).sum(-1) + np.asarray(batch.response_mask).sum(-1)
+    layout = verl_update_layout(tokens, num_minibatches=num_minibatches, max_tokens=max_tokens, ranks=ranks)
+    return batch.replace(row_order=jnp.asarray(layout.row_order), segment_ids=jnp.asarray(layout.segment_ids)), layout
+
+
+def verl_policy_loss(logp, old_logp, advantages, mask):
+    """verl's compute_policy_loss (core_algos.py: clip 0.2 / 0.2, dual clip c = 3) and agg_loss
+    "token-mean" of one micro-batch, written out: its token losses' mean over its own tokens."""
+    ratio = jnp.exp(jnp.clip(logp - old_logp, -20.0, 20.0))
+    advantages = advantages[:, None]
+    clipped = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 0.8, 1.2))
+    losses_ = jnp.where(advantages < 0, jnp.minimum(-advantages * 3.0, clipped), clipped)
+    return jnp.sum(losses_ * mask) / (jnp.sum(mask) + 1e-8)
+
+
+def verl_reference_update(graphdef, params, batch: RolloutBatch, layout, learning_rate: float):
+    """SGD as verl's DataParallelPPOActor.update_policy runs it with use_dynamic_bsz: old log-probs
+    recomputed with the starting parameters (compute_log_prob), then for each minibatch in order,
+    for each of its micro-batches in verl's order, ``loss = token_mean(micro) * rows / minibatch
+    rows``, backward (gradients summed), one optimizer step. Returns (parameters, minibatch losses)."""
+    mask = np.asarray(batch.response_mask)
+    completion = mask.shape[1]
+    lengths = mask.sum(-1).reshape(P, G)
+    advantages = step_advantages(batch.rewards, jnp.asarray(lengths), batch.valid, step_config()).advantages.reshape(-1)
+
+    def logprobs(params, rows):
+        model = merge_model(graphdef, params, jnp.float32)
+        logp, _ = completion_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], completion)
+        return logp
+
+    old_logp = logprobs(params, np.arange(P * G))
+    losses_ = []
+    for micro_batches in layout.micro_batches:
+        minibatch_rows = sum(len(rows) for rows in micro_batches)
+
+        def minibatch_loss(params):
+            total = 0.0
+            for rows in micro_batches:
+                rows = np.asarray(rows)
+                token_mean = verl_policy_loss(logprobs(params, rows), old_logp[rows], advantages[rows],
+                                              jnp.asarray(mask[rows], jnp.float32))
+                total = total + token_mean * (len(rows) / minibatch_rows)
+            return total
+
+        loss, grads = jax.value_and_grad(minibatch_loss)(params)
+        params = jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
+        losses_.append(float(loss))
+    return params, losses_
+
+
+VERL_CASES = [  # (token budget, verl ranks, minibatches, our micro-batch rows): different compositions
+    (24, 1, 1, 0),  # about 9 micro-batches of one minibatch of 16 rows, computed all at once
+    (48, 2, 2, 4),  # 2 ranks x 2 minibatches, ours in micro-batches of 4 rows
+    (200, 1, 2, 2),  # one micro-batch per minibatch: the plain token mean
+]
+
+
+@pytest.mark.parametrize("budget,ranks,minibatches,micro", VERL_CASES)
+def test_verl_micro_batch_weighting_is_verls_accumulation(setup, budget, ranks, minibatches, micro):
+    graphdef, params, batch = setup
+    laid_out, layout = with_verl_layout(batch, num_minibatches=minibatches, max_tokens=budget, ranks=ranks)
+    lr = 0.1
+    config = step_config(old_logprobs="recompute", shuffle_minibatches=False, micro_batch_max_tokens=budget,
+                         num_minibatches=minibatches, micro_batch_size=micro)
+    new_params, metrics, _ = run_step(setup, config, batch=laid_out, optimizer=("sgd", lr))
+    want_params, want_losses = verl_reference_update(graphdef, params, batch, layout, lr)
+    assert abs(metrics["loss/loss"] - np.mean(want_losses)) < 1e-6
+    base = flat(params)
+    np.testing.assert_allclose(flat(new_params) - base, flat(want_params) - base, rtol=1e-4, atol=ulps(base, 4))
+    # Not the token mean over the minibatch, unless each minibatch is one micro-batch.
+    plain, plain_metrics, _ = run_step(setup, step_config(old_logprobs="recompute", shuffle_minibatches=False,
+                                                          num_minibatches=minibatches, micro_batch_size=micro),
+                                       batch=laid_out, optimizer=("sgd", lr))
+    one_each = all(len(micro_batches) == 1 for micro_batches in layout.micro_batches)
+    assert one_each == bool(np.abs(flat(plain) - flat(new_params)).max() < ulps(base, 4) + 1e-7)
+
+
+def test_verl_weighting_needs_the_batch_segments(setup):
+    config = step_config(shuffle_minibatches=False, micro_batch_max_tokens=64)
+    with pytest.raises(ValueError, match="the batch has no segment_ids"):
+        run_step(setup, config)
+    with pytest.raises(ValueError, match="needs shuffle_minibatches=False"):
+        step_config(micro_batch_max_tokens=64)
+
+
+def test_sharded_verl_update_is_verls_and_compiles_once(setup, tmp_path):
+    """The official runs' update (recomputed old log-probs, minibatches in order, verl's micro-batch
+    weighting) on a mesh of 8 devices, with prompt windows: verl's accumulation, and new batches of
+    the same shapes (new layouts) run the same program."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 simulated host devices of tests/conftest.py")
+    graphdef, params, batch = setup
+    budget, ranks, minibatches, lr = 40, 2, 2, 0.1
+    config = step_config(old_logprobs="recompute", shuffle_minibatches=False, micro_batch_max_tokens=budget,
+                         num_minibatches=minibatches, micro_batch_size=8, prompt_windows=(8, 12))
+    mesh = make_mesh(data=2, fsdp=4)
+    save_pretrained(new_model(), tmp_path / "policy")
+    _, mesh_params = nnx.split(load_pretrained(tmp_path / "policy", mesh=mesh), nnx.Param)
+    optimizer = optax.sgd(lr)
+    state = new_state(mesh_params, optimizer)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    step = jit_train_step(make_train_step(graphdef, optimizer, config, mesh), shardings)
+    laid_out, layout = with_verl_layout(batch, num_minibatches=minibatches, max_tokens=budget, ranks=ranks)
+    state, metrics = step(state, shard_rows(laid_out, mesh))
+    want_params, want_losses = verl_reference_update(graphdef, params, batch, layout, lr)
+    assert abs(float(metrics["loss/loss"]) - np.mean(want_losses)) < 1e-6
+    base = flat(params)
+    np.testing.assert_allclose(flat(state.params) - base, flat(want_params) - base, rtol=1e-4, atol=ulps(base, 4))
+    model = new_model()
+    for i in range(2):
+        nnx.update(model, jax.device_get(state.params))
+        new_batch, _ = with_verl_layout(sample_batch(model, seed=300 + i), num_minibatches=minibatches,
+                                        max_tokens=budget, ranks=ranks)
+        state, metrics = step(state, shard_rows(new_batch, mesh))
+        assert step._cache_size() == 1, f"recompiled at step {i + 2}"
+        assert np.isfinite(float(metrics["loss/loss"]))
