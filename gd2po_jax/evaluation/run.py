@@ -263,8 +263,11 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
         eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
         progress=progress, desc=f"eval {name}",
     )
-    if hasattr(scorer, "names"):  # scored by the run's reward functions or reward models
-        summary = {"split": split, **summary, "reward_names": list(scorer.names), **(extra or {})}
+    reward_names = getattr(scorer, "names", None)  # scored by the run's reward functions or reward models
+    if reward_names is None and config.rewards.kind == "reward_model":
+        reward_names = config.rewards.names  # a task's own scorer around the reward models
+    if reward_names is not None:
+        summary = {"split": split, **summary, "reward_names": list(reward_names), **(extra or {})}
     else:
         summary = {"split": split, **summary, "correct_acc": summary.get("correct"),
                    "format_acc": summary.get("format"), **(extra or {})}

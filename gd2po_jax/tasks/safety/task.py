@@ -264,6 +264,11 @@ class SafetyScorer:
     def __init__(self, scorer):
         self.scorer = scorer
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The reward models' names (evaluation reports them as ``reward_names``)."""
+        return tuple(self.scorer.names)
+
     def score_rows(self, prompts: list[str], responses: list[str],
                    rows: list[dict[str, Any]]) -> list[dict[str, float]]:
         """One dict of scores per response (``rows``: each response's data row, as the scorer's)."""

@@ -120,6 +120,7 @@ def test_evaluation_reports_reward_models_and_ground_truth_per_request_type(refe
     summary = json.loads((reference / "eval" / "after_rl.json").read_text())
     records = run_dir.read_jsonl(reference / "eval" / "after_rl.jsonl")
     assert summary["num_examples"] == len(records) == 16
+    assert summary["reward_names"] == ["useful", "harmless"]  # eval.py's split table reads them
     for record in records:
         label = sw.label_response(record["response"], sw.parse_ground_truth(record["ground_truth"])["task"])
         assert {kind: record[f"gt/{kind}"] for kind in sw.KINDS} == {k: float(k == label.kind) for k in sw.KINDS}
