@@ -800,7 +800,8 @@ class RLConfig(_Section):
         the jitted step, with the update's dtype, micro-batches and log-prob temperature; sampler
         takes the sampler's own (from its KV cache). With recompute the first minibatch's ratios are
         1, and the step logs ``rollout/logprob_diff_mean`` and ``_max`` (|sampler - recomputed| over
-        response tokens). Default recompute.
+        response tokens). configs/default.py and the paper's configs set recompute; absent from an
+        older run's config.json: sampler, what that run computed (so a resumed run goes on as it began).
       rollout_is_cap: > 0: verl's truncated importance sampling (``actor.tis_imp_ratio_cap``): the
         policy-gradient loss of each token is multiplied by ``min(exp(recomputed - sampler), cap)``,
         correcting what remains of the sampler / trainer mismatch; needs old_logprobs=recompute.
@@ -848,7 +849,7 @@ class RLConfig(_Section):
     micro_batch_size: int
     tempered_logprobs: bool = False
     length_bucket: int = 0
-    old_logprobs: str = "recompute"
+    old_logprobs: str = "sampler"
     rollout_is_cap: float = 0.0
     shuffle_minibatches: bool = True
     micro_batch_max_tokens: int = 0

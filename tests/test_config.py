@@ -400,12 +400,12 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     del old["rewards"]["reward_models"], old["rewards"]["offload"], old["rl"]["length_bucket"]
     for name in ("old_logprobs", "rollout_is_cap", "shuffle_minibatches", "micro_batch_max_tokens",
                  "micro_batch_ranks", "query_reweighting", "snr_eps", "halves_ranking"):
-        del old["rl"][name]  # issue 36's fields: their defaults (old_logprobs: recompute, verl's)
+        del old["rl"][name]  # issue 36's fields: what older runs computed (old_logprobs: the sampler's)
     config = RunConfig.from_config_dict(old)
     rl = config.rl
     assert (rl.old_logprobs, rl.rollout_is_cap, rl.shuffle_minibatches, rl.micro_batch_max_tokens,
             rl.micro_batch_ranks, rl.query_reweighting, rl.snr_eps, rl.halves_ranking) == \
-        ("recompute", 0.0, True, 0, 1, True, 1e-8, "prompt")
+        ("sampler", 0.0, True, 0, 1, True, 1e-8, "prompt")
     assert config.rl.length_bucket == 0  # every micro-batch at the padded length, as then
     assert (config.rewards.reward_models, config.rewards.offload, config.data.prompt_truncation) == ({}, False, None)
     assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
