@@ -22,7 +22,12 @@ Each field is documented in gd2po_jax/config.py.
 
 import ml_collections
 
-from configs import default
+try:
+    from configs import default
+except ModuleNotFoundError:  # the repository's root is not on sys.path: load it by path
+    from gd2po_jax.cli import sibling_config
+
+    default = sibling_config(__file__, "default")
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -26,7 +26,12 @@ lists the values and estimates the memory.
 import ml_collections
 from ml_collections import config_dict
 
-from configs import default
+try:
+    from configs import default
+except ModuleNotFoundError:  # the repository's root is not on sys.path: load it by path
+    from gd2po_jax.cli import sibling_config
+
+    default = sibling_config(__file__, "default")
 
 REWARD_NAMES = ("useful", "harmless")
 PROMPTS_PER_STEP = 512

@@ -12,7 +12,12 @@ configs/default.py's.
 
 import ml_collections
 
-from configs import default
+try:
+    from configs import default
+except ModuleNotFoundError:  # the repository's root is not on sys.path: load it by path
+    from gd2po_jax.cli import sibling_config
+
+    default = sibling_config(__file__, "default")
 
 
 def reward_model(max_length: int) -> ml_collections.ConfigDict:

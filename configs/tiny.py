@@ -9,7 +9,12 @@ two-call requests; a 60-step warm start; 6 RL steps of 8 prompts x 4 rollouts of
 
 import ml_collections
 
-from configs import default
+try:
+    from configs import default
+except ModuleNotFoundError:  # the repository's root is not on sys.path: load it by path
+    from gd2po_jax.cli import sibling_config
+
+    default = sibling_config(__file__, "default")
 
 
 def get_config() -> ml_collections.ConfigDict:

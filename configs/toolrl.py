@@ -21,7 +21,12 @@ validation file, evaluated before and after RL). ``config.data.test`` is optiona
 
 import ml_collections
 
-from configs import default
+try:
+    from configs import default
+except ModuleNotFoundError:  # the repository's root is not on sys.path: load it by path
+    from gd2po_jax.cli import sibling_config
+
+    default = sibling_config(__file__, "default")
 from gd2po_jax.rewards.tool_calling import SETTINGS
 
 MODELS = {

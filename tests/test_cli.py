@@ -200,3 +200,23 @@ def test_a_malformed_jsonl_row_is_one_line_naming_the_file_and_row(tmp_path):
                                "rewards.py:brevity"))
     expected = f"train.py: {data}, row 1 (0-based), line 2, field 'prompt': expected a non-empty list"
     assert line.startswith(expected), line
+
+
+def test_a_config_file_finds_the_default_next_to_it_without_the_repository_on_sys_path(tmp_path):
+    """configs/*.py import configs.default, or load it by path (cli.sibling_config) when the repository's
+    root is not importable: gd2po-train --config=/path/to/configs/files.py from another directory."""
+    assert cli.sibling_config(str(REPO / "configs" / "files.py"), "default").get_config() == \
+        __import__("configs.default").default.get_config()
+    package_only = tmp_path / "site"  # gd2po_jax importable, the repository's configs/ not (as an install)
+    package_only.mkdir()
+    (package_only / "gd2po_jax").symlink_to(REPO / "gd2po_jax")
+    code = ("import sys; sys.path = [%r] + [p for p in sys.path if p not in ('', '.', %r)]\n"
+            "import importlib.util\n"
+            "spec = importlib.util.spec_from_file_location('files_config', %r)  # as ml_collections loads it\n"
+            "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+            "config = module.get_config()\n"
+            "print(config.task, config.rewards.kind == '')\n") % (str(package_only), str(REPO),
+                                                                  str(REPO / "configs" / "files.py"))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["files", "True"], proc.stderr

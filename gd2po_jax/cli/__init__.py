@@ -23,6 +23,7 @@ pass an element that contains a comma.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import logging
 import pathlib
 import re
@@ -112,6 +113,17 @@ def default_config_file(relative: str = DEFAULT_CONFIG_FILE) -> str:
         if candidate.is_file():
             return str(candidate)
     return relative
+
+
+def sibling_config(config_file: str, name: str):
+    """The config module ``name`` (e.g. "default") in the directory of ``config_file`` (a config's
+    ``__file__``), loaded by path: how configs/*.py find configs/default.py when the repository's
+    root is not on sys.path (``gd2po-train --config=/path/to/configs/files.py`` from elsewhere)."""
+    path = pathlib.Path(config_file).resolve().with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"gd2po_jax_config_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main_module_name() -> str:
@@ -232,4 +244,5 @@ def default_workdir(config_flag) -> str:
 
 
 __all__ = ["DEFAULT_CONFIG_FILE", "ListParser", "default_config_file", "default_workdir", "define_config_flag",
-           "main_module_name", "one_line", "override_error_message", "parse_flags", "parse_sequence", "run", "start"]
+           "main_module_name", "one_line", "override_error_message", "parse_flags", "parse_sequence", "run",
+           "sibling_config", "start"]
