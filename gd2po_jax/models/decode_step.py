@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
-from gd2po_jax.models.decoder import MASK_VALUE, Decoder, KVCache, apply_rope, rms_norm
+from gd2po_jax.models.decoder import MASK_VALUE, Decoder, KVCache, apply_rope, effective_kernel, rms_norm
 
 
 @struct.dataclass
@@ -81,7 +81,7 @@ def _column(param) -> jax.Array | None:
 
 def _rows(*kernels) -> jax.Array:
     """``[in, ...out]`` kernels -> one ``[sum out, in]`` matrix (each flattened to 2-D, transposed)."""
-    return jnp.concatenate([k[...].reshape(k.shape[0], -1).T for k in kernels], axis=0)
+    return jnp.concatenate([k.reshape(k.shape[0], -1).T for k in kernels], axis=0)
 
 
 def _concat_bias(*biases) -> jax.Array | None:
@@ -93,19 +93,24 @@ def _concat_bias(*biases) -> jax.Array | None:
 
 def decode_weights(model: Decoder) -> DecodeWeights:
     """The ``[out, in]`` copies of ``model``'s weights that `decode_step` multiplies by (inside a
-    jitted program: computed once, before the decode loop)."""
+    jitted program: computed once, before the decode loop). A LoRA model's adapters are merged into
+    them (`gd2po_jax.models.decoder.effective_kernel`): the copies exist anyway, so the merge costs
+    one ``[in, r] @ [r, out]`` product per adapter per call and no memory, and each decode step
+    runs as the base model's (docs/lora.md measures it against applying the adapters per token)."""
     layers = []
     for layer in model.layers:
         attn, mlp = layer.attn, layer.mlp
         h, hd, d = attn.o_kernel.shape
+        kernel = lambda module, name: effective_kernel(  # noqa: E731
+            getattr(module, f"{name}_kernel"), getattr(module, f"{name}_lora"), module.lora_scale)
         layers.append(LayerWeights(
-            qkv=_rows(attn.q_kernel, attn.k_kernel, attn.v_kernel),
+            qkv=_rows(kernel(attn, "q"), kernel(attn, "k"), kernel(attn, "v")),
             qkv_bias=_concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
-            o=attn.o_kernel[...].reshape(h * hd, d).T,
+            o=kernel(attn, "o").reshape(h * hd, d).T,
             o_bias=_column(attn.o_bias),
-            gate_up=_rows(mlp.gate_kernel, mlp.up_kernel),
+            gate_up=_rows(kernel(mlp, "gate"), kernel(mlp, "up")),
             gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias),
-            down=mlp.down_kernel[...].T,
+            down=kernel(mlp, "down").T,
             down_bias=_column(mlp.down_bias),
             attn_norm=_column(layer.attn_norm.scale),
             mlp_norm=_column(layer.mlp_norm.scale),

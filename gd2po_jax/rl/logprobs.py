@@ -160,15 +160,19 @@ def completion_logprobs(
     )
 
 
-def merge_model(graphdef, params, dtype):
+def merge_model(graphdef, params, dtype, frozen=None):
     """The model of ``graphdef`` with ``params`` (master weights) cast to the compute ``dtype``.
 
     The cast is differentiable: gradients flow back to the master weights in their own dtype.
+    frozen: with LoRA, the base weights (``params`` are then the adapters; `gd2po_jax.models.lora.split_lora`),
+    cast the same way and merged with them.
     """
     dtype = jnp.dtype(dtype)
     recast = lambda x: jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype  # noqa: E731
-    cast = jax.tree.map(lambda x: x.astype(dtype) if recast(x) else x, params)
-    return nnx.merge(graphdef, cast)
+    cast = lambda tree: jax.tree.map(lambda x: x.astype(dtype) if recast(x) else x, tree)  # noqa: E731
+    if frozen is None:
+        return nnx.merge(graphdef, cast(params))
+    return nnx.merge(graphdef, cast(params), cast(frozen))
 
 
 def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128, temperature: float = 1.0) -> Callable:

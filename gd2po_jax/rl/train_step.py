@@ -304,7 +304,12 @@ def _constrain_rows(tree, mesh: Mesh | None):
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: StepConfig,
                     mesh: Mesh | None = None):
-    """The update function ``step(state, batch) -> (state, metrics)`` (not yet jitted).
+    """The update function ``step(state, batch, frozen=None) -> (state, metrics)`` (not yet jitted).
+
+    With LoRA, ``state.params`` are the adapters and ``frozen`` the base weights
+    (`gd2po_jax.models.lora.split_lora`): the model is both merged, gradients and the optimizer
+    state are the adapters' alone, and the base is an argument of the program (not a constant),
+    never changed. Without, ``frozen`` is None and the step is the full fine-tuning one.
 
     Args:
       graphdef: the policy's `nnx.GraphDef` (static structure; parameters come from the state).
@@ -318,17 +323,17 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     compute_dtype = jnp.dtype(config.compute_dtype)
     need_entropy = config.log_entropy or bool(config.entropy_coef)
 
-    def policy_logprobs(params, rows: dict, with_entropy: bool):
+    def policy_logprobs(params, rows: dict, with_entropy: bool, frozen):
         """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
         forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``."""
-        model = merge_model(graphdef, params, compute_dtype)
+        model = merge_model(graphdef, params, compute_dtype, frozen)
         return completion_logprobs(
             model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
             chunk_size=config.logit_chunk_size, with_entropy=with_entropy, temperature=config.logprob_temperature,
         )
 
-    def micro_loss(params, rows: dict, denominator):
-        logp, entropy = policy_logprobs(params, rows, need_entropy)
+    def micro_loss(params, rows: dict, denominator, frozen):
+        logp, entropy = policy_logprobs(params, rows, need_entropy, frozen)
         out = losses.policy_loss(
             logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
             clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
@@ -341,7 +346,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, sort: bool) -> jax.Array:
+    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, sort: bool,
+                               frozen) -> jax.Array:
         """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the
         update's size (sorted by prompt length when there are windows, as the update sorts), each
         on its prompt window; no gradient."""
@@ -351,13 +357,13 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         micro = {k: rows[k][order].reshape((total // micro_rows, micro_rows) + rows[k].shape[1:]) for k in keys}
 
         def forward(_, micro_batch):
-            logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh))
+            logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh), frozen)
             return None, logp
 
         _, logp = jax.lax.scan(forward, None, micro)
         return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
 
-    def step(state: TrainState, batch: RolloutBatch):
+    def step(state: TrainState, batch: RolloutBatch, frozen=None):
         num_prompts, group, _ = batch.rewards.shape
         rows_total = num_prompts * group
         minibatch_rows, micro_rows = check_batch_layout(rows_total, config.num_minibatches, config.micro_batch_size)
@@ -385,10 +391,10 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             rows["segment_ids"] = batch.segment_ids.astype(jnp.int32)
         rollout_metrics = {}
         if config.old_logprobs == "recompute":
-            forward = lambda params, micro_batch: policy_logprobs(params, micro_batch, False)[0]  # noqa: E731
+            forward = lambda params, micro_batch, frozen: policy_logprobs(params, micro_batch, False, frozen)[0]  # noqa: E731
             recomputed = recompute_old_logprobs(state.params, rows, micro_rows,
                                                 on_prompt_windows(forward, windows, prompt_length),
-                                                sort=len(windows) > 1 and rows_total > micro_rows)
+                                                sort=len(windows) > 1 and rows_total > micro_rows, frozen=frozen)
             rows["old_logp"] = recomputed
             rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, batch.response_mask & row_valid[:, None],
                                                config.rollout_is_cap)
@@ -418,7 +424,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
             def accumulate_micro(acc, micro_batch):
                 grads, sums = acc
-                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh), denominator)
+                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh),
+                                                                denominator, frozen)
                 padding = _padding_slots(micro_batch, window)
                 return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), padding
 
