@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.models.decoder import LORA_A_INIT, LORA_TARGETS, Decoder, LoRASpec, effective_kernel
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_file
 from gd2po_jax.runtime.checkpoints import state_integrity
@@ -103,6 +104,46 @@ def base_checksum(base: nnx.State) -> int:
     checksums (exact, independent of the sharding), which a checkpoint records to refuse a
     different base on resume."""
     return sum(state_integrity(base)[0].values()) % 2**32
+
+
+# ----------------------------------------------------------------------------------------------
+# A run's adapters: from its config, and the base its checkpoints reference.
+# ----------------------------------------------------------------------------------------------
+
+
+def lora_spec(config: RunConfig) -> LoRASpec | None:
+    """The policy's adapters from ``config.model.lora`` (in ``train.master_dtype``); None for rank 0."""
+    lora = config.model.lora
+    if not lora.enabled:
+        return None
+    return LoRASpec(rank=lora.rank, alpha=float(lora.alpha), targets=tuple(lora.targets),
+                    dtype=config.train.master_dtype)
+
+
+def base_reference(policy_path: pathlib.Path, frozen) -> dict[str, Any]:
+    """What a LoRA run's checkpoints record of the base they do not hold: its directory and the
+    checksum of its weights as loaded (`gd2po_jax.models.lora.base_checksum`)."""
+    return {"path": str(pathlib.Path(policy_path).absolute()), "checksum": base_checksum(frozen)}
+
+
+def check_base(meta: dict[str, Any], reference: dict[str, Any] | None, step_dir: pathlib.Path) -> None:
+    """A LoRA checkpoint's adapters resume only on the base they were trained on.
+
+    Raises:
+      ConfigError: the checkpoint records another base (checksum), or LoRA was turned on or off.
+    """
+    saved = meta.get(LORA_BASE_KEY)
+    if (saved is None) != (reference is None):
+        raise ConfigError(f"config.model.lora.rank: checkpoint {step_dir} was saved "
+                          f"{'without' if saved is None else 'with'} LoRA adapters; resume with the run's setting")
+    if saved is not None and saved["checksum"] != reference["checksum"]:
+        raise ConfigError(f"checkpoint {step_dir} holds LoRA adapters of the base {saved['path']} (checksum "
+                          f"{saved['checksum']}); the base loaded now from {reference['path']} has checksum "
+                          f"{reference['checksum']}: adapters apply only to their own base")
+
+
+LORA_BASE_KEY = "lora_base"
+"""In a LoRA run's checkpoint metadata: `base_reference` of the base its adapters apply to."""
 
 
 # ----------------------------------------------------------------------------------------------
