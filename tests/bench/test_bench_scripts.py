@@ -1,6 +1,6 @@
-"""The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py) run
-as ``python -m bench.<name>`` in their seconds-long settings and print their numbers (the scripts are
-not imported by anything else, so they would rot unnoticed)."""
+"""The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
+bench_lora.py) run as ``python -m bench.<name>`` in their seconds-long settings and print their numbers
+(the scripts are not imported by anything else, so they would rot unnoticed)."""
 
 import json
 import pathlib
@@ -285,3 +285,20 @@ def test_the_shared_harness_drives_the_project(tmp_path):
     assert by_workload["W_generate"]["compiles_in_2_more_generate_calls"] == 0
     assert by_workload["T_train_step"]["compiles_after_first_step"] == 0
     assert all(by_workload[w]["tok_s"] > 0 for w in ("W_generate", "T_train_step"))
+
+
+@pytest.mark.slow  # 5 programs compiled with optimizations: ~45 s on 2 cores
+def test_bench_lora_on_a_one_layer_model():
+    """LoRA's optimizer state is Adam's two moments of the adapters alone; the update's memory and the
+    three decodes are measured."""
+    out = run_bench("bench_lora", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1", "--intermediate=64",
+                    "--vocab=128", "--head_dim=16", "--prompts=2", "--group=2", "--prompt_len=8", "--new_tokens=4",
+                    "--micro_batch=2", "--repeats=1")
+    results = json.loads(out)
+    full, lora = results["full"], results["lora"]
+    assert full["optimizer_bytes"] == 2 * full["trained_param_bytes"] + 4  # AdamW: mu, nu and a count
+    assert lora["optimizer_bytes"] == 2 * lora["trained_param_bytes"] + 4
+    assert lora["frozen_param_bytes"] == full["trained_param_bytes"] and full["frozen_param_bytes"] == 0
+    assert 0 < lora["update_peak_bytes"] < full["update_peak_bytes"]
+    for name in ("decode_base", "decode_lora_merged", "decode_lora_unmerged"):
+        assert results[name]["tokens_per_s"] > 0, name

@@ -79,6 +79,10 @@ def test_merged_decoder_and_sampler_compute_the_unmerged_model(targets):
     want = generate(merged, [[5, 6, 7]], max_new_tokens=6, temperature=0.0)
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), rtol=0, atol=1e-5)
+    # The adapters applied per decode step instead (what docs/lora.md measures against merging).
+    unmerged_decode = generate(model, [[5, 6, 7]], max_new_tokens=6, temperature=0.0, merge_adapters=False)
+    np.testing.assert_array_equal(np.asarray(unmerged_decode.tokens), np.asarray(want.tokens))
+    np.testing.assert_allclose(np.asarray(unmerged_decode.logprobs), np.asarray(want.logprobs), rtol=0, atol=1e-5)
 
 
 def test_peft_loads_the_adapter_and_computes_the_same_logits(tmp_path):
