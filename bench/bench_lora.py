@@ -15,8 +15,8 @@ A seconds-long check that the script runs:
 
 Memory is XLA's own account of the compiled update (`Compiled.memory_analysis`: its arguments,
 outputs and temporaries, aliased donated buffers counted once): the peak the program needs, on any
-backend, without running it. The decode times are the best and median of --repeats calls of the
-decode program alone (prefill excluded, one warm-up call).
+backend, without running it. The decode times are the best and median of --repeats calls of each
+decode program alone (prefill excluded, one warm-up call each), the three programs called in turns.
 """
 
 from __future__ import annotations
@@ -88,19 +88,19 @@ def update_memory(graphdef, params, frozen, batch, micro_batch: int) -> dict[str
             "update_peak_bytes": int(peak)}
 
 
-def decode_seconds(model, prompts, new_tokens: int, merge: bool, repeats: int) -> tuple[float, float]:
+def decode_call(model, prompts, new_tokens: int, merge: bool):
+    """A function running the decode program alone (from one prefill's state, copied: decode donates it)."""
     params = SamplingParams(max_new_tokens=new_tokens, merge_adapters=merge)
     graphdef, state = nnx.split(model)
     ids, mask = left_pad(prompts, max(len(p) for p in prompts), 0)
     first = prefill_fn(graphdef, state, ids, mask, jax.random.key(0), params, 1, None)
 
     def call():
-        start = jax.tree.map(jnp.copy, first)  # decode donates its state
-        jax.block_until_ready(start)
-        return decode_fn(graphdef, state, start, params, None)
+        start = jax.block_until_ready(jax.tree.map(jnp.copy, first))
+        return harness.time_call(lambda: decode_fn(graphdef, state, start, params, None))[1]
 
-    times = [harness.time_call(call)[1] for _ in range(repeats + 1)][1:]
-    return harness.best_and_median(times)
+    call()  # compiles
+    return call
 
 
 def main(argv=None) -> dict:
@@ -120,9 +120,15 @@ def main(argv=None) -> dict:
                "full": update_memory(full_graphdef, full_params, None, batch, args.micro_batch),
                "lora": update_memory(graphdef, adapters, base, batch, args.micro_batch)}
     prompts = harness.random_prompts(config.vocab_size, args.decode_rows, args.prompt_len)
-    for name, model, merge in (("decode_base", full, True), ("decode_lora_merged", lora_model, True),
-                               ("decode_lora_unmerged", lora_model, False)):
-        best, median = decode_seconds(model, prompts, args.new_tokens, merge, args.repeats)
+    calls = {name: decode_call(model, prompts, args.new_tokens, merge)
+             for name, model, merge in (("decode_base", full, True), ("decode_lora_merged", lora_model, True),
+                                        ("decode_lora_unmerged", lora_model, False))}
+    times = {name: [] for name in calls}
+    for _ in range(args.repeats):  # in turns, so that the machine's drift falls on all alike
+        for name, call in calls.items():
+            times[name].append(call())
+    for name, seconds in times.items():
+        best, median = harness.best_and_median(seconds)
         results[name] = {"best_s": best, "median_s": median,
                          "tokens_per_s": args.decode_rows * args.new_tokens / best}
     print(json.dumps(results, indent=2))

@@ -588,6 +588,9 @@ class RewardModelConfig(_Section):
       batch_size: conversations per forward pass, fixed (one compiled program per length bucket);
         it must divide by the data-parallel devices (mesh data x fsdp).
       dtype: parameter and compute dtype (float32 | bfloat16); the scores are float32.
+      adapter: a PEFT LoRA adapter directory trained on ``path`` (a LoRA-trained reward model:
+        ``adapter_config.json`` + ``adapter_model.safetensors``, with the score head PEFT saves for
+        ``task_type="SEQ_CLS"``), merged into ``path``'s weights when loaded; empty: none.
     """
 
     path: str
@@ -597,6 +600,7 @@ class RewardModelConfig(_Section):
     batch_size: int = 32
     dtype: str = "bfloat16"
     truncation: str = "right"
+    adapter: str = ""
 
     def check(self, prefix: str) -> None:
         """Raises `ConfigError` naming ``config.<prefix>.<field>`` for an invalid value."""
@@ -609,6 +613,7 @@ class RewardModelConfig(_Section):
         _one_of(self.truncation, f"{prefix}.truncation", REWARD_MODEL_TRUNCATIONS)
         _int_at_least(self.batch_size, f"{prefix}.batch_size")
         _one_of(self.dtype, f"{prefix}.dtype", DTYPES)
+        _text(self.adapter, f"{prefix}.adapter", "a PEFT adapter directory (empty: none)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -302,3 +302,31 @@ def test_bench_lora_on_a_one_layer_model():
     assert 0 < lora["update_peak_bytes"] < full["update_peak_bytes"]
     for name in ("decode_base", "decode_lora_merged", "decode_lora_unmerged"):
         assert results[name]["tokens_per_s"] > 0, name
+
+
+def test_lora_memory_counts_the_decoders_parameters_and_adapters():
+    """bench/lora_memory.py's counts are those of a `Decoder` of the same shape (with and without
+    adapters), and of Qwen2.5-1.5B / -7B (docs/paper.md); LoRA's peak is below full fine-tuning's."""
+    import jax
+    from flax import nnx
+
+    from gd2po_jax.models import Decoder
+    from gd2po_jax.models.decoder import LoRASpec
+    from gd2po_jax.models.lora import split_lora
+    from tests.fakes import tiny_model_config
+
+    lora_memory = load_bench_script("lora_memory")
+    config = tiny_model_config(tie_word_embeddings=False)
+    shape = lora_memory.Shape(hidden=config.hidden_size, layers=config.num_layers, heads=config.num_heads,
+                              kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                              intermediate=config.intermediate_size, vocab=config.vocab_size, tied=False)
+    size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
+    model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), lora=LoRASpec(4, 8.0, targets=("q", "o", "up"))))
+    _, adapters, base = split_lora(model)
+    assert size(base) == lora_memory.num_params(shape)
+    assert size(adapters) == lora_memory.adapter_params(shape, 4, ("q", "o", "up"))
+    assert round(lora_memory.num_params(lora_memory.SHAPES["qwen2.5-1.5b"]) / 1e7) == 154
+    assert round(lora_memory.num_params(lora_memory.SHAPES["qwen2.5-7b"]) / 1e7) == 762
+    sizes = dict(rows=64, seq=3072, micro_batch=1)
+    for shape in lora_memory.SHAPES.values():
+        assert lora_memory.estimate(shape, 16, **sizes)["peak"] < lora_memory.estimate(shape, 0, **sizes)["peak"] / 2

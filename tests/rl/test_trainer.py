@@ -350,6 +350,30 @@ def test_a_lora_run_exports_an_adapter_that_peft_loads_on_its_base(lora_referenc
 
 
 @pytest.mark.slow
+def test_a_lora_runs_checkpoint_exports_and_its_adapter_evaluates_as_the_merged_policy(lora_reference, tmp_path):
+    """export.py merges the last checkpoint's adapters into the base it references: policy/, bit for
+    bit; eval.py --model_path=RUN/policy_adapter loads the adapter on its base, which computes policy/."""
+    from gd2po_jax.cli.export import export_checkpoint
+    from gd2po_jax.evaluation.run import policy_from_model_path
+    from gd2po_jax.models import load_pretrained
+
+    exported = export_checkpoint(lora_reference, tmp_path / "out")
+    assert exported.step == 4
+    from safetensors.numpy import load_file
+
+    expected, got = policy_tensors(lora_reference), load_file(tmp_path / "out" / "model.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    policy = policy_from_model_path(str(lora_reference / "policy_adapter"), "float32")
+    assert policy.source["base_model"] == str((lora_reference / "warm_start").absolute())
+    assert policy.model.lora is not None and policy.tokenizer is not None
+    ids = np.array([[5, 17, 42, 99, 3, 250, 7, 8]], np.int32)
+    merged = load_pretrained(lora_reference / "policy")
+    np.testing.assert_allclose(np.asarray(policy.model(ids)), np.asarray(merged(ids)), rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
 def test_killed_and_resumed_lora_run_equals_the_uninterrupted_one(lora_reference, tmp_path, train_env):
     """kill -9 inside a checkpoint's save, then after a step past one: the resumed LoRA run's metrics,
     adapter and merged policy are bit-identical to the uninterrupted run's."""
