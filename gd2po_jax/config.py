@@ -299,8 +299,9 @@ class LoRAConfig(_Section):
     Attributes:
       rank: r of every adapter; 0: no adapters, full fine-tuning (the default).
       alpha: the adapters' output is scaled by alpha / rank (PEFT's ``lora_alpha``).
-      dropout: PEFT's ``lora_dropout``, recorded in the exported adapter_config.json; only 0 is
-        trained (the update applies no dropout to the adapters' input; docs/lora.md).
+      dropout: PEFT's ``lora_dropout``: the probability of zeroing an input of an adapter in the
+        update's forward passes with a gradient (not in sampling, nor in the old log-probs'
+        recompute); also in the exported adapter_config.json.
       targets: the projections with an adapter, from `LORA_TARGETS` (default: attention and MLP).
       base_dtype: the dtype the frozen base weights are held in (float32 | bfloat16); "":
         ``train.master_dtype``. The adapters and their optimizer state are in ``train.master_dtype``.
@@ -320,8 +321,7 @@ class LoRAConfig(_Section):
         _number(self.alpha, "model.lora.alpha")
         _require(self.alpha > 0, "model.lora.alpha", f"must be > 0, got {self.alpha}")
         _number(self.dropout, "model.lora.dropout")
-        _require(self.dropout == 0, "model.lora.dropout",
-                 f"{self.dropout}: only 0 is supported (the update applies no dropout to the adapters' input)")
+        _require(0 <= self.dropout < 1, "model.lora.dropout", f"must be in [0, 1), got {self.dropout}")
         _require(isinstance(self.targets, tuple) and len(self.targets) > 0
                  and all(t in LORA_TARGETS for t in self.targets) and len(set(self.targets)) == len(self.targets),
                  "model.lora.targets", f"must be distinct names from {LORA_TARGETS}, got {self.targets!r}")

@@ -97,9 +97,21 @@ def _adapter(spec: LoRASpec, in_features: int, out_features: int, in_axis, out_a
     )
 
 
-def lora_delta(adapter: nnx.LoRA | None, scale: float, x: jax.Array, y: jax.Array) -> jax.Array:
-    """``y + scale * (x @ A) @ B`` (``x [..., in]``, ``y [..., out]``); ``y`` without an adapter."""
-    return y if adapter is None else y + (scale * adapter(x)).astype(y.dtype)
+def lora_delta(adapter: nnx.LoRA | None, scale: float, x: jax.Array, y: jax.Array, dropout=None,
+               slot: int = 0) -> jax.Array:
+    """``y + scale * (dropout(x) @ A) @ B`` (``x [..., in]``, ``y [..., out]``); ``y`` without an adapter.
+
+    dropout: None, or ``(key, rate)``: PEFT's ``lora_dropout`` on the adapter's input (zeroes with
+    probability ``rate``, scales the rest by ``1 / (1 - rate)``), its mask drawn from ``key`` folded
+    with ``slot`` (each adapter of a layer its own, as PEFT's modules draw theirs).
+    """
+    if adapter is None:
+        return y
+    if dropout is not None:
+        key, rate = dropout
+        keep = jax.random.bernoulli(jax.random.fold_in(key, slot), 1.0 - rate, x.shape)
+        x = jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+    return y + (scale * adapter(x)).astype(y.dtype)
 
 
 def effective_kernel(kernel: nnx.Param, adapter: nnx.LoRA | None, scale: float) -> jax.Array:
@@ -273,24 +285,24 @@ class Attention(nnx.Module):
                 setattr(self, f"{name}_lora", _adapter(spec, fan_in, fan_out, in_axis, out_axis, rngs))
         self.lora_scale = spec.scale
 
-    def _project(self, x, kernel, bias, norm, adapter=None):
+    def _project(self, x, kernel, bias, norm, adapter=None, dropout=None, slot=0):
         """``x [B, T, D] -> [B, T, N, hd]``; the kernel is used as a [D, N*hd] matrix (free reshape)."""
         d, n, hd = kernel.shape
-        y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...].reshape(d, n * hd)))
+        y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...].reshape(d, n * hd)), dropout, slot)
         y = y.reshape(*x.shape[:-1], n, hd)
         if bias is not None:
             y = y + bias[...]
         return norm(y) if norm is not None else y
 
-    def __call__(self, x, cos, sin, mask, kv_cache, index):
+    def __call__(self, x, cos, sin, mask, kv_cache, index, dropout=None):
         """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
         kv_cache: None or (keys [B, KV, hd, S], values [B, KV, S, hd]) (`KVCache`'s layouts) to
-        write at slot ``index``.
+        write at slot ``index``; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`).
         Returns (out [B, T, D], (keys, values)): the updated cache's, or without a cache this
         call's keys [B, KV, T, hd] and values [B, KV, T, hd]."""
-        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm, self.q_lora), cos, sin)
-        k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm, self.k_lora), cos, sin)
-        v = self._project(x, self.v_kernel, self.v_bias, None, self.v_lora)
+        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm, self.q_lora, dropout, 0), cos, sin)
+        k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm, self.k_lora, dropout, 1), cos, sin)
+        v = self._project(x, self.v_kernel, self.v_bias, None, self.v_lora, dropout, 2)
         v = v.transpose(0, 2, 1, 3)
         if kv_cache is None:
             k = k.transpose(0, 2, 1, 3)
@@ -306,7 +318,8 @@ class Attention(nnx.Module):
         out = dot_product_attention(q, keys.astype(q.dtype), v.astype(q.dtype), mask)
         h, hd, d = self.o_kernel.shape
         out = out.reshape(*out.shape[:2], h * hd)
-        out = lora_delta(self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)))
+        out = lora_delta(self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)),
+                         dropout, 3)
         if self.o_bias is not None:
             out = out + self.o_bias[...]
         return out, (k, v)
@@ -336,14 +349,15 @@ class MLP(nnx.Module):
                 setattr(self, f"{name}_lora", _adapter(spec, fan_in, fan_out, in_axis, out_axis, rngs))
         self.lora_scale = spec.scale
 
-    def _linear(self, x, kernel, bias, adapter):
-        y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...]))
+    def _linear(self, x, kernel, bias, adapter, dropout=None, slot=0):
+        y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...]), dropout, slot)
         return y + bias[...] if bias is not None else y
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        gate = self._linear(x, self.gate_kernel, self.gate_bias, self.gate_lora)
-        up = self._linear(x, self.up_kernel, self.up_bias, self.up_lora)
-        return self._linear(jax.nn.silu(gate) * up, self.down_kernel, self.down_bias, self.down_lora)
+    def __call__(self, x: jax.Array, dropout=None) -> jax.Array:
+        """x: [B, T, D] -> [B, T, D]; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`)."""
+        gate = self._linear(x, self.gate_kernel, self.gate_bias, self.gate_lora, dropout, 4)
+        up = self._linear(x, self.up_kernel, self.up_bias, self.up_lora, dropout, 5)
+        return self._linear(jax.nn.silu(gate) * up, self.down_kernel, self.down_bias, self.down_lora, dropout, 6)
 
 
 class DecoderLayer(nnx.Module):
@@ -355,15 +369,20 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, dtype, rngs)
 
-    def __call__(self, h, cos, sin, mask, kv_cache, index):
-        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index)
+    def __call__(self, h, cos, sin, mask, kv_cache, index, dropout=None):
+        if dropout is None:
+            attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index)
+            h = h + attn_out
+            return h + self.mlp(self.mlp_norm(h)), kv
+        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index, dropout)
         h = h + attn_out
-        h = h + self.mlp(self.mlp_norm(h))
-        return h, kv
+        return h + self.mlp(self.mlp_norm(h), dropout), kv
 
 
-def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index):
-    return layer(h, cos, sin, mask, kv_cache, index)
+def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_key=None, dropout_rate=0.0):
+    if dropout_key is None:
+        return layer(h, cos, sin, mask, kv_cache, index)
+    return layer(h, cos, sin, mask, kv_cache, index, (dropout_key, dropout_rate))
 
 
 class Decoder(nnx.Module):
@@ -403,12 +422,14 @@ class Decoder(nnx.Module):
                 layer.attn.add_adapters(lora, rngs)
                 layer.mlp.add_adapters(lora, rngs)
 
-    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None):
+    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None, lora_dropout=None):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache (None without a cache).
 
         input_ids: [B, T] int; attention_mask: [B, T] (1 = token, 0 = left pad), default all ones;
         positions: [B, T] int, default `default_positions`; cache: `KVCache` whose slots
-        ``[cache.index, cache.index + T)`` receive this call's keys and values.
+        ``[cache.index, cache.index + T)`` receive this call's keys and values; lora_dropout: None,
+        or ``(key, rate)``: PEFT's ``lora_dropout`` on the adapters' inputs (`lora_delta`; the
+        update's forward, never sampling), a mask per layer and adapter drawn from ``key``.
         """
         b, t = input_ids.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
@@ -424,12 +445,23 @@ class Decoder(nnx.Module):
         attn_mask = attention_mask_3d(key_valid, index, t)
         # Remat only matters for backprop; with a KV cache (sampling) it is skipped, as nnx.remat
         # inside the decode while_loop raises TraceContextError.
-        run = nnx.remat(_run_layer) if self.remat and cache is None else _run_layer
+        run = _run_layer
+        if lora_dropout is not None and self.lora is not None and lora_dropout[1] > 0:
+            rate = float(lora_dropout[1])  # static: in the layer's program, not an argument of remat
+
+            def run(layer, h, cos, sin, mask, kv_cache, index, key):
+                return _run_layer(layer, h, cos, sin, mask, kv_cache, index, key, rate)
+        else:
+            lora_dropout = None
+        run = nnx.remat(run) if self.remat and cache is None else run
         h = jnp.take(self.embed[...], input_ids, axis=0)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index)
+            if lora_dropout is None:
+                h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index)
+            else:
+                h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index, jax.random.fold_in(lora_dropout[0], i))
             keys.append(k)
             values.append(v)
         h = self.final_norm(h)

@@ -137,7 +137,7 @@ def unembedding(model) -> jax.Array:
 
 def completion_logprobs(
     model, input_ids: jax.Array, attention_mask: jax.Array, num_completion: int, *,
-    chunk_size: int = 128, with_entropy: bool = False, temperature: float = 1.0,
+    chunk_size: int = 128, with_entropy: bool = False, temperature: float = 1.0, lora_dropout=None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-probs (and entropy) of the last ``M`` tokens of each row given everything before.
 
@@ -148,11 +148,16 @@ def completion_logprobs(
       chunk_size: positions per chunk of the vocabulary projection (`chunked_token_logprobs`).
       with_entropy: also return the per-token entropy.
       temperature: T of the policy ``softmax(logits / T)`` (static; see the module docstring).
+      lora_dropout: None, or ``(key, rate)`` of a LoRA model's adapter dropout
+        (`gd2po_jax.models.decoder.Decoder.hidden_states`).
 
     Returns:
       logp [B, M] float32 and entropy [B, M] float32 (None unless ``with_entropy``).
     """
-    hidden, _ = model.hidden_states(input_ids, attention_mask)
+    if lora_dropout is None:
+        hidden, _ = model.hidden_states(input_ids, attention_mask)
+    else:
+        hidden, _ = model.hidden_states(input_ids, attention_mask, lora_dropout=lora_dropout)
     start = input_ids.shape[1] - num_completion
     return chunked_token_logprobs(
         hidden[:, start - 1 : -1], unembedding(model), input_ids[:, start:],

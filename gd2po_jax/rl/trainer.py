@@ -321,7 +321,8 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
                     dtype=export_dtype, tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
     if lora:  # and the adapters alone, in PEFT's format, on the run's base directory
         adapter_staging = run_dir.staging_name(files.policy_adapter)
-        save_peft_adapter(nnx.merge(graphdef, state.params, frozen), adapter_staging, base["path"])
+        save_peft_adapter(nnx.merge(graphdef, state.params, frozen), adapter_staging, base["path"],
+                          dropout=config.model.lora.dropout)
     results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
                "before_rl": before, "after_rl": after}
     if primary:

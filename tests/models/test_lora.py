@@ -167,3 +167,27 @@ def test_lora_gradients_match_transformers_and_peft(tmp_path):
             got, expected = np.asarray(variable[...]).T, want[name]
             np.testing.assert_allclose(got, expected, rtol=0, atol=ulps(expected, 64), err_msg=name)
             assert np.abs(expected).max() > 0, name
+
+
+def test_adapter_dropout_drops_only_the_adapters_inputs():
+    """lora_dropout=(key, rate): a fresh adapter (B = 0) still gives the base bit for bit (dropout is on
+    the adapter's branch only); a trained one gives other hidden states, the same for the same key,
+    with and without remat; rate 0 is no dropout."""
+    config = tiny_model_config()
+    ids, mask = ragged_batch(width=12)
+    ids = ids % config.vocab_size
+    fresh = Decoder(config, rngs=nnx.Rngs(0), lora=SPEC)
+    hidden = jax.jit(lambda m, key, rate: m.hidden_states(ids, mask, lora_dropout=(key, rate))[0],
+                     static_argnums=2)
+    plain_fn = jax.jit(lambda m: m.hidden_states(ids, mask)[0])
+    plain = lambda m: np.asarray(plain_fn(m))  # noqa: E731
+    key = jax.random.key(4)
+    np.testing.assert_array_equal(np.asarray(hidden(fresh, key, 0.5)), plain(fresh))
+    model = perturbed(Decoder(config, rngs=nnx.Rngs(0), lora=SPEC))
+    dropped = np.asarray(hidden(model, key, 0.5))
+    assert np.abs(dropped - plain(model)).max() > 1e-3
+    np.testing.assert_array_equal(np.asarray(hidden(model, key, 0.5)), dropped)
+    assert np.abs(np.asarray(hidden(model, jax.random.key(5), 0.5)) - dropped).max() > 1e-3
+    np.testing.assert_array_equal(np.asarray(hidden(model, key, 0.0)), plain(model))
+    remat = perturbed(Decoder(config, rngs=nnx.Rngs(0), lora=SPEC, remat=True))
+    np.testing.assert_allclose(np.asarray(hidden(remat, key, 0.5)), dropped, rtol=0, atol=ulps(dropped, 8))

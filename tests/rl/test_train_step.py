@@ -893,3 +893,24 @@ def test_sharded_lora_step_equals_single_device(lora_setup, tmp_path):
     np.testing.assert_allclose(flat(state.params), flat(single), atol=1e-6, rtol=0)
     state, _ = step(state, shard_rows(batch, mesh), mesh_base)
     assert step._cache_size() == 1
+
+
+def test_lora_dropout_is_drawn_from_the_state_rng_in_the_update_only(lora_setup):
+    """model.lora.dropout: the update's forward passes with a gradient drop adapter inputs (another
+    update than without), the same masks from the same state RNG; the old log-probs' recompute has
+    none (its log-probs are the sampler's, whatever the rate)."""
+    graphdef, adapters, base, batch = lora_setup
+    optimizer = make_optimizer(1e-2, weight_decay=0.0)
+
+    def update(rate: float, seed: int = 0):
+        config = step_config(num_minibatches=2, micro_batch_size=4, lora_dropout=rate, old_logprobs="recompute")
+        step = jit_train_step(make_train_step(graphdef, optimizer, config))
+        state, metrics = step(new_state(adapters, optimizer, seed), batch, base)
+        return flat(state.params), jax.device_get(metrics)
+
+    without, _ = update(0.0)
+    with_dropout, metrics = update(0.5)
+    assert np.abs(with_dropout - without).max() > 1e-4
+    np.testing.assert_array_equal(update(0.5)[0], with_dropout)
+    assert np.abs(update(0.5, seed=1)[0] - with_dropout).max() > 0
+    assert metrics["rollout/logprob_diff_max"] < 1e-5  # the recompute: no dropout, the sampler's model
