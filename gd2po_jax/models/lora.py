@@ -203,8 +203,12 @@ def read_adapter_config(adapter_dir: str | pathlib.Path, dtype: str = "float32")
         raise FileNotFoundError(f"{adapter_dir}: no {ADAPTER_CONFIG} (not a PEFT adapter directory)")
     config = json.loads(file.read_text())
     plain = (("peft_type", "LORA"), ("use_dora", False), ("use_rslora", False), ("bias", "none"),
-             ("fan_in_fan_out", False), ("rank_pattern", {}), ("alpha_pattern", {}))
-    unsupported = [f"{key}={config.get(key)!r}" for key, ok in plain if config.get(key, ok) not in (ok, None)]
+             ("fan_in_fan_out", False), ("rank_pattern", {}), ("alpha_pattern", {}), ("lora_bias", False),
+             ("layers_to_transform", None), ("layers_pattern", None), ("layer_replication", None),
+             ("exclude_modules", None), ("target_parameters", None), ("trainable_token_indices", None),
+             ("use_qalora", False))
+    unsupported = [f"{key}={config.get(key)!r}" for key, ok in plain
+                   if config.get(key, ok) not in (ok, None) and config.get(key) != []]
     by_name = {HF_MODULES[t].split(".")[-1]: t for t in LORA_TARGETS}
     modules = config.get("target_modules") or []
     modules = [modules] if isinstance(modules, str) else modules
@@ -219,15 +223,17 @@ def read_adapter_config(adapter_dir: str | pathlib.Path, dtype: str = "float32")
 
 
 def load_peft_adapter(model: Decoder, adapter_dir: str | pathlib.Path, mesh: Mesh | None = None,
-                      prefix: str = "base_model.model.") -> None:
+                      prefix: str = "base_model.model.", others: tuple[str, ...] = ()) -> None:
     """Sets the adapters of ``model`` (built with `read_adapter_config`'s spec; may be abstract) from
     ``adapter_model.safetensors``, on their shardings when ``mesh`` is given.
 
     Args:
       prefix: what precedes ``model.layers`` in the tensor names (a score model's adapter: the same).
+      others: the names of other tensors the caller reads from the file itself (a score head).
 
     Raises:
-      KeyError / ValueError: a tensor is missing or has the wrong shape (naming tensor and file).
+      KeyError / ValueError: a tensor is missing or has the wrong shape, or the file holds tensors
+        this model has no place for (``modules_to_save`` other than ``others``), naming them and the file.
     """
     checkpoint = SafetensorsCheckpoint(adapter_dir)
     expected = set()
@@ -238,6 +244,7 @@ def load_peft_adapter(model: Decoder, adapter_dir: str | pathlib.Path, mesh: Mes
             tensor = checkpoint.get(name, tuple(reversed(variable.shape)))
             sharding = variable_sharding(variable, mesh) if mesh is not None else None
             variable.set_value(place_host_array(np.asarray(tensor).T, variable.dtype, sharding))
-    extra = sorted(n for n in checkpoint.names() - expected if ".lora_" in n)
+    extra = sorted(checkpoint.names() - expected - set(others))
     if extra:
-        raise ValueError(f"{adapter_dir}: adapter tensors the model has no adapter for: {extra[:4]}")
+        raise ValueError(f"{adapter_dir}: {ADAPTER_WEIGHTS} holds tensors this model has no place for "
+                         f"(adapters it lacks, or modules_to_save): {extra[:4]}{' ...' if len(extra) > 4 else ''}")

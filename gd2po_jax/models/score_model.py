@@ -362,7 +362,7 @@ def load_score_model(
         )
     )
     if lora is not None:
-        load_peft_adapter(model.decoder, adapter, mesh)
+        load_peft_adapter(model.decoder, adapter, mesh, others=(f"base_model.model.{_HEAD_PREFIX[layout]}.weight",))
     maps = score_tensor_maps(config, layout, head_bias)
     fill_from_checkpoint(model, maps, checkpoint, dtype, mesh)
     expected = {tm.hf_name for tm in maps} | (set(NORMALIZER_BUFFERS) if layout == "beaver" else set())

@@ -116,9 +116,24 @@ def test_peft_loads_the_adapter_and_computes_the_same_logits(tmp_path):
 
 def test_an_adapter_this_package_cannot_load_is_named(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "lm_head"], "use_dora": True}))
-    with pytest.raises(ValueError, match="adapter_config.json.*use_dora=True.*lm_head"):
+        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "lm_head"], "use_dora": True,
+         "layers_to_transform": [0], "exclude_modules": None, "modules_to_save": None}))
+    with pytest.raises(ValueError, match=r"adapter_config.json.*use_dora=True.*layers_to_transform=\[0\].*lm_head"):
         read_adapter_config(tmp_path)
+
+
+def test_an_adapter_with_tensors_the_model_has_no_place_for_is_refused(tmp_path):
+    """modules_to_save (here the output head) would be silently dropped: refused, naming them."""
+    from safetensors.numpy import load_file, save_file
+
+    path, _ = tiny_checkpoint("qwen2", False)
+    model = load_pretrained(path, lora=SPEC)
+    save_peft_adapter(model, tmp_path, path)
+    tensors = load_file(tmp_path / "adapter_model.safetensors")
+    save_file(tensors | {"base_model.model.lm_head.weight": np.zeros((128, 32), np.float32)},
+              tmp_path / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match=r"no place for .*'base_model.model.lm_head.weight'"):
+        load_peft_adapter(load_pretrained(path, lora=SPEC), tmp_path)
 
 
 def _peft_grads(model, ids, mask, weights) -> dict[str, np.ndarray]:
