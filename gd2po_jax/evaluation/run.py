@@ -262,13 +262,15 @@ def policy_from_run(config: RunConfig, setup: RunSetup, workdir: pathlib.Path, s
 
 def policy_from_model_path(model_path: str, dtype: str) -> Policy:
     """A Hugging Face checkpoint directory or Hub id (`gd2po_jax.runtime.hub.resolve_model_dir`), its
-    parameters sharded over all devices (fsdp)."""
+    parameters sharded over all devices (fsdp); or a PEFT LoRA adapter directory, on its base
+    (`adapter_on_base`)."""
     try:
         path = resolve_model_dir(model_path, f"--model_path={model_path}")
     except FileNotFoundError as err:
         raise EvalError(str(err)) from None
-    if not (path / "config.json").is_file():
-        raise EvalError(f"--model_path={model_path}: no config.json there (a Hugging Face model directory)")
+    if not (path / "config.json").is_file() and not (path / ADAPTER_CONFIG).is_file():
+        raise EvalError(f"--model_path={model_path}: no config.json there (a Hugging Face model directory) nor "
+                        f"{ADAPTER_CONFIG} (a PEFT LoRA adapter)")
     mesh = make_mesh(data=1, fsdp=-1)
     if (path / ADAPTER_CONFIG).is_file():  # a PEFT LoRA adapter (a run's policy_adapter/) on its base
         model, base = adapter_on_base(path, dtype, mesh)

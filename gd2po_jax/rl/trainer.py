@@ -202,7 +202,9 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
                    else setup.model_path) if lora else None
     if checkpoints.steps():
         # The checkpoint holds the whole state; the base model only gives its structure and
-        # shardings, so resuming reads the warm start only if it needs the policy before RL.
+        # shardings, so resuming reads the warm start only if it needs the policy before RL (LoRA:
+        # the state is the adapters', and the base they apply to is loaded, checked against the
+        # checkpoint's record of it).
         graphdef, optimizer, state, frozen = init_state(config, setup, policy_path or setup.model_path)
         base = base_reference(policy_path, frozen) if lora else None
         state, start = resume(checkpoints, state, sampler, base)
