@@ -914,3 +914,20 @@ def test_lora_dropout_is_drawn_from_the_state_rng_in_the_update_only(lora_setup)
     np.testing.assert_array_equal(update(0.5)[0], with_dropout)
     assert np.abs(update(0.5, seed=1)[0] - with_dropout).max() > 0
     assert metrics["rollout/logprob_diff_max"] < 1e-5  # the recompute: no dropout, the sampler's model
+
+
+def test_a_lora_update_on_a_bfloat16_base_keeps_float32_adapters(lora_setup, tmp_path):
+    """model.lora.base_dtype=bfloat16: the base loads in bf16, the adapters and their AdamW state in
+    fp32 (load_pretrained(dtype=bf16, lora=...)), and the update trains them on it."""
+    graphdef, _, _, batch = lora_setup
+    save_pretrained(new_model(), tmp_path / "policy")
+    _, adapters, base = split_lora(load_pretrained(tmp_path / "policy", dtype=jnp.bfloat16, lora=LORA))
+    assert {x.dtype for x in jax.tree.leaves(base)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    optimizer = make_optimizer(1e-3, weight_decay=0.0)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config(compute_dtype="bfloat16")))
+    state, metrics = step(new_state(adapters, optimizer), batch, base)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+    assert {x.dtype for x in jax.tree.leaves(state.opt_state) if x.ndim} == {jnp.dtype(jnp.float32)}
+    assert np.isfinite(float(metrics["loss/grad_norm"])) and float(metrics["loss/grad_norm"]) > 0
+    assert np.abs(flat(state.params) - flat(adapters)).max() > 1e-4
