@@ -931,3 +931,20 @@ def test_a_lora_update_on_a_bfloat16_base_keeps_float32_adapters(lora_setup, tmp
     assert {x.dtype for x in jax.tree.leaves(state.opt_state) if x.ndim} == {jnp.dtype(jnp.float32)}
     assert np.isfinite(float(metrics["loss/grad_norm"])) and float(metrics["loss/grad_norm"]) > 0
     assert np.abs(flat(state.params) - flat(adapters)).max() > 1e-4
+
+
+def test_lora_kl_reference_is_the_base_without_a_copy(setup, lora_setup):
+    """The KL reference of a LoRA run (rl.kl_coef > 0): the base's own arrays on the graph without
+    adapters (`plain_graphdef`) give the full model's reference log-probs, bit for bit."""
+    from gd2po_jax.models.lora import plain_graphdef
+    from gd2po_jax.rl.logprobs import reference_logprobs_fn
+
+    full_graphdef, full_params, batch = setup
+    graphdef, adapters, base, _ = lora_setup
+    ref_graphdef = plain_graphdef(nnx.merge(graphdef, adapters, base))
+    args = (batch.input_ids, batch.attention_mask, batch.old_logp.shape[1])
+    got = reference_logprobs_fn(ref_graphdef, "float32")(base, *args)
+    want = reference_logprobs_fn(full_graphdef, "float32")(full_params, *args)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    reference = nnx.merge(ref_graphdef, base)
+    assert reference.lora is None and reference.embed[...] is base["embed"][...]  # no copy

@@ -296,6 +296,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path
 # ----------------------------------------------------------------------------------------------
 
 LORA_CHANGES = dict(model__lora__rank=8, model__lora__alpha=16, train__num_steps=4, checkpoint__every_steps=1,
+                    rl__kl_coef=0.01,  # the KL reference: the base without adapters
                     eval__split="none")
 
 
@@ -336,6 +337,9 @@ def test_a_lora_run_exports_an_adapter_that_peft_loads_on_its_base(lora_referenc
         merged_logits = merged(input_ids=ids).logits.numpy()
     assert np.abs(peft_logits - merged_logits).max() < 1e-4
     assert np.abs(peft_logits - base_logits).max() > 1e-2  # trained
+    # The KL to the reference (the base): nothing at step 1 (the policy is the base), then it grows.
+    kl = [r["loss/kl"] for r in read_metrics(lora_reference)]
+    assert abs(kl[0]) < 1e-6 and kl[-1] > 1e-6, kl
     # The checkpoints hold the adapters and their optimizer state, and reference the base.
     from gd2po_jax.models.lora import LORA_BASE_KEY
     from gd2po_jax.runtime.checkpoints import Checkpoints
