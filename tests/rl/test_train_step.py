@@ -902,10 +902,11 @@ def test_lora_dropout_is_drawn_from_the_state_rng_in_the_update_only(lora_setup)
     graphdef, adapters, base, batch = lora_setup
     optimizer = make_optimizer(1e-2, weight_decay=0.0)
 
+    steps = {rate: jit_train_step(make_train_step(graphdef, optimizer, step_config(
+        num_minibatches=2, micro_batch_size=4, lora_dropout=rate, old_logprobs="recompute"))) for rate in (0.0, 0.5)}
+
     def update(rate: float, seed: int = 0):
-        config = step_config(num_minibatches=2, micro_batch_size=4, lora_dropout=rate, old_logprobs="recompute")
-        step = jit_train_step(make_train_step(graphdef, optimizer, config))
-        state, metrics = step(new_state(adapters, optimizer, seed), batch, base)
+        state, metrics = steps[rate](new_state(adapters, optimizer, seed), batch, base)
         return flat(state.params), jax.device_get(metrics)
 
     without, _ = update(0.0)
