@@ -645,7 +645,7 @@ def part_compilation(ctx: Context, steps: int = 5) -> dict:
     with tempfile.TemporaryDirectory(prefix="accelerator_check_") as workdir:
         before = COMPILES.snapshot()
         setup, setup_s = harness.time_call(lambda: build_setup(config, pathlib.Path(workdir)))
-        graphdef, optimizer, state = init_state(config, setup, setup.model_path)
+        graphdef, optimizer, state, _ = init_state(config, setup, setup.model_path)
         setup_compiles = COMPILES.since(before)
         step = jit_train_step(make_train_step(graphdef, optimizer, StepConfig.from_config(config), setup.mesh),
                               jax.tree.map(lambda x: x.sharding, state))

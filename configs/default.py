@@ -21,6 +21,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.tokenizer_path = ""  # empty: model.path
     config.model.dtype = "float32"  # compute dtype of sampling and the forward pass
     config.model.remat = False  # gradient checkpointing of the decoder layers
+    # LoRA (docs/lora.md): rank 0 = full fine-tuning; else adapters of this rank on the targets, only they train.
+    config.model.lora = ml_collections.ConfigDict(
+        dict(rank=0, alpha=16.0, dropout=0.0, targets=("q", "k", "v", "o", "gate", "up", "down"), base_dtype="")
+    )
     # The embedded model's shape (built in WORKDIR/base_model when model.path is empty).
     config.model.tiny = ml_collections.ConfigDict(
         dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,

@@ -49,6 +49,7 @@ def reward_model(batch_size: int = 16) -> ml_collections.ConfigDict:
         truncation="right",  # longer: cut on the right and scored, as the official verl worker does
         batch_size=batch_size,  # conversations per forward pass (divisible by the data-parallel devices)
         dtype="bfloat16",
+        adapter="",  # a PEFT LoRA adapter trained on path (a LoRA-trained reward model; docs/lora.md); "": none
     ))
 
 

@@ -35,6 +35,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 DTYPES = ("float32", "bfloat16")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The projections a LoRA adapter may be put on (``model.lora.targets``): attention's q, k, v, o and the MLP's
+gate, up, down (Hugging Face's q_proj ... down_proj)."""
 ALGORITHMS = ("grpo", "gdpo", "gd2po_hard", "gd2po_snr", "low_conflict_half", "high_conflict_half")
 """The values of ``config.rl.algorithm``: the advantage estimators of `gd2po_jax.rl.advantages`."""
 SNR_HALF_ALGORITHMS = ("low_conflict_half", "high_conflict_half")
@@ -290,6 +293,46 @@ class TinyModelConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class LoRAConfig(_Section):
+    """``config.model.lora``: train low-rank adapters instead of the whole policy (docs/lora.md).
+
+    Attributes:
+      rank: r of every adapter; 0: no adapters, full fine-tuning (the default).
+      alpha: the adapters' output is scaled by alpha / rank (PEFT's ``lora_alpha``).
+      dropout: PEFT's ``lora_dropout``: the probability of zeroing an input of an adapter in the
+        update's forward passes with a gradient (not in sampling, nor in the old log-probs'
+        recompute); also in the exported adapter_config.json.
+      targets: the projections with an adapter, from `LORA_TARGETS` (default: attention and MLP).
+      base_dtype: the dtype the frozen base weights are held in (float32 | bfloat16); "":
+        ``train.master_dtype``. The adapters and their optimizer state are in ``train.master_dtype``.
+    Absent from older runs' config.json: rank 0.
+    """
+
+    _path: ClassVar[str] = "model.lora"
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = LORA_TARGETS
+    base_dtype: str = ""
+
+    def __post_init__(self):
+        _int_at_least(self.rank, "model.lora.rank", minimum=0)
+        _number(self.alpha, "model.lora.alpha")
+        _require(self.alpha > 0, "model.lora.alpha", f"must be > 0, got {self.alpha}")
+        _number(self.dropout, "model.lora.dropout")
+        _require(0 <= self.dropout < 1, "model.lora.dropout", f"must be in [0, 1), got {self.dropout}")
+        _require(isinstance(self.targets, tuple) and len(self.targets) > 0
+                 and all(t in LORA_TARGETS for t in self.targets) and len(set(self.targets)) == len(self.targets),
+                 "model.lora.targets", f"must be distinct names from {LORA_TARGETS}, got {self.targets!r}")
+        _one_of(self.base_dtype, "model.lora.base_dtype", ("",) + DTYPES)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyModelConfig(_Section):
     """``config.model``: the policy to train and the dtypes it runs in.
 
@@ -304,6 +347,7 @@ class PolicyModelConfig(_Section):
       remat: recompute each decoder layer in the backward pass (gradient checkpointing): less
         activation memory for more compute.
       tiny: the embedded model's shape.
+      lora: low-rank adapters (`LoRAConfig`; rank 0, the default: full fine-tuning).
     """
 
     _path: ClassVar[str] = "model"
@@ -313,6 +357,7 @@ class PolicyModelConfig(_Section):
     dtype: str
     remat: bool
     tiny: TinyModelConfig
+    lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self):
         _text(self.path, "model.path", "a directory path (empty: the embedded tiny model)")
@@ -543,6 +588,9 @@ class RewardModelConfig(_Section):
       batch_size: conversations per forward pass, fixed (one compiled program per length bucket);
         it must divide by the data-parallel devices (mesh data x fsdp).
       dtype: parameter and compute dtype (float32 | bfloat16); the scores are float32.
+      adapter: a PEFT LoRA adapter directory trained on ``path`` (a LoRA-trained reward model:
+        ``adapter_config.json`` + ``adapter_model.safetensors``, with the score head PEFT saves for
+        ``task_type="SEQ_CLS"``), merged into ``path``'s weights when loaded; empty: none.
     """
 
     path: str
@@ -552,6 +600,7 @@ class RewardModelConfig(_Section):
     batch_size: int = 32
     dtype: str = "bfloat16"
     truncation: str = "right"
+    adapter: str = ""
 
     def check(self, prefix: str) -> None:
         """Raises `ConfigError` naming ``config.<prefix>.<field>`` for an invalid value."""
@@ -564,6 +613,7 @@ class RewardModelConfig(_Section):
         _one_of(self.truncation, f"{prefix}.truncation", REWARD_MODEL_TRUNCATIONS)
         _int_at_least(self.batch_size, f"{prefix}.batch_size")
         _one_of(self.dtype, f"{prefix}.dtype", DTYPES)
+        _text(self.adapter, f"{prefix}.adapter", "a PEFT adapter directory (empty: none)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -281,6 +281,12 @@ INVALID = [
     ({"eval.every_steps": -1}, "eval.every_steps"),
     ({"mesh.data": 0}, "mesh.data"),
     ({"mesh.fsdp": "all"}, "mesh.fsdp"),
+    ({"model.lora.rank": -1}, "model.lora.rank"),
+    ({"model.lora.alpha": 0.0}, "model.lora.alpha"),
+    ({"model.lora.dropout": 1.0}, "model.lora.dropout"),
+    ({"model.lora.targets": "q"}, "model.lora.targets"),  # a string, not a tuple of names
+    ({"model.lora.targets": ("q", "lm_head")}, "model.lora.targets"),
+    ({"model.lora.base_dtype": "float16"}, "model.lora.base_dtype"),
 ]
 
 

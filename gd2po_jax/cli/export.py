@@ -10,6 +10,8 @@ vLLM load. The weights are the checkpoint's master weights cast to --dtype (defa
 config.export.dtype, itself defaulting to config.model.dtype). HF_DIR must not exist or be empty;
 it appears whole when the export is complete. While train.py (or eval.py) works in DIR the export
 stops at once, naming the holder of DIR/.lock (the trainer prunes the checkpoints it reads).
+A LoRA run's checkpoint (config.model.lora) is exported merged: its adapters on the base its metadata
+references (checked against the base's checksum), as train.py writes DIR/policy.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from absl import flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import DTYPES, ConfigError
-from gd2po_jax.evaluation.run import abstract_params
+from gd2po_jax.evaluation.run import abstract_params, lora_from_checkpoint
 from gd2po_jax.models import save_pretrained
+from gd2po_jax.models.lora import merged_decoder
 from gd2po_jax.rl.logprobs import merge_model
 from gd2po_jax.rl.setup import build_setup
 from gd2po_jax.runtime import workdir as run_dir
@@ -98,12 +101,15 @@ def export_checkpoint(workdir: str | pathlib.Path, out: str | pathlib.Path, *, s
                 raise ExportError(f"--step={step}: no such checkpoint in {files.checkpoints}; available steps: "
                                   f"{', '.join(map(str, steps))}")
             setup = build_setup(config, workdir)
-            graphdef, target = abstract_params(setup.model_path, jnp.dtype(config.train.master_dtype), setup.mesh)
-            params = checkpoints.restore_params(step, target)
+            if config.model.lora.enabled:  # the adapters on the base the checkpoint references, merged
+                graphdef, params, frozen = lora_from_checkpoint(config, setup.mesh, checkpoints, step)
+            else:
+                graphdef, target = abstract_params(setup.model_path, jnp.dtype(config.train.master_dtype), setup.mesh)
+                params, frozen = checkpoints.restore_params(step, target), None
         out.parent.mkdir(parents=True, exist_ok=True)
         run_dir.remove_stale_staging(out.parent)  # what killed exports left (their processes are gone)
         staging = run_dir.staging_name(out)
-        save_pretrained(merge_model(graphdef, params, dtype), staging, dtype=jnp.dtype(dtype),
+        save_pretrained(merged_decoder(merge_model(graphdef, params, dtype, frozen)), staging, dtype=jnp.dtype(dtype),
                         tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
         run_dir.publish_dir(staging, out)  # a rename: ``out`` appears whole (it may be an empty directory)
     return Exported(step=step, dtype=dtype, out=out, files=sorted(p.name for p in out.iterdir()))

@@ -33,12 +33,14 @@ the number of valid cache slots (of all segments), the new token's key and value
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
-from gd2po_jax.models.decoder import MASK_VALUE, Decoder, KVCache, apply_rope, rms_norm
+from gd2po_jax.models.decoder import MASK_VALUE, Decoder, KVCache, apply_rope, effective_kernel, rms_norm
 
 
 @struct.dataclass
@@ -48,6 +50,8 @@ class LayerWeights:
     qkv: [(H + 2 KV) hd, D]; qkv_bias: [(H + 2 KV) hd, 1]; o: [D, H hd]; o_bias: [D, 1];
     gate_up: [2 F, D]; gate_up_bias: [2 F, 1]; down: [D, F]; down_bias: [D, 1];
     attn_norm, mlp_norm: [D, 1]; q_norm, k_norm: [hd, 1].
+    adapters: LoRA applied per token (`decode_weights(..., merge_adapters=False)`): target -> (A^T
+    [r, in], scale B^T [out, r]); empty when merged into the matrices or absent.
     """
 
     qkv: jax.Array
@@ -62,6 +66,7 @@ class LayerWeights:
     mlp_norm: jax.Array
     q_norm: jax.Array | None
     k_norm: jax.Array | None
+    adapters: dict = dataclasses.field(default_factory=dict)
 
 
 @struct.dataclass
@@ -81,7 +86,7 @@ def _column(param) -> jax.Array | None:
 
 def _rows(*kernels) -> jax.Array:
     """``[in, ...out]`` kernels -> one ``[sum out, in]`` matrix (each flattened to 2-D, transposed)."""
-    return jnp.concatenate([k[...].reshape(k.shape[0], -1).T for k in kernels], axis=0)
+    return jnp.concatenate([k.reshape(k.shape[0], -1).T for k in kernels], axis=0)
 
 
 def _concat_bias(*biases) -> jax.Array | None:
@@ -91,26 +96,42 @@ def _concat_bias(*biases) -> jax.Array | None:
     return jnp.concatenate([b[...].reshape(-1) for b in biases])[:, None]
 
 
-def decode_weights(model: Decoder) -> DecodeWeights:
+def decode_weights(model: Decoder, merge_adapters: bool = True) -> DecodeWeights:
     """The ``[out, in]`` copies of ``model``'s weights that `decode_step` multiplies by (inside a
-    jitted program: computed once, before the decode loop)."""
+    jitted program: computed once, before the decode loop).
+
+    A LoRA model's adapters are merged into them (`gd2po_jax.models.decoder.effective_kernel`): the
+    copies exist anyway, so the merge costs one ``[in, r] @ [r, out]`` product per adapter per call
+    and no memory, and each decode step runs as the base model's. ``merge_adapters=False`` keeps
+    them apart (`LayerWeights.adapters`), two small products more per adapter per token: slower
+    (docs/lora.md, ``python -m bench.bench_lora``), kept to measure that."""
     layers = []
     for layer in model.layers:
         attn, mlp = layer.attn, layer.mlp
         h, hd, d = attn.o_kernel.shape
+
+        def kernel(module, name):
+            adapter = getattr(module, f"{name}_lora") if merge_adapters else None
+            return effective_kernel(getattr(module, f"{name}_kernel"), adapter, module.lora_scale)
+
+        adapters = {} if merge_adapters else {
+            name: (adapter.lora_a[...].T, (module.lora_scale * adapter.lora_b[...].T).astype(adapter.lora_b.dtype))
+            for module, names in ((attn, ("q", "k", "v", "o")), (mlp, ("gate", "up", "down")))
+            for name in names if (adapter := getattr(module, f"{name}_lora")) is not None}
         layers.append(LayerWeights(
-            qkv=_rows(attn.q_kernel, attn.k_kernel, attn.v_kernel),
+            qkv=_rows(kernel(attn, "q"), kernel(attn, "k"), kernel(attn, "v")),
             qkv_bias=_concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
-            o=attn.o_kernel[...].reshape(h * hd, d).T,
+            o=kernel(attn, "o").reshape(h * hd, d).T,
             o_bias=_column(attn.o_bias),
-            gate_up=_rows(mlp.gate_kernel, mlp.up_kernel),
+            gate_up=_rows(kernel(mlp, "gate"), kernel(mlp, "up")),
             gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias),
-            down=mlp.down_kernel[...].T,
+            down=kernel(mlp, "down").T,
             down_bias=_column(mlp.down_bias),
             attn_norm=_column(layer.attn_norm.scale),
             mlp_norm=_column(layer.mlp_norm.scale),
             q_norm=None if attn.q_norm is None else _column(attn.q_norm.scale),
             k_norm=None if attn.k_norm is None else _column(attn.k_norm.scale),
+            adapters=adapters,
         ))
     if not model.has_lm_head:
         raise ValueError("this Decoder was built with lm_head=False (a score model's body): it cannot decode")
@@ -178,6 +199,9 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
     for i, layer in enumerate(weights.layers):
         x = rms_norm(h, layer.attn_norm, eps, axis=0)
         qkv = layer.qkv @ x
+        if layer.adapters:
+            sizes = {"q": h_heads * hd, "k": kv_heads * hd, "v": kv_heads * hd}
+            qkv = qkv + jnp.concatenate([_adapted(layer, name, x, sizes[name]) for name in "qkv"], axis=0)
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
         q = qkv[: h_heads * hd].reshape(h_heads, hd, n)
@@ -197,11 +221,18 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
         q_rows = q.reshape(kv_heads, groups, hd, n).transpose(3, 0, 1, 2)  # [N, KV, G, hd]
         out = _attend(q_rows, [c.keys[i].astype(q.dtype) for c in done] + [cache_k.astype(q.dtype)],
                       [c.values[i].astype(q.dtype) for c in done] + [cache_v.astype(q.dtype)], key_masks)
-        h = h + _affine(layer.o, out.reshape(n, h_heads * hd).T, layer.o_bias)
+        out = out.reshape(n, h_heads * hd).T
+        attn_out = _affine(layer.o, out, layer.o_bias)
+        h = h + (attn_out if not layer.adapters else attn_out + _adapted(layer, "o", out, layer.o.shape[0]))
         x = rms_norm(h, layer.mlp_norm, eps, axis=0)
         gate_up = _affine(layer.gate_up, x, layer.gate_up_bias)
+        if layer.adapters:
+            f = layer.down.shape[1]
+            gate_up = gate_up + jnp.concatenate([_adapted(layer, name, x, f) for name in ("gate", "up")], axis=0)
         gate, up = jnp.split(gate_up, 2, axis=0)
-        h = h + _affine(layer.down, jax.nn.silu(gate) * up, layer.down_bias)
+        x = jax.nn.silu(gate) * up
+        mlp_out = _affine(layer.down, x, layer.down_bias)
+        h = h + (mlp_out if not layer.adapters else mlp_out + _adapted(layer, "down", x, layer.down.shape[0]))
     h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
     logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, N]
@@ -209,6 +240,15 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
     # and an [N, V] output is the slow orientation again.
     logits = jax.lax.optimization_barrier(logits)
     return logits, (*done, KVCache(tuple(keys), tuple(values), key_valid, index + 1))
+
+
+def _adapted(layer: LayerWeights, name: str, x: jax.Array, out: int) -> jax.Array:
+    """``scale B^T (A^T x)`` ``[out, N]`` of adapter ``name`` applied unmerged (zeros without one:
+    a block where its rows are concatenated with others')."""
+    if name not in layer.adapters:
+        return jnp.zeros((out, x.shape[1]), x.dtype)
+    a_t, b_t = layer.adapters[name]
+    return b_t.astype(x.dtype) @ (a_t.astype(x.dtype) @ x)
 
 
 def _affine(matrix: jax.Array, x: jax.Array, bias: jax.Array | None) -> jax.Array:

@@ -18,15 +18,28 @@ Weight layout (``in`` before ``out``; heads kept as their own axis so they can b
 Every projection is `linear` (the plain product, with a backward pass that reads both operands of
 the weight gradient in their natural layouts). Every parameter carries an ``out_sharding``
 annotation over the mesh axes "fsdp" and "tensor" (see `gd2po_jax.runtime.sharding`).
+
+LoRA (``Decoder(..., lora=LoRASpec(...))``): a projection named in ``LoRASpec.targets`` gets an
+adapter, Flax's own `nnx.LoRA` (``lora_a [in, r]``, ``lora_b [r, out]``, `nnx.LoRAParam` variables,
+so ``nnx.split(model, nnx.LoRAParam, nnx.Param)`` separates them from the base), and computes
+``x @ W + (alpha / r) * (x @ A) @ B``, as PEFT's ``lora.Linear`` does. The in/out of an adapter are
+its projection's flattened ones: q ``[D, H*hd]``, k/v ``[D, KV*hd]``, o ``[H*hd, D]``, gate/up
+``[D, F]``, down ``[F, D]`` (PEFT's ``lora_A.weight [r, in]`` and ``lora_B.weight [out, r]`` are
+their transposes). A is initialised as PEFT does (kaiming-uniform, bound ``1/sqrt(in)``), B to
+zeros: a fresh adapter leaves the model as it was. `effective_kernel` is a projection's kernel with
+its adapter merged in (the sampler's decode weights and the merged export).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from gd2po_jax.config import LORA_TARGETS
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -42,6 +55,75 @@ def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") 
     else:
         value = jnp.zeros(shape, jnp.float32)
     return nnx.Param(value.astype(dtype), out_sharding=sharding, eager_sharding=False)
+
+
+LORA_A_INIT = jax.nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+"""PEFT's init of ``lora_A`` (torch's kaiming_uniform_ with a=sqrt(5)): uniform in ``+-1/sqrt(in)``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASpec:
+    """The adapters of a `Decoder` (static: part of its graph).
+
+    rank: r (> 0); alpha: the adapters' output is scaled by ``alpha / rank`` (PEFT's ``lora_alpha``);
+    targets: projections with an adapter, a subset of `LORA_TARGETS`; dtype: the adapters' parameter
+    dtype (the base may be held in a lower one).
+    """
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...] = LORA_TARGETS
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
+        unknown = sorted(set(self.targets) - set(LORA_TARGETS))
+        if unknown or not self.targets:
+            raise ValueError(f"LoRA targets {self.targets!r}: each must be one of {LORA_TARGETS}")
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha) / self.rank
+
+
+def _adapter(spec: LoRASpec, in_features: int, out_features: int, in_axis, out_axis, rngs: nnx.Rngs) -> nnx.LoRA:
+    """An `nnx.LoRA` ``A [in, r]``, ``B [r, out]`` (PEFT's init), sharded as its projection's in and
+    out axes."""
+    return nnx.LoRA(
+        in_features, spec.rank, out_features, param_dtype=jnp.dtype(spec.dtype), a_initializer=LORA_A_INIT,
+        rngs=rngs, a_metadata={"out_sharding": (in_axis, None), "eager_sharding": False},
+        b_metadata={"out_sharding": (None, out_axis), "eager_sharding": False},
+    )
+
+
+def lora_delta(adapter: nnx.LoRA | None, scale: float, x: jax.Array, y: jax.Array, dropout=None,
+               slot: int = 0) -> jax.Array:
+    """``y + scale * (dropout(x) @ A) @ B`` (``x [..., in]``, ``y [..., out]``); ``y`` without an adapter.
+
+    dropout: None, or ``(key, rate)``: PEFT's ``lora_dropout`` on the adapter's input (zeroes with
+    probability ``rate``, scales the rest by ``1 / (1 - rate)``), its mask drawn from ``key`` folded
+    with ``slot`` (each adapter of a layer its own, as PEFT's modules draw theirs).
+    """
+    if adapter is None:
+        return y
+    if dropout is not None:
+        key, rate = dropout
+        keep = jax.random.bernoulli(jax.random.fold_in(key, slot), 1.0 - rate, x.shape)
+        x = jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+    return y + (scale * adapter(x)).astype(y.dtype)
+
+
+def effective_kernel(kernel: nnx.Param, adapter: nnx.LoRA | None, scale: float) -> jax.Array:
+    """The kernel (any of the layouts above) with its adapter merged in: ``W + scale * A @ B``,
+    reshaped to ``W``'s shape, in ``W``'s dtype (computed in the wider of the two)."""
+    w = kernel[...]
+    if adapter is None:
+        return w
+    a, b = adapter.lora_a[...], adapter.lora_b[...]
+    wide = jnp.promote_types(w.dtype, a.dtype)
+    delta = scale * (a.astype(wide) @ b.astype(wide))
+    return (w.astype(wide) + delta.reshape(w.shape)).astype(w.dtype)
 
 
 @struct.dataclass
@@ -189,24 +271,38 @@ class Attention(nnx.Module):
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(hd, eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(hd, eps, dtype) if config.qk_norm else None
+        self.q_lora = self.k_lora = self.v_lora = self.o_lora = nnx.data(None)  # `add_adapters`
+        self.lora_scale = 0.0
 
-    def _project(self, x, kernel, bias, norm):
+    def add_adapters(self, spec: LoRASpec, rngs: nnx.Rngs) -> None:
+        """An `nnx.LoRA` on each of q, k, v, o that ``spec`` targets (see the module docstring)."""
+        d, h, hd = self.q_kernel.shape
+        kv = self.k_kernel.shape[1]
+        shapes = {"q": (d, h * hd, "fsdp", "tensor"), "k": (d, kv * hd, "fsdp", "tensor"),
+                  "v": (d, kv * hd, "fsdp", "tensor"), "o": (h * hd, d, "tensor", "fsdp")}
+        for name, (fan_in, fan_out, in_axis, out_axis) in shapes.items():
+            if name in spec.targets:
+                setattr(self, f"{name}_lora", _adapter(spec, fan_in, fan_out, in_axis, out_axis, rngs))
+        self.lora_scale = spec.scale
+
+    def _project(self, x, kernel, bias, norm, adapter=None, dropout=None, slot=0):
         """``x [B, T, D] -> [B, T, N, hd]``; the kernel is used as a [D, N*hd] matrix (free reshape)."""
         d, n, hd = kernel.shape
-        y = linear(x, kernel[...].reshape(d, n * hd)).reshape(*x.shape[:-1], n, hd)
+        y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...].reshape(d, n * hd)), dropout, slot)
+        y = y.reshape(*x.shape[:-1], n, hd)
         if bias is not None:
             y = y + bias[...]
         return norm(y) if norm is not None else y
 
-    def __call__(self, x, cos, sin, mask, kv_cache, index):
+    def __call__(self, x, cos, sin, mask, kv_cache, index, dropout=None):
         """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
         kv_cache: None or (keys [B, KV, hd, S], values [B, KV, S, hd]) (`KVCache`'s layouts) to
-        write at slot ``index``.
+        write at slot ``index``; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`).
         Returns (out [B, T, D], (keys, values)): the updated cache's, or without a cache this
         call's keys [B, KV, T, hd] and values [B, KV, T, hd]."""
-        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm), cos, sin)
-        k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm), cos, sin)
-        v = self._project(x, self.v_kernel, self.v_bias, None)
+        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm, self.q_lora, dropout, 0), cos, sin)
+        k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm, self.k_lora, dropout, 1), cos, sin)
+        v = self._project(x, self.v_kernel, self.v_bias, None, self.v_lora, dropout, 2)
         v = v.transpose(0, 2, 1, 3)
         if kv_cache is None:
             k = k.transpose(0, 2, 1, 3)
@@ -221,7 +317,9 @@ class Attention(nnx.Module):
         keys = k if kv_cache is None else jax.lax.optimization_barrier(k.swapaxes(-1, -2))
         out = dot_product_attention(q, keys.astype(q.dtype), v.astype(q.dtype), mask)
         h, hd, d = self.o_kernel.shape
-        out = linear(out.reshape(*out.shape[:2], h * hd), self.o_kernel[...].reshape(h * hd, d))
+        out = out.reshape(*out.shape[:2], h * hd)
+        out = lora_delta(self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)),
+                         dropout, 3)
         if self.o_bias is not None:
             out = out + self.o_bias[...]
         return out, (k, v)
@@ -239,16 +337,27 @@ class MLP(nnx.Module):
         self.gate_bias = _param(None, (f,), ("tensor",), dtype, "zeros") if bias else None
         self.up_bias = _param(None, (f,), ("tensor",), dtype, "zeros") if bias else None
         self.down_bias = _param(None, (d,), (None,), dtype, "zeros") if bias else None
+        self.gate_lora = self.up_lora = self.down_lora = nnx.data(None)  # `add_adapters`
+        self.lora_scale = 0.0
 
-    @staticmethod
-    def _linear(x, kernel, bias):
-        y = linear(x, kernel[...])
+    def add_adapters(self, spec: LoRASpec, rngs: nnx.Rngs) -> None:
+        """An `nnx.LoRA` on each of gate, up, down that ``spec`` targets."""
+        d, f = self.gate_kernel.shape
+        shapes = {"gate": (d, f, "fsdp", "tensor"), "up": (d, f, "fsdp", "tensor"), "down": (f, d, "tensor", "fsdp")}
+        for name, (fan_in, fan_out, in_axis, out_axis) in shapes.items():
+            if name in spec.targets:
+                setattr(self, f"{name}_lora", _adapter(spec, fan_in, fan_out, in_axis, out_axis, rngs))
+        self.lora_scale = spec.scale
+
+    def _linear(self, x, kernel, bias, adapter, dropout=None, slot=0):
+        y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...]), dropout, slot)
         return y + bias[...] if bias is not None else y
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        gate = self._linear(x, self.gate_kernel, self.gate_bias)
-        up = self._linear(x, self.up_kernel, self.up_bias)
-        return self._linear(jax.nn.silu(gate) * up, self.down_kernel, self.down_bias)
+    def __call__(self, x: jax.Array, dropout=None) -> jax.Array:
+        """x: [B, T, D] -> [B, T, D]; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`)."""
+        gate = self._linear(x, self.gate_kernel, self.gate_bias, self.gate_lora, dropout, 4)
+        up = self._linear(x, self.up_kernel, self.up_bias, self.up_lora, dropout, 5)
+        return self._linear(jax.nn.silu(gate) * up, self.down_kernel, self.down_bias, self.down_lora, dropout, 6)
 
 
 class DecoderLayer(nnx.Module):
@@ -260,15 +369,20 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, dtype, rngs)
 
-    def __call__(self, h, cos, sin, mask, kv_cache, index):
-        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index)
+    def __call__(self, h, cos, sin, mask, kv_cache, index, dropout=None):
+        if dropout is None:
+            attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index)
+            h = h + attn_out
+            return h + self.mlp(self.mlp_norm(h)), kv
+        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index, dropout)
         h = h + attn_out
-        h = h + self.mlp(self.mlp_norm(h))
-        return h, kv
+        return h + self.mlp(self.mlp_norm(h), dropout), kv
 
 
-def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index):
-    return layer(h, cos, sin, mask, kv_cache, index)
+def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_key=None, dropout_rate=0.0):
+    if dropout_key is None:
+        return layer(h, cos, sin, mask, kv_cache, index)
+    return layer(h, cos, sin, mask, kv_cache, index, (dropout_key, dropout_rate))
 
 
 class Decoder(nnx.Module):
@@ -282,10 +396,13 @@ class Decoder(nnx.Module):
       remat: rematerialise each layer in the backward pass (`nnx.remat`), trading compute for memory.
       lm_head: build the output projection; False gives the body alone (embeddings, layers, final
         norm), as score models use it (`gd2po_jax.models.score_model`): then `logits` raises.
+      lora: adapters on the projections it targets (see the module docstring), drawn from ``rngs``
+        after every base parameter (the base is the same with or without them); None: none.
     """
 
     def __init__(
-        self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, remat: bool = False, lm_head: bool = True
+        self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, remat: bool = False, lm_head: bool = True,
+        lora: LoRASpec | None = None,
     ):
         self.config = config
         self.dtype = jnp.dtype(dtype)
@@ -299,13 +416,20 @@ class Decoder(nnx.Module):
             if config.tie_word_embeddings or not lm_head
             else _param(rngs, (config.hidden_size, config.vocab_size), ("fsdp", "tensor"), dtype)
         )
+        self.lora = lora
+        if lora is not None:
+            for layer in self.layers:
+                layer.attn.add_adapters(lora, rngs)
+                layer.mlp.add_adapters(lora, rngs)
 
-    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None):
+    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None, lora_dropout=None):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache (None without a cache).
 
         input_ids: [B, T] int; attention_mask: [B, T] (1 = token, 0 = left pad), default all ones;
         positions: [B, T] int, default `default_positions`; cache: `KVCache` whose slots
-        ``[cache.index, cache.index + T)`` receive this call's keys and values.
+        ``[cache.index, cache.index + T)`` receive this call's keys and values; lora_dropout: None,
+        or ``(key, rate)``: PEFT's ``lora_dropout`` on the adapters' inputs (`lora_delta`; the
+        update's forward, never sampling), a mask per layer and adapter drawn from ``key``.
         """
         b, t = input_ids.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
@@ -321,12 +445,23 @@ class Decoder(nnx.Module):
         attn_mask = attention_mask_3d(key_valid, index, t)
         # Remat only matters for backprop; with a KV cache (sampling) it is skipped, as nnx.remat
         # inside the decode while_loop raises TraceContextError.
-        run = nnx.remat(_run_layer) if self.remat and cache is None else _run_layer
+        run = _run_layer
+        if lora_dropout is not None and self.lora is not None and lora_dropout[1] > 0:
+            rate = float(lora_dropout[1])  # static: in the layer's program, not an argument of remat
+
+            def run(layer, h, cos, sin, mask, kv_cache, index, key):
+                return _run_layer(layer, h, cos, sin, mask, kv_cache, index, key, rate)
+        else:
+            lora_dropout = None
+        run = nnx.remat(run) if self.remat and cache is None else run
         h = jnp.take(self.embed[...], input_ids, axis=0)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index)
+            if lora_dropout is None:
+                h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index)
+            else:
+                h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index, jax.random.fold_in(lora_dropout[0], i))
             keys.append(k)
             values.append(v)
         h = self.final_norm(h)

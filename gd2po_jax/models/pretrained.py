@@ -20,11 +20,12 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_config
-from gd2po_jax.models.decoder import Decoder
+from gd2po_jax.models.decoder import Decoder, LoRASpec
+from gd2po_jax.models.lora import init_adapters
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
 from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.runtime.hub import resolve_model_dir
-from gd2po_jax.runtime.sharding import variable_sharding
+from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 from gd2po_jax.runtime.workdir import writing
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
@@ -136,15 +137,8 @@ def get_variable(model: nnx.Module, path: tuple) -> nnx.Variable:
     return node
 
 
-def _place(view: np.ndarray, dtype, sharding) -> jax.Array:
-    """Device array from a host view, converting dtype slice by slice."""
-    dtype = np.dtype(dtype)
-    if sharding is None:
-        return jax.device_put(np.asarray(view).astype(dtype))
-    return jax.make_array_from_callback(view.shape, sharding, lambda idx: np.asarray(view[idx]).astype(dtype))
-
-
-def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat: bool = False) -> Decoder:
+def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat: bool = False,
+                    lora: LoRASpec | None = None, lora_seed: int = 0) -> Decoder:
     """A `Decoder` with the weights of the Hugging Face checkpoint directory ``path``.
 
     Args:
@@ -154,11 +148,15 @@ def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat:
       mesh: if given, each parameter is created directly on its annotated sharding
         (see `gd2po_jax.runtime.sharding`); otherwise on the default device.
       remat: rematerialise layers in the backward pass.
+      lora: adapters (in ``lora.dtype``), fresh as PEFT initialises them from ``lora_seed``
+        (`gd2po_jax.models.lora.init_adapters`: the model computes as the checkpoint's).
     """
     path = resolve_model_dir(path)
     config = load_hf_config(path)
     checkpoint = SafetensorsCheckpoint(path)
-    model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
+    model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat, lora=lora))
+    if lora is not None:
+        init_adapters(model, lora_seed, mesh)
     maps = tensor_maps(config)
     fill_from_checkpoint(model, maps, checkpoint, dtype, mesh)
     expected = {tm.hf_name for tm in maps}
@@ -181,7 +179,7 @@ def fill_from_checkpoint(model: nnx.Module, maps, checkpoint: SafetensorsCheckpo
         shape = tuple(variable.shape)
         tensor = checkpoint.get(tm.hf_name, hf_shape(tm.kind, shape))
         sharding = variable_sharding(variable, mesh) if mesh is not None else None
-        variable.set_value(_place(hf_to_ours(tensor, tm.kind, shape), dtype, sharding))
+        variable.set_value(place_host_array(hf_to_ours(tensor, tm.kind, shape), dtype, sharding))
     leftover = [x for x in jax.tree.leaves(nnx.state(model)) if isinstance(x, jax.ShapeDtypeStruct)]
     if leftover:
         raise RuntimeError(

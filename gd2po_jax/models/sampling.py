@@ -53,6 +53,7 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     logprob_temperature: float = 1.0
+    merge_adapters: bool = True  # a LoRA model decodes on merged weights (`decode_weights`)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -302,7 +303,7 @@ def _decode(graphdef, params_state, state: DecodeState, params: SamplingParams, 
     `decode_segments` segment, each appending an empty chunk of the completion's cache that its
     steps fill (a finished loop skips the later ones: their conditions are false at once)."""
     model: Decoder = nnx.merge(graphdef, params_state)
-    weights = decode_weights(model)  # [out, in] copies, made once before the loop
+    weights = decode_weights(model, params.merge_adapters)  # [out, in] copies, made once before the loop
     rows = state.last.shape[0]
     start = 0
     for end in decode_segments(params.max_new_tokens):
@@ -340,6 +341,7 @@ def generate(
     pad_token_id: int | None = None,
     prompt_length: int | None = None,
     logprob_temperature: float = 1.0,
+    merge_adapters: bool = True,
 ) -> GenerateOutput:
     """Samples ``num_samples`` completions for each prompt; see the module docstring.
 
@@ -355,6 +357,8 @@ def generate(
       prompt_length: padded prompt length; default `bucket_length` of the longest prompt.
       logprob_temperature: T of the returned log-probs, ``log_softmax(logits / T)``: 1 (default) or,
         as verl, the sampling temperature; it must be the update's.
+      merge_adapters: a LoRA model decodes on its weights with the adapters merged in, once per call
+        (default; `gd2po_jax.models.decode_step.decode_weights`); False applies them per token.
     """
     if pad_token_id is None:
         pad_token_id = int(eos_token_ids[0]) if len(eos_token_ids) else 0
@@ -366,6 +370,7 @@ def generate(
         eos_token_ids=tuple(int(t) for t in eos_token_ids),
         pad_token_id=int(pad_token_id),
         logprob_temperature=float(logprob_temperature),
+        merge_adapters=bool(merge_adapters),
     )
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")

@@ -51,17 +51,20 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_config
-from gd2po_jax.models.decoder import Decoder, _param
+from gd2po_jax.models.decoder import Decoder, LoRASpec, _param
+from gd2po_jax.models.lora import load_peft_adapter, merged_decoder, read_adapter_config
 from gd2po_jax.models.pretrained import (
     TensorMap,
     check_no_unexpected_tensors,
     fill_from_checkpoint,
+    hf_to_ours,
     tensor_maps,
     tensor_sources,
     write_auxiliary_files,
 )
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_checkpoint
 from gd2po_jax.runtime.hub import resolve_model_dir
+from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 
 SCORE_LAYOUTS = ("sequence_classification", "amo", "beaver")
 
@@ -151,6 +154,8 @@ class ScoreModel(nnx.Module):
       negate: flip the sign of the (normalized) score, for models where higher = worse.
       normalizer: safe-rlhf's normalization, applied when ``normalizer.enabled``.
       remat: rematerialise the body's layers in the backward pass (training).
+      lora: adapters on the body (`gd2po_jax.models.decoder.LoRASpec`), as a PEFT adapter is loaded
+        (`load_score_model`'s ``adapter``, which then merges them).
 
     Parameters: ``decoder`` (a `Decoder` built with ``lm_head=False``), ``head_kernel [D, 1]``
     (sharded like the body's ``D`` axis), ``head_bias [1]`` or None.
@@ -166,12 +171,13 @@ class ScoreModel(nnx.Module):
         negate: bool = False,
         normalizer: ScoreNormalizer | None = None,
         remat: bool = False,
+        lora: LoRASpec | None = None,
     ):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.negate = bool(negate)
         self.normalizer = normalizer
-        self.decoder = Decoder(config, dtype=dtype, rngs=rngs, remat=remat, lm_head=False)
+        self.decoder = Decoder(config, dtype=dtype, rngs=rngs, remat=remat, lm_head=False, lora=lora)
         self.head_kernel = _param(rngs, (config.hidden_size, 1), ("fsdp", None), dtype)
         self.head_bias = _param(None, (1,), (None,), dtype, "zeros") if head_bias else None
 
@@ -301,6 +307,7 @@ def load_score_model(
     negate: bool | None = None,
     normalize: bool | None = None,
     remat: bool = False,
+    adapter: str | pathlib.Path | None = None,
 ) -> ScoreModel:
     """A `ScoreModel` with the weights of the Hugging Face score-model directory ``path``.
 
@@ -314,6 +321,9 @@ def load_score_model(
       normalize: apply safe-rlhf's normalization; None: as ``do_normalize`` says (beaver layout),
         off for the others. True on a layout without statistics is an error.
       remat: rematerialise layers in the backward pass (when the model is trained).
+      adapter: a PEFT LoRA adapter directory trained on ``path`` (`gd2po_jax.models.lora`): its
+        adapters are merged into the body's weights, and its score head (PEFT saves the head of a
+        ``SEQ_CLS`` adapter, ``base_model.model.score.weight``) replaces ``path``'s.
 
     Raises:
       FileNotFoundError: ``path``, its config.json or its weights do not exist.
@@ -341,17 +351,38 @@ def load_score_model(
             )
         normalizer, negate = None, bool(negate)
     dtype = jnp.dtype(dtype)
+    lora = None
+    if adapter:
+        adapter = resolve_model_dir(adapter, "score model adapter directory")
+        lora = read_adapter_config(adapter, dtype=dtype.name)[0]
     model = nnx.eval_shape(
         lambda: ScoreModel(
             config, dtype=dtype, rngs=nnx.Rngs(0), head_bias=head_bias, negate=negate, normalizer=normalizer,
-            remat=remat,
+            remat=remat, lora=lora,
         )
     )
+    if lora is not None:
+        load_peft_adapter(model.decoder, adapter, mesh, others=(f"base_model.model.{_HEAD_PREFIX[layout]}.weight",))
     maps = score_tensor_maps(config, layout, head_bias)
     fill_from_checkpoint(model, maps, checkpoint, dtype, mesh)
     expected = {tm.hf_name for tm in maps} | (set(NORMALIZER_BUFFERS) if layout == "beaver" else set())
     check_no_unexpected_tensors(checkpoint, expected, f"the {layout} score-model layout ({_TENSORS[layout]})")
+    if lora is not None:
+        _load_adapter_head(model, adapter, layout, dtype, mesh)
+        model.decoder = merged_decoder(model.decoder)
     return model
+
+
+def _load_adapter_head(model: ScoreModel, adapter: pathlib.Path, layout: str, dtype, mesh: Mesh | None) -> None:
+    """The score head a PEFT adapter trained (``modules_to_save``: ``base_model.model.<head>.weight``
+    [1, D]), in place of the base's; the base's when the adapter has none."""
+    adapter_tensors = SafetensorsCheckpoint(adapter)
+    name = f"base_model.model.{_HEAD_PREFIX[layout]}.weight"
+    if name in adapter_tensors.names():
+        tensor = adapter_tensors.get(name, (1, model.config.hidden_size))
+        sharding = variable_sharding(model.head_kernel, mesh) if mesh is not None else None
+        model.head_kernel.set_value(place_host_array(hf_to_ours(tensor, "linear", (model.config.hidden_size, 1)),
+                                                     dtype, sharding))
 
 
 # ----------------------------------------------------------------------------------------------

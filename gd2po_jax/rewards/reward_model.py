@@ -302,6 +302,7 @@ class RewardModel:
       dtype: parameter dtype ("bfloat16" | "float32").
       mesh: the run's mesh (None: the default device).
       offload: keep the parameters in host memory between `scores` calls.
+      adapter: a PEFT LoRA adapter directory trained on ``path``, merged in when loaded; "": none.
 
     Raises:
       ValueError: naming the reward and ``path``: no such directory, no weights, an unknown head
@@ -310,7 +311,7 @@ class RewardModel:
 
     def __init__(self, name: str, path: str, *, negate: bool | None = None, normalize: bool | None = None,
                  max_length: int = 2048, truncation: str = "right", batch_size: int = 32, dtype: str = "bfloat16",
-                 mesh: Mesh | None = None, offload: bool = False):
+                 mesh: Mesh | None = None, offload: bool = False, adapter: str = ""):
         self.name, self.path = name, str(path)
         self.max_length, self.batch_size, self.mesh, self.offload = int(max_length), int(batch_size), mesh, offload
         self.truncation = truncation
@@ -333,7 +334,8 @@ class RewardModel:
             logger.info("%s: its tokenizer has no chat template; conversations are rendered as align-anything's "
                         "plain 'ROLE: content' lines", where)
         try:
-            model = load_score_model(self.path, dtype, mesh, negate=negate, normalize=normalize)
+            model = load_score_model(self.path, dtype, mesh, negate=negate, normalize=normalize,
+                                     adapter=adapter or None)
         except (FileNotFoundError, KeyError, ValueError, RuntimeError) as err:
             raise ValueError(f"{where}: {err}") from None
         self.pad_id = int(self.tokenizer.pad_token_id)

@@ -137,7 +137,7 @@ def unembedding(model) -> jax.Array:
 
 def completion_logprobs(
     model, input_ids: jax.Array, attention_mask: jax.Array, num_completion: int, *,
-    chunk_size: int = 128, with_entropy: bool = False, temperature: float = 1.0,
+    chunk_size: int = 128, with_entropy: bool = False, temperature: float = 1.0, lora_dropout=None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-probs (and entropy) of the last ``M`` tokens of each row given everything before.
 
@@ -148,11 +148,16 @@ def completion_logprobs(
       chunk_size: positions per chunk of the vocabulary projection (`chunked_token_logprobs`).
       with_entropy: also return the per-token entropy.
       temperature: T of the policy ``softmax(logits / T)`` (static; see the module docstring).
+      lora_dropout: None, or ``(key, rate)`` of a LoRA model's adapter dropout
+        (`gd2po_jax.models.decoder.Decoder.hidden_states`).
 
     Returns:
       logp [B, M] float32 and entropy [B, M] float32 (None unless ``with_entropy``).
     """
-    hidden, _ = model.hidden_states(input_ids, attention_mask)
+    if lora_dropout is None:
+        hidden, _ = model.hidden_states(input_ids, attention_mask)
+    else:
+        hidden, _ = model.hidden_states(input_ids, attention_mask, lora_dropout=lora_dropout)
     start = input_ids.shape[1] - num_completion
     return chunked_token_logprobs(
         hidden[:, start - 1 : -1], unembedding(model), input_ids[:, start:],
@@ -160,15 +165,19 @@ def completion_logprobs(
     )
 
 
-def merge_model(graphdef, params, dtype):
+def merge_model(graphdef, params, dtype, frozen=None):
     """The model of ``graphdef`` with ``params`` (master weights) cast to the compute ``dtype``.
 
     The cast is differentiable: gradients flow back to the master weights in their own dtype.
+    frozen: with LoRA, the base weights (``params`` are then the adapters; `gd2po_jax.models.lora.split_lora`),
+    cast the same way and merged with them.
     """
     dtype = jnp.dtype(dtype)
     recast = lambda x: jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype  # noqa: E731
-    cast = jax.tree.map(lambda x: x.astype(dtype) if recast(x) else x, params)
-    return nnx.merge(graphdef, cast)
+    cast = lambda tree: jax.tree.map(lambda x: x.astype(dtype) if recast(x) else x, tree)  # noqa: E731
+    if frozen is None:
+        return nnx.merge(graphdef, cast(params))
+    return nnx.merge(graphdef, cast(params), cast(frozen))
 
 
 def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128, temperature: float = 1.0) -> Callable:

@@ -129,6 +129,11 @@ class StepConfig:
         `gd2po_jax.rl.micro_batches`); 0: one token mean per minibatch (``rl.micro_batch_max_tokens``).
       skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (not in
         the run config; False applies every update, as before the guard existed).
+
+    LoRA (docs/lora.md):
+      lora_dropout: > 0: PEFT's ``lora_dropout`` on the adapters' inputs in the update's forward
+        passes (those with a gradient; not the old log-probs' recompute, nor sampling), a mask per
+        micro-batch, layer and adapter from the state's RNG (``model.lora.dropout``).
     """
 
     method: str
@@ -159,6 +164,7 @@ class StepConfig:
     query_reweighting: bool
     snr_eps: float
     halves_ranking: str
+    lora_dropout: float = 0.0
     # Not in the run config: what the trainer sets from the data, and switches for tests and benches.
     prompt_windows: tuple[int, ...] = ()
     norm_length: float | None = None
@@ -202,6 +208,7 @@ class StepConfig:
             rollout_is_cap=rl.rollout_is_cap, shuffle_minibatches=rl.shuffle_minibatches,
             micro_batch_max_tokens=rl.micro_batch_max_tokens, query_reweighting=rl.query_reweighting,
             snr_eps=rl.snr_eps, halves_ranking=rl.halves_ranking,
+            lora_dropout=config.model.lora.dropout if config.model.lora.enabled else 0.0,
         )
         return cls(**(values | changes))
 
@@ -304,7 +311,12 @@ def _constrain_rows(tree, mesh: Mesh | None):
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: StepConfig,
                     mesh: Mesh | None = None):
-    """The update function ``step(state, batch) -> (state, metrics)`` (not yet jitted).
+    """The update function ``step(state, batch, frozen=None) -> (state, metrics)`` (not yet jitted).
+
+    With LoRA, ``state.params`` are the adapters and ``frozen`` the base weights
+    (`gd2po_jax.models.lora.split_lora`): the model is both merged, gradients and the optimizer
+    state are the adapters' alone, and the base is an argument of the program (not a constant),
+    never changed. Without, ``frozen`` is None and the step is the full fine-tuning one.
 
     Args:
       graphdef: the policy's `nnx.GraphDef` (static structure; parameters come from the state).
@@ -318,17 +330,20 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     compute_dtype = jnp.dtype(config.compute_dtype)
     need_entropy = config.log_entropy or bool(config.entropy_coef)
 
-    def policy_logprobs(params, rows: dict, with_entropy: bool):
+    def policy_logprobs(params, rows: dict, with_entropy: bool, frozen, dropout_key=None):
         """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
-        forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``."""
-        model = merge_model(graphdef, params, compute_dtype)
+        forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``; with
+        ``dropout_key``, the adapters' dropout (``lora_dropout``) drawn from it."""
+        model = merge_model(graphdef, params, compute_dtype, frozen)
+        dropout = None if dropout_key is None else {"lora_dropout": (dropout_key, config.lora_dropout)}
         return completion_logprobs(
             model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
             chunk_size=config.logit_chunk_size, with_entropy=with_entropy, temperature=config.logprob_temperature,
+            **(dropout or {}),
         )
 
-    def micro_loss(params, rows: dict, denominator):
-        logp, entropy = policy_logprobs(params, rows, need_entropy)
+    def micro_loss(params, rows: dict, denominator, frozen, dropout_key=None):
+        logp, entropy = policy_logprobs(params, rows, need_entropy, frozen, dropout_key)
         out = losses.policy_loss(
             logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
             clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
@@ -341,7 +356,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, sort: bool) -> jax.Array:
+    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, sort: bool,
+                               frozen) -> jax.Array:
         """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the
         update's size (sorted by prompt length when there are windows, as the update sorts), each
         on its prompt window; no gradient."""
@@ -351,13 +367,13 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         micro = {k: rows[k][order].reshape((total // micro_rows, micro_rows) + rows[k].shape[1:]) for k in keys}
 
         def forward(_, micro_batch):
-            logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh))
+            logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh), frozen)
             return None, logp
 
         _, logp = jax.lax.scan(forward, None, micro)
         return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
 
-    def step(state: TrainState, batch: RolloutBatch):
+    def step(state: TrainState, batch: RolloutBatch, frozen=None):
         num_prompts, group, _ = batch.rewards.shape
         rows_total = num_prompts * group
         minibatch_rows, micro_rows = check_batch_layout(rows_total, config.num_minibatches, config.micro_batch_size)
@@ -385,18 +401,19 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             rows["segment_ids"] = batch.segment_ids.astype(jnp.int32)
         rollout_metrics = {}
         if config.old_logprobs == "recompute":
-            forward = lambda params, micro_batch: policy_logprobs(params, micro_batch, False)[0]  # noqa: E731
+            forward = lambda params, micro_batch, frozen: policy_logprobs(params, micro_batch, False, frozen)[0]  # noqa: E731
             recomputed = recompute_old_logprobs(state.params, rows, micro_rows,
                                                 on_prompt_windows(forward, windows, prompt_length),
-                                                sort=len(windows) > 1 and rows_total > micro_rows)
+                                                sort=len(windows) > 1 and rows_total > micro_rows, frozen=frozen)
             rows["old_logp"] = recomputed
             rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, batch.response_mask & row_valid[:, None],
                                                config.rollout_is_cap)
             if config.rollout_is_cap > 0:
                 rows["is_weights"] = truncated_is_weights(batch.old_logp, recomputed, config.rollout_is_cap)
 
-        def update_minibatch(carry, indices):
+        def update_minibatch(carry, xs):
             params, opt_state, loss_sums = carry
+            indices, minibatch_dropout = xs  # minibatch_dropout: None, or a key per micro-batch
             if len(windows) > 1 and minibatch_rows > micro_rows:
                 # Micro-batches of similar prompt lengths, so that each runs on a short window.
                 indices = indices[jnp.argsort(rows["prompt_lengths"][indices], stable=True)]
@@ -416,14 +433,17 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
                 lambda x: x.reshape((minibatch_rows // micro_rows, micro_rows) + x.shape[1:]), minibatch
             )
 
-            def accumulate_micro(acc, micro_batch):
+            def accumulate_micro(acc, micro_xs):
                 grads, sums = acc
-                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh), denominator)
+                micro_batch, dropout_key = micro_xs
+                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh),
+                                                                denominator, frozen, dropout_key)
                 padding = _padding_slots(micro_batch, window)
                 return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), padding
 
             zero_grads = jax.tree.map(jnp.zeros_like, params)
-            (grads, sums), padding = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()), micro)
+            (grads, sums), padding = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()),
+                                                  (micro, minibatch_dropout))
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             grad_norm = optax.tree.norm(grads)
@@ -434,17 +454,24 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
         in_order = jnp.arange(rows_total, dtype=jnp.int32) if batch.row_order is None else batch.row_order
 
-        def update_epoch(carry, epoch_key):
+        def update_epoch(carry, xs):
             params, opt_state, loss_sums = carry
+            epoch_key, epoch_dropout = xs  # epoch_dropout: None, or [minibatches, micro-batches] keys
             order = jax.random.permutation(epoch_key, rows_total) if config.shuffle_minibatches else in_order
             order = order.reshape(config.num_minibatches, minibatch_rows)
-            return jax.lax.scan(update_minibatch, (params, opt_state, loss_sums), order)
+            return jax.lax.scan(update_minibatch, (params, opt_state, loss_sums), (order, epoch_dropout))
 
         rng, shuffle_key = jax.random.split(state.rng)
         epoch_keys = jax.random.split(shuffle_key, config.ppo_epochs)
+        dropout_keys = None
+        if config.lora_dropout > 0 and frozen is not None:
+            # A key per epoch, minibatch and micro-batch, from the shuffle key (the state's RNG: a
+            # resumed run draws the same masks).
+            counts = (config.ppo_epochs, config.num_minibatches, minibatch_rows // micro_rows)
+            dropout_keys = jax.random.split(jax.random.fold_in(shuffle_key, 1), counts)
         init_sums = losses.empty_policy_loss()
         (params, opt_state, loss_sums), (grad_norms, skipped, padding) = jax.lax.scan(
-            update_epoch, (state.params, state.opt_state, init_sums), epoch_keys
+            update_epoch, (state.params, state.opt_state, init_sums), (epoch_keys, dropout_keys)
         )
         metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
         metrics.update(rollout_metrics)

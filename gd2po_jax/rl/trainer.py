@@ -25,6 +25,16 @@ from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import EpochSampler
 from gd2po_jax.evaluation.run import eval_metrics, eval_target, evaluate_run, logged_before_rl
 from gd2po_jax.models import load_pretrained, save_pretrained
+from gd2po_jax.models.lora import (
+    LORA_BASE_KEY,
+    base_reference,
+    check_base,
+    lora_spec,
+    merged_decoder,
+    plain_graphdef,
+    save_peft_adapter,
+    split_lora,
+)
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures
 from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
@@ -75,38 +85,50 @@ def host_metrics(rollouts, timings: dict[str, float], reward_names: tuple[str, .
     return metrics
 
 
-def load_policy(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any]:
-    """(graphdef, params): the policy in ``policy_path`` in the master dtype, on the mesh."""
-    model = load_pretrained(policy_path, dtype=jnp.dtype(config.train.master_dtype), mesh=setup.mesh,
-                            remat=config.model.remat)
-    return nnx.split(model, nnx.Param)
+def load_policy(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any, Any]:
+    """(graphdef, params, frozen) of the policy in ``policy_path``, on the mesh. Full fine-tuning:
+    every parameter in the master dtype, frozen None. LoRA (``model.lora.rank`` > 0): params are
+    fresh adapters (PEFT's init from ``train.seed``, in the master dtype) and frozen the base
+    weights, in ``model.lora.base_dtype`` (`gd2po_jax.models.lora.split_lora`)."""
+    spec = lora_spec(config)
+    master = jnp.dtype(config.train.master_dtype)
+    if spec is None:
+        model = load_pretrained(policy_path, dtype=master, mesh=setup.mesh, remat=config.model.remat)
+        return *nnx.split(model, nnx.Param), None
+    model = load_pretrained(policy_path, dtype=jnp.dtype(config.model.lora.base_dtype or master), mesh=setup.mesh,
+                            remat=config.model.remat, lora=spec, lora_seed=config.train.seed)
+    return split_lora(model)
 
 
-def init_state(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any, TrainState]:
-    """(graphdef, optimizer, state at step 0): the policy's parameters from ``policy_path`` in the
-    master dtype, AdamW (linear warm-up over ``train.warmup_steps``, then constant), the RL seed's
-    key, all placed on the mesh."""
-    graphdef, params = load_policy(config, setup, policy_path)
+def init_state(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any, TrainState, Any]:
+    """(graphdef, optimizer, state at step 0, frozen): the policy's trained parameters from
+    ``policy_path`` in the master dtype (with LoRA: fresh adapters; ``frozen`` the base weights,
+    else None: `load_policy`), AdamW over them (linear warm-up over ``train.warmup_steps``, then
+    constant), the RL seed's key, all placed on the mesh."""
+    graphdef, params, frozen = load_policy(config, setup, policy_path)
     schedule = optax.linear_schedule(0.0, config.train.learning_rate, config.train.warmup_steps) \
         if config.train.warmup_steps else config.train.learning_rate
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
     state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
                                    jax.random.PRNGKey(config.train.seed)))
-    return graphdef, optimizer, state
+    return graphdef, optimizer, state, frozen
 
 
-def resume(checkpoints: Checkpoints, state: TrainState, sampler: EpochSampler) -> tuple[TrainState, int]:
+def resume(checkpoints: Checkpoints, state: TrainState, sampler: EpochSampler,
+           base: dict[str, Any] | None = None) -> tuple[TrainState, int]:
     """(state, step) of the newest intact checkpoint (`Checkpoints.restore_intact`: a damaged newer
     one is named in a warning and set aside), placed like ``state``, with ``sampler`` moved to its
-    data position; ``(state, 0)`` when there is none.
+    data position; ``(state, 0)`` when there is none. ``base``: a LoRA run's `base_reference`.
 
     Raises:
       CorruptCheckpointError: every checkpoint is damaged (naming each).
+      ConfigError: a LoRA checkpoint of another base (`check_base`).
     """
     restored = checkpoints.restore_intact(state)
     if restored is None:
         return state, 0
     step, state, meta = restored
+    check_base(meta, base, checkpoints.step_dir(step))
     sampler.restore(meta["data"])
     logger.info("resumed from step %d (%s)", step, checkpoints.step_dir(step))
     return state, step
@@ -172,36 +194,54 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
 
     eval_dir = files.eval_dir
     sampler = EpochSampler(len(setup.train), config.train.seed)
-    start, state = 0, None
+    start, state, frozen, base = 0, None, None, None
+    lora = config.model.lora.enabled
+    # LoRA: the base (the warm start, or model.path without SFT) is always needed: the checkpoints
+    # hold only the adapters.
+    policy_path = (warm_start(config, setup, workdir, progress=progress) if uses_warm_start(config, setup)
+                   else setup.model_path) if lora else None
     if checkpoints.steps():
         # The checkpoint holds the whole state; the base model only gives its structure and
-        # shardings, so resuming reads the warm start only if it needs the policy before RL.
-        graphdef, optimizer, state = init_state(config, setup, setup.model_path)
-        state, start = resume(checkpoints, state, sampler)
+        # shardings, so resuming reads the warm start only if it needs the policy before RL (LoRA:
+        # the state is the adapters', and the base they apply to is loaded, checked against the
+        # checkpoint's record of it).
+        graphdef, optimizer, state, frozen = init_state(config, setup, policy_path or setup.model_path)
+        base = base_reference(policy_path, frozen) if lora else None
+        state, start = resume(checkpoints, state, sampler, base)
     before_file = files.eval_report("before_rl")
     evaluated_before = distributed.primary_decides(before_file.is_file())  # the same on every process
     initial_params = None  # the policy before RL: the warm start (or model.path without SFT)
-    if start == 0 or config.rl.kl_coef or (split is not None and not evaluated_before):
-        policy_path = warm_start(config, setup, workdir, progress=progress) if uses_warm_start(config, setup) \
-            else setup.model_path
+    if start == 0 or (not lora and (config.rl.kl_coef or (split is not None and not evaluated_before))):
+        if policy_path is None:
+            policy_path = warm_start(config, setup, workdir, progress=progress) if uses_warm_start(config, setup) \
+                else setup.model_path
         if start == 0:
-            graphdef, optimizer, state = init_state(config, setup, policy_path)
+            graphdef, optimizer, state, frozen = init_state(config, setup, policy_path)
+            base = base_reference(policy_path, frozen) if lora else None
             initial_params = state.params
         else:
-            _, initial_params = load_policy(config, setup, policy_path)
+            _, initial_params, _ = load_policy(config, setup, policy_path)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    # A copy: the update donates the state's buffers.
-    ref_params = None if not config.rl.kl_coef else \
-        jax.tree.map(jnp.copy, initial_params) if start == 0 else initial_params
+    if lora:
+        # The policy before RL and the KL reference: the base without adapters, its own arrays (the
+        # update does not donate them).
+        ref_graphdef = plain_graphdef(nnx.merge(graphdef, state.params, frozen))
+        ref_params = frozen if config.rl.kl_coef else None
+        initial_policy = lambda: merge_model(ref_graphdef, frozen, config.model.dtype)  # noqa: E731
+    else:
+        # A copy: the update donates the state's buffers.
+        ref_graphdef, ref_params = graphdef, None if not config.rl.kl_coef else \
+            jax.tree.map(jnp.copy, initial_params) if start == 0 else initial_params
+        initial_policy = lambda: merge_model(graphdef, initial_params, config.model.dtype)  # noqa: E731
 
     def policy_of(params):
-        return merge_model(graphdef, params, config.model.dtype)
+        return merge_model(graphdef, params, config.model.dtype, frozen)
 
     before = None
     if split is not None:
         before = run_dir.read_json(before_file) if evaluated_before else evaluate_run(
-            config, setup, policy_of(initial_params), split, eval_dir, "before_rl", progress=progress)
-    del initial_params
+            config, setup, initial_policy(), split, eval_dir, "before_rl", progress=progress)
+    initial_params = initial_policy = None  # freed: only the KL reference (ref_params) stays
 
     writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
     if writer and start == 0 and (before_metrics := logged_before_rl(config, before)):
@@ -211,8 +251,10 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
                                   reward_names=setup.reward_names, reward_weights=setup.reward_weights)
     train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh), state_shardings)
-    ref_logp_fn = reference_logprobs_fn(graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
+    ref_logp_fn = reference_logprobs_fn(ref_graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
                                         temperature=logprob_temperature(config))
+    step_args = () if frozen is None else (frozen,)  # LoRA: the base, the step's third argument
+    checkpoint_meta = {} if base is None else {LORA_BASE_KEY: base}
     sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
     rollout_settings = RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
                                               prompt_length=setup.prompt_length)
@@ -234,7 +276,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
             batch = batch.replace(ref_logp=ref_logp_fn(ref_params, batch.input_ids, batch.attention_mask,
                                                        batch.old_logp.shape[1]))
         t1 = time.perf_counter()
-        state, raw = train_step(state, batch)
+        state, raw = train_step(state, batch, *step_args)
         raw = jax.device_get(raw)
         t2 = time.perf_counter()
         timings = {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
@@ -258,7 +300,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
                         | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"})
         stop = watch.stop_after_step()  # several processes: any one signalled stops all at this step
         if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps or stop:
-            checkpoints.save(done, state, {"step": done, "data": sampler.state()})
+            checkpoints.save(done, state, {"step": done, "data": sampler.state(), **checkpoint_meta})
         if stop:
             if writer:
                 writer.close()  # metrics.jsonl and TensorBoard flushed
@@ -275,14 +317,20 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
     # The master weights stored in config.export.dtype (default model.dtype: the policy as it computes,
     # `final`; float32 keeps a bf16-compute run's master precision). Several processes: each parameter
-    # is gathered in turn and process 0 writes it.
+    # is gathered in turn and process 0 writes it. LoRA: the adapters merged into the base.
     export_dtype = jnp.dtype(config.export.resolved_dtype(config.model.dtype))
-    save_pretrained(merge_model(graphdef, state.params, export_dtype), staging, dtype=export_dtype,
-                    tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
+    save_pretrained(merged_decoder(merge_model(graphdef, state.params, export_dtype, frozen)), staging,
+                    dtype=export_dtype, tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
+    if lora:  # and the adapters alone, in PEFT's format, on the run's base directory
+        adapter_staging = run_dir.staging_name(files.policy_adapter)
+        save_peft_adapter(nnx.merge(graphdef, state.params, frozen), adapter_staging, base["path"],
+                          dropout=config.model.lora.dropout)
     results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
                "before_rl": before, "after_rl": after}
     if primary:
         run_dir.replace_dir(staging, files.policy)
+        if lora:
+            run_dir.replace_dir(adapter_staging, files.policy_adapter)
         run_dir.write_json(files.results, results)
     distributed.barrier("train.py: policy exported")  # the run is complete when every process returns
     if progress:

@@ -298,6 +298,19 @@ class Checkpoints:
         distributed.barrier(f"checkpoint {step} set aside")
         self._manager.reload()
 
+    def metadata(self, step: int | None) -> dict[str, Any]:
+        """The JSON metadata saved with checkpoint ``step`` (default: the latest), without its
+        checksums; no array is read.
+
+        Raises:
+          CorruptCheckpointError: naming the checkpoint, when its metadata cannot be read.
+        """
+        step = self._check_step(step)
+        restored = self._restore(step, ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        if not isinstance(restored.meta, dict):
+            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)}: its metadata is not a JSON object")
+        return {k: v for k, v in restored.meta.items() if k != CHECKSUMS_KEY}
+
     def restore_params(self, step: int | None, target: Any) -> Any:
         """Only the ``params`` field of the state saved at ``step`` (default: the latest), restored
         onto ``target``'s shapes, dtypes and shardings (`jax.ShapeDtypeStruct` leaves allocate

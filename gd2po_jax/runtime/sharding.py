@@ -89,6 +89,15 @@ def variable_sharding(variable: nnx.Variable, mesh: Mesh) -> NamedSharding:
     return named_sharding(mesh, spec, variable.shape)
 
 
+def place_host_array(view: np.ndarray, dtype, sharding: NamedSharding | None) -> jax.Array:
+    """Device array from a host array (or memory-mapped view), converted to ``dtype`` slice by slice:
+    with a sharding each device reads only its own slice (the same ``view`` on every process)."""
+    dtype = np.dtype(dtype)
+    if sharding is None:
+        return jax.device_put(np.asarray(view).astype(dtype))
+    return jax.make_array_from_callback(view.shape, sharding, lambda idx: np.asarray(view[idx]).astype(dtype))
+
+
 def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
     """Sharding of a ``[B, ...]`` array: B split over ("data", "fsdp") as far as B divides."""
     return named_sharding(mesh, (BATCH_AXES,), shape)

@@ -174,6 +174,11 @@ class RunDir:
         return self.path / "policy"
 
     @property
+    def policy_adapter(self) -> pathlib.Path:
+        """A LoRA run's adapters in PEFT's format (``policy/`` holds them merged)."""
+        return self.path / "policy_adapter"
+
+    @property
     def results(self) -> pathlib.Path:
         return self.path / "results.json"
 

@@ -69,6 +69,9 @@ def warm_start_inputs(config: RunConfig) -> dict[str, Any]:
         node = inputs[section] if section in inputs else None
         if isinstance(node, dict) and name in node and json.loads(json.dumps(node[name])) == absent:
             del node[name]
+    # model.lora is how RL trains the warm-started model (LoRA or full), not what the warm start is: its
+    # key, and every existing cache's, stays without it.
+    inputs["model"].pop("lora", None)
     inputs["sft"] = {k: v for k, v in values["sft"].items() if k not in ("cache_dir", "only_with_targets")}
     inputs["sft"].setdefault("seed", 0)  # a config.json older than sft.seed: the seed was 0
     return json.loads(json.dumps(inputs, sort_keys=True))  # tuples become lists

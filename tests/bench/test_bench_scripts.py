@@ -1,6 +1,6 @@
-"""The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py) run
-as ``python -m bench.<name>`` in their seconds-long settings and print their numbers (the scripts are
-not imported by anything else, so they would rot unnoticed)."""
+"""The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
+bench_lora.py) run as ``python -m bench.<name>`` in their seconds-long settings and print their numbers
+(the scripts are not imported by anything else, so they would rot unnoticed)."""
 
 import json
 import pathlib
@@ -285,3 +285,48 @@ def test_the_shared_harness_drives_the_project(tmp_path):
     assert by_workload["W_generate"]["compiles_in_2_more_generate_calls"] == 0
     assert by_workload["T_train_step"]["compiles_after_first_step"] == 0
     assert all(by_workload[w]["tok_s"] > 0 for w in ("W_generate", "T_train_step"))
+
+
+@pytest.mark.slow  # 5 programs compiled with optimizations: ~45 s on 2 cores
+def test_bench_lora_on_a_one_layer_model():
+    """LoRA's optimizer state is Adam's two moments of the adapters alone; the update's memory and the
+    three decodes are measured."""
+    out = run_bench("bench_lora", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1", "--intermediate=64",
+                    "--vocab=128", "--head_dim=16", "--prompts=2", "--group=2", "--prompt_len=8", "--new_tokens=4",
+                    "--micro_batch=2", "--repeats=1")
+    results = json.loads(out)
+    full, lora = results["full"], results["lora"]
+    assert full["optimizer_bytes"] == 2 * full["trained_param_bytes"] + 4  # AdamW: mu, nu and a count
+    assert lora["optimizer_bytes"] == 2 * lora["trained_param_bytes"] + 4
+    assert lora["frozen_param_bytes"] == full["trained_param_bytes"] and full["frozen_param_bytes"] == 0
+    assert 0 < lora["update_peak_bytes"] < full["update_peak_bytes"]
+    for name in ("decode_base", "decode_lora_merged", "decode_lora_unmerged"):
+        assert results[name]["tokens_per_s"] > 0, name
+
+
+def test_lora_memory_counts_the_decoders_parameters_and_adapters():
+    """bench/lora_memory.py's counts are those of a `Decoder` of the same shape (with and without
+    adapters), and of Qwen2.5-1.5B / -7B (docs/paper.md); LoRA's peak is below full fine-tuning's."""
+    import jax
+    from flax import nnx
+
+    from gd2po_jax.models import Decoder
+    from gd2po_jax.models.decoder import LoRASpec
+    from gd2po_jax.models.lora import split_lora
+    from tests.fakes import tiny_model_config
+
+    lora_memory = load_bench_script("lora_memory")
+    config = tiny_model_config(tie_word_embeddings=False)
+    shape = lora_memory.Shape(hidden=config.hidden_size, layers=config.num_layers, heads=config.num_heads,
+                              kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                              intermediate=config.intermediate_size, vocab=config.vocab_size, tied=False)
+    size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
+    model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), lora=LoRASpec(4, 8.0, targets=("q", "o", "up"))))
+    _, adapters, base = split_lora(model)
+    assert size(base) == lora_memory.num_params(shape)
+    assert size(adapters) == lora_memory.adapter_params(shape, 4, ("q", "o", "up"))
+    assert round(lora_memory.num_params(lora_memory.SHAPES["qwen2.5-1.5b"]) / 1e7) == 154
+    assert round(lora_memory.num_params(lora_memory.SHAPES["qwen2.5-7b"]) / 1e7) == 762
+    sizes = dict(rows=64, seq=3072, micro_batch=1)
+    for shape in lora_memory.SHAPES.values():
+        assert lora_memory.estimate(shape, 16, **sizes)["peak"] < lora_memory.estimate(shape, 0, **sizes)["peak"] / 2

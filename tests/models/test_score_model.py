@@ -405,3 +405,45 @@ def test_num_labels_2_score_dim_2_and_unexpected_tensors_are_rejected(amo, tmp_p
         load_score_model(tmp_path / "extra")
     with pytest.raises(ValueError, match=rf"{amo[0]}: normalize=True, but this amo checkpoint has no normalizer"):
         load_score_model(amo[0], normalize=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# A LoRA-trained reward model: a PEFT adapter on its base.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_peft_adapter_on_a_score_model_scores_as_peft(seq_cls, tmp_path):
+    """A PEFT ``SEQ_CLS`` LoRA adapter (with the trained score head PEFT saves) on the qwen2 score
+    model scores as transformers + peft; without its head, with the base's."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    path, _ = seq_cls["qwen2"]
+    base = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    peft_model = get_peft_model(base, LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8,
+                                                 target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                param.add_(0.2 * torch.randn_like(param))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    peft_model = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(path),
+                                           tmp_path / "adapter").eval()
+    model = load_score_model(path, dtype="float32", adapter=tmp_path / "adapter")
+    assert model.decoder.lora is None  # merged in
+    ids, mask = _batch("left")
+    want = _hf_logits(peft_model, ids, mask)
+    np.testing.assert_allclose(_scores(model, ids, mask), want, rtol=0, atol=1e-4)
+    plain = _scores(load_score_model(path, dtype="float32"), ids, mask)
+    assert np.abs(plain - want).max() > 1e-2  # the adapter and its head matter
+    # An adapter of LoRA layers alone (no head saved): the base's head.
+    from safetensors.numpy import load_file
+
+    tensors = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    (tmp_path / "no_head").mkdir()
+    config_text = (tmp_path / "adapter" / "adapter_config.json").read_text()
+    (tmp_path / "no_head" / "adapter_config.json").write_text(config_text)
+    save_file({k: v for k, v in tensors.items() if ".lora_" in k}, tmp_path / "no_head" / "adapter_model.safetensors")
+    headless = load_score_model(path, dtype="float32", adapter=tmp_path / "no_head")
+    np.testing.assert_array_equal(np.asarray(headless.head_kernel[...]),
+                                  np.asarray(load_score_model(path, dtype="float32").head_kernel[...]))

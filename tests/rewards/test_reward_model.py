@@ -281,3 +281,30 @@ def test_unusable_reward_model_directories_are_named(setting, tmp_path):
         RewardModelReward(("useful",), {"useful": {"path": str(no_template)}})
     with pytest.raises(ValueError, match=r"batch_size=4 must be a positive multiple of the 8 data-parallel devices"):
         RewardModelReward(("useful",), {"useful": {"path": str(good), "batch_size": 4}}, mesh=setting["mesh"])
+
+
+def test_a_reward_model_with_a_peft_adapter_scores_with_it_merged(tmp_path):
+    """rewards.reward_models.<name>.adapter: the PEFT adapter trained on the score model is loaded
+    on it (merged: the parameters of load_score_model(path, adapter=...))."""
+    import torch
+    from flax import nnx
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    path = tiny_score_model_dir("sequence_classification")
+    lora = LoraConfig(task_type="SEQ_CLS", r=2, lora_alpha=4, target_modules=["q_proj", "up_proj"])
+    peft_model = get_peft_model(AutoModelForSequenceClassification.from_pretrained(path), lora)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    reward = RewardModelReward(("useful",), {"useful": {"path": str(path), "adapter": str(tmp_path / "adapter"),
+                                                        "dtype": "float32", "batch_size": 8}})
+    got = jax.tree.leaves(reward.models["useful"]._state)
+    want = jax.tree.leaves(nnx.state(load_score_model(path, "float32", adapter=tmp_path / "adapter")))
+    plain = jax.tree.leaves(nnx.state(load_score_model(path, "float32")))
+    assert len(got) == len(want) == len(plain)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert any(np.abs(np.asarray(g) - np.asarray(p)).max() > 1e-3 for g, p in zip(got, plain))

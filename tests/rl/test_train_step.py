@@ -20,6 +20,8 @@ from configs import default as default_config
 from configs import toolrl as toolrl_config
 from gd2po_jax.config import RunConfig, check_batch_layout
 from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
+from gd2po_jax.models.decoder import LoRASpec
+from gd2po_jax.models.lora import adapters_of, split_lora
 from gd2po_jax.models.sampling import generate
 from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.losses import LOSS_AGG_MODES
@@ -803,3 +805,147 @@ def test_sharded_verl_update_is_verls_and_compiles_once(setup, tmp_path):
         state, metrics = step(state, shard_rows(new_batch, mesh))
         assert step._cache_size() == 1, f"recompiled at step {i + 2}"
         assert np.isfinite(float(metrics["loss/loss"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA (model.lora): the state holds the adapters, the base is the step's third argument.
+# ----------------------------------------------------------------------------------------------
+
+LORA = LoRASpec(rank=4, alpha=8.0)
+
+
+@pytest.fixture(scope="module")
+def lora_setup(setup):
+    """(graphdef, adapters, base, the fixture's batch): fresh adapters on the fixture's model (which
+    sampled the batch: a fresh adapter is that model)."""
+    graphdef, adapters, base = split_lora(Decoder(MODEL_CONFIG, rngs=nnx.Rngs(0), lora=LORA))
+    return graphdef, adapters, base, setup[2]
+
+
+def state_bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def test_a_lora_update_trains_only_the_adapters(setup, lora_setup):
+    """Gradients and the optimizer state are the adapters' alone; the base (an argument of the
+    program, not donated) is unchanged."""
+    _, full_params, _ = setup
+    graphdef, adapters, base, batch = lora_setup
+    optimizer = make_optimizer(1e-3, weight_decay=0.0)
+    state = new_state(adapters, optimizer)
+    base_before = flat(base)
+    config = step_config(reward_names=NAMES, num_minibatches=2)
+    step = jit_train_step(make_train_step(graphdef, optimizer, config))
+    state, metrics = step(state, batch, base)
+    metrics = jax.device_get(metrics)
+    np.testing.assert_array_equal(flat(base), base_before)
+    # The second minibatch runs on the adapters the first one moved.
+    assert metrics["loss/ratio_max"] > 1.0 + 1e-6 or metrics["loss/ratio_min"] < 1.0 - 1e-6
+    before, after = nnx.merge(graphdef, adapters, base), nnx.merge(graphdef, state.params, base)
+    for (_, _, a0), (_, _, a1) in zip(adapters_of(before), adapters_of(after)):
+        assert np.abs(np.asarray(a1.lora_b[...])).max() > 1e-4  # B left zero
+        assert np.abs(np.asarray(a1.lora_a[...] - a0.lora_a[...])).max() > 0  # A moves once B is not zero
+    adapter_bytes = state_bytes(adapters)
+    # Adam's two moments over the adapters (and a counter): 2x their bytes, not the model's.
+    assert state_bytes(state.opt_state) == 2 * adapter_bytes + 4
+    assert state_bytes(optimizer.init(full_params)) == 2 * state_bytes(full_params) + 4
+    assert 4 * adapter_bytes < state_bytes(full_params)  # rank 4 of width 32
+
+
+def test_lora_step_with_zero_adapters_is_the_full_models_forward(setup, lora_setup):
+    """Recomputed old log-probs through base + fresh adapters equal the sampler's (the base's)."""
+    graphdef, adapters, base, batch = lora_setup
+    shifted_batch, shift = shifted(batch)
+    optimizer = make_optimizer(1e-3, weight_decay=0.0)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config(old_logprobs="recompute")))
+    _, metrics = step(new_state(adapters, optimizer), shifted_batch, base)
+    mask = np.asarray(batch.response_mask)
+    assert float(jax.device_get(metrics)["rollout/logprob_diff_max"]) == pytest.approx(
+        np.abs(shift)[mask].max(), abs=1e-5)
+
+
+def test_sharded_lora_step_equals_single_device(lora_setup, tmp_path):
+    """LoRA on the fsdp and tensor axes: the adapters split as their projections, one program, the
+    single-device update's numbers."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 simulated host devices of tests/conftest.py")
+    graphdef, adapters, base, batch = lora_setup
+    optimizer = make_optimizer(1e-3, weight_decay=0.0)
+    config = step_config(num_minibatches=2, micro_batch_size=4)
+    single_step = jit_train_step(make_train_step(graphdef, optimizer, config))
+    single, _ = single_step(new_state(adapters, optimizer), batch, base)
+    single = jax.device_get(single.params)
+
+    mesh = make_mesh(data=1, fsdp=4, tensor=2)
+    save_pretrained(new_model(), tmp_path / "policy")
+    model = load_pretrained(tmp_path / "policy", mesh=mesh, lora=LORA)
+    _, mesh_adapters, mesh_base = split_lora(model)
+    # The fresh adapters are the fixture's (PEFT's init from another key): use the fixture's values.
+    mesh_adapters = jax.tree.map(lambda x, v: jax.device_put(v, x.sharding), mesh_adapters, adapters)
+    assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(mesh_adapters))
+    state = new_state(mesh_adapters, optimizer)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    step = jit_train_step(make_train_step(graphdef, optimizer, config, mesh), shardings)
+    state, _ = step(state, shard_rows(batch, mesh), mesh_base)
+    assert jax.tree.map(lambda x: x.sharding, state) == shardings
+    np.testing.assert_allclose(flat(state.params), flat(single), atol=1e-6, rtol=0)
+    state, _ = step(state, shard_rows(batch, mesh), mesh_base)
+    assert step._cache_size() == 1
+
+
+def test_lora_dropout_is_drawn_from_the_state_rng_in_the_update_only(lora_setup):
+    """model.lora.dropout: the update's forward passes with a gradient drop adapter inputs (another
+    update than without), the same masks from the same state RNG; the old log-probs' recompute has
+    none (its log-probs are the sampler's, whatever the rate)."""
+    graphdef, adapters, base, batch = lora_setup
+    optimizer = make_optimizer(1e-2, weight_decay=0.0)
+
+    steps = {rate: jit_train_step(make_train_step(graphdef, optimizer, step_config(
+        num_minibatches=2, micro_batch_size=4, lora_dropout=rate, old_logprobs="recompute"))) for rate in (0.0, 0.5)}
+
+    def update(rate: float, seed: int = 0):
+        state, metrics = steps[rate](new_state(adapters, optimizer, seed), batch, base)
+        return flat(state.params), jax.device_get(metrics)
+
+    without, _ = update(0.0)
+    with_dropout, metrics = update(0.5)
+    assert np.abs(with_dropout - without).max() > 1e-4
+    np.testing.assert_array_equal(update(0.5)[0], with_dropout)
+    assert np.abs(update(0.5, seed=1)[0] - with_dropout).max() > 0
+    assert metrics["rollout/logprob_diff_max"] < 1e-5  # the recompute: no dropout, the sampler's model
+
+
+def test_a_lora_update_on_a_bfloat16_base_keeps_float32_adapters(lora_setup, tmp_path):
+    """model.lora.base_dtype=bfloat16: the base loads in bf16, the adapters and their AdamW state in
+    fp32 (load_pretrained(dtype=bf16, lora=...)), and the update trains them on it."""
+    graphdef, _, _, batch = lora_setup
+    save_pretrained(new_model(), tmp_path / "policy")
+    _, adapters, base = split_lora(load_pretrained(tmp_path / "policy", dtype=jnp.bfloat16, lora=LORA))
+    assert {x.dtype for x in jax.tree.leaves(base)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    optimizer = make_optimizer(1e-3, weight_decay=0.0)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config(compute_dtype="bfloat16")))
+    state, metrics = step(new_state(adapters, optimizer), batch, base)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+    assert {x.dtype for x in jax.tree.leaves(state.opt_state) if x.ndim} == {jnp.dtype(jnp.float32)}
+    assert np.isfinite(float(metrics["loss/grad_norm"])) and float(metrics["loss/grad_norm"]) > 0
+    assert np.abs(flat(state.params) - flat(adapters)).max() > 1e-4
+
+
+def test_lora_kl_reference_is_the_base_without_a_copy(setup, lora_setup):
+    """The KL reference of a LoRA run (rl.kl_coef > 0): the base's own arrays on the graph without
+    adapters (`plain_graphdef`) give the full model's reference log-probs, bit for bit."""
+    from gd2po_jax.models.lora import plain_graphdef
+    from gd2po_jax.rl.logprobs import reference_logprobs_fn
+
+    full_graphdef, full_params, batch = setup
+    graphdef, adapters, base, _ = lora_setup
+    ref_graphdef = plain_graphdef(nnx.merge(graphdef, adapters, base))
+    args = (batch.input_ids, batch.attention_mask, batch.old_logp.shape[1])
+    got = reference_logprobs_fn(ref_graphdef, "float32")(base, *args)
+    want = reference_logprobs_fn(full_graphdef, "float32")(full_params, *args)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    reference = nnx.merge(ref_graphdef, base)
+    assert reference.lora is None and reference.embed[...] is base["embed"][...]  # no copy

@@ -291,6 +291,136 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path
     assert_tensorboard_shows_the_metrics(workdir)
 
 
+# ----------------------------------------------------------------------------------------------
+# LoRA (model.lora): adapters trained on the reference's warm start, exported both ways.
+# ----------------------------------------------------------------------------------------------
+
+LORA_CHANGES = dict(model__lora__rank=8, model__lora__alpha=16, train__num_steps=4, checkpoint__every_steps=1,
+                    rl__kl_coef=0.01,  # the KL reference: the base without adapters
+                    eval__split="none")
+
+
+@pytest.fixture(scope="module")
+def lora_reference(reference, tmp_path_factory, train_env) -> pathlib.Path:
+    """The workdir of one uninterrupted tiny LoRA run (rank 8, alpha 16) on the reference's warm start."""
+    root = tmp_path_factory.mktemp("lora")
+    workdir = root / "run"
+    copy_warm_start(reference, workdir)
+    run_train(workdir, write_config_file(root, **LORA_CHANGES), train_env)
+    return workdir
+
+
+def adapter_tensors(workdir: pathlib.Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(workdir / "policy_adapter" / "adapter_model.safetensors")
+
+
+@pytest.mark.slow
+def test_a_lora_run_exports_an_adapter_that_peft_loads_on_its_base(lora_reference):
+    """policy_adapter/ on its base in transformers + peft computes the merged policy/ (< 1e-4 in
+    float32); training moved it away from the base; the checkpoints hold only the adapters."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((lora_reference / "policy_adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (8, 16)
+    assert pathlib.Path(config["base_model_name_or_path"]) == (lora_reference / "warm_start").absolute()
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 7, 8]])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"]).eval()
+        base_logits = base(input_ids=ids).logits.numpy()
+        adapted = PeftModel.from_pretrained(base, lora_reference / "policy_adapter").eval()
+        peft_logits = adapted(input_ids=ids).logits.numpy()
+        merged = AutoModelForCausalLM.from_pretrained(lora_reference / "policy").eval()
+        merged_logits = merged(input_ids=ids).logits.numpy()
+    assert np.abs(peft_logits - merged_logits).max() < 1e-4
+    assert np.abs(peft_logits - base_logits).max() > 1e-2  # trained
+    # The KL to the reference (the base): nothing at step 1 (the policy is the base), then it grows.
+    kl = [r["loss/kl"] for r in read_metrics(lora_reference)]
+    assert abs(kl[0]) < 1e-6 and kl[-1] > 1e-6, kl
+    # The checkpoints hold the adapters and their optimizer state, and reference the base.
+    from gd2po_jax.models.lora import LORA_BASE_KEY
+    from gd2po_jax.runtime.checkpoints import Checkpoints
+
+    with Checkpoints(lora_reference / "checkpoints", create=False) as checkpoints:
+        meta = checkpoints.metadata(None)
+        names = json.loads((checkpoints.step_dir(4) / "meta" / "metadata").read_text())["checksums"]
+    assert meta[LORA_BASE_KEY]["path"] == config["base_model_name_or_path"]
+    params = [n for n in names if n.startswith("params/")]
+    assert params and all("_lora/lora_" in n for n in params)
+    assert not any("embed" in n for n in names)
+
+
+@pytest.mark.slow
+def test_a_lora_runs_checkpoint_exports_and_its_adapter_evaluates_as_the_merged_policy(lora_reference, tmp_path):
+    """export.py merges the last checkpoint's adapters into the base it references: policy/, bit for
+    bit; eval.py --model_path=RUN/policy_adapter loads the adapter on its base, which computes policy/."""
+    from gd2po_jax.cli.export import export_checkpoint
+    from gd2po_jax.evaluation.run import policy_from_model_path
+    from gd2po_jax.models import load_pretrained
+
+    exported = export_checkpoint(lora_reference, tmp_path / "out")
+    assert exported.step == 4
+    from safetensors.numpy import load_file
+
+    expected, got = policy_tensors(lora_reference), load_file(tmp_path / "out" / "model.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    policy = policy_from_model_path(str(lora_reference / "policy_adapter"), "float32")
+    assert policy.source["base_model"] == str((lora_reference / "warm_start").absolute())
+    assert policy.model.lora is not None and policy.tokenizer is not None
+    ids = np.array([[5, 17, 42, 99, 3, 250, 7, 8]], np.int32)
+    merged = load_pretrained(lora_reference / "policy")
+    np.testing.assert_allclose(np.asarray(policy.model(ids)), np.asarray(merged(ids)), rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_lora_run_equals_the_uninterrupted_one(lora_reference, tmp_path, train_env):
+    """kill -9 inside a checkpoint's save, then after a step past one: the resumed LoRA run's metrics,
+    adapter and merged policy are bit-identical to the uninterrupted run's."""
+    workdir = tmp_path / "run"
+    copy_warm_start(lora_reference, workdir)
+    config_file = write_config_file(tmp_path, **LORA_CHANGES)
+    checkpoints = workdir / "checkpoints"
+
+    def entries() -> list[str]:
+        return sorted(p.name for p in checkpoints.iterdir()) if checkpoints.is_dir() else []
+
+    assert run_train(workdir, config_file, train_env, kill_when=lambda: bool(entries()))
+
+    def past_a_checkpoint() -> bool:
+        done = [int(n) for n in entries() if n.isdigit()]
+        lines = (workdir / "metrics.jsonl").read_text().count("\n") if (workdir / "metrics.jsonl").exists() else 0
+        return bool(done) and lines > max(done) and max(done) >= 2
+
+    assert run_train(workdir, config_file, train_env, kill_when=past_a_checkpoint)
+    assert not run_train(workdir, config_file, train_env)
+    assert stable_metrics(workdir) == stable_metrics(lora_reference)
+    for tensors in (adapter_tensors, policy_tensors):
+        expected, got = tensors(lora_reference), tensors(workdir)
+        assert expected.keys() == got.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_a_lora_checkpoint_resumes_only_on_its_base(tmp_path):
+    """check_base: another base's checksum, or LoRA switched on or off, is refused naming both."""
+    from gd2po_jax.models.lora import LORA_BASE_KEY, check_base
+
+    saved = {LORA_BASE_KEY: {"path": "/runs/a/warm_start", "checksum": 17}}
+    check_base(saved, {"path": "/elsewhere", "checksum": 17}, tmp_path)  # a moved base is the same base
+    with pytest.raises(ConfigError, match="/runs/a/warm_start.*checksum 17.*/runs/b.*checksum 18"):
+        check_base(saved, {"path": "/runs/b", "checksum": 18}, tmp_path)
+    with pytest.raises(ConfigError, match="config.model.lora.rank.*with LoRA"):
+        check_base(saved, None, tmp_path)
+    with pytest.raises(ConfigError, match="config.model.lora.rank.*without LoRA"):
+        check_base({}, {"path": "/runs/b", "checksum": 18}, tmp_path)
+    check_base({}, None, tmp_path)  # full fine-tuning
+
+
 def assert_tensorboard_shows_the_metrics(workdir: pathlib.Path) -> None:
     """TensorBoard has each step of metrics.jsonl once, with its values (float32 there)."""
     records = read_metrics(workdir)

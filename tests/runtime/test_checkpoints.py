@@ -49,6 +49,9 @@ def test_save_and_restore_round_trip_with_metadata_and_pruning(tmp_path):
         assert_trees_equal(state, small_state(2.0)) and meta["step"] == 2
         with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 1 .*available: \[2, 3\]"):
             checkpoints.restore(1, small_state(0.0))
+        # The metadata alone (a LoRA checkpoint's reference to its base), without reading an array.
+        assert checkpoints.metadata(None) == {"step": 3, "data": {"epoch": 3, "order": [2, 0, 1]}}
+        assert checkpoints.metadata(2)["step"] == 2
 
 
 def test_params_only_restore_onto_a_sharded_target(tmp_path):

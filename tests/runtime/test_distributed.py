@@ -333,3 +333,44 @@ def test_process_0_logs_and_writes_for_all(runs):
     assert "RL (gd2po_snr)" in p0 and "RL (gd2po_snr)" not in p1  # the progress bar
     assert (runs.two / "warm_start_logs" / "metrics.jsonl").is_file()
     assert not (runs.two / ".lock").exists() and not list(runs.two.glob("*.tmp-*"))
+
+
+# ----------------------------------------------------------------------------------------------
+# A LoRA run on two processes.
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_lora_run_on_two_processes_equals_one_process(tmp_path):
+    """model.lora on fsdp over two processes (each holds half of the base and of the adapters): the
+    metrics, the exported adapter (gathered by process 0) and the merged policy are those of one
+    process with 2 devices, within float rounding; process 0 alone writes policy_adapter/."""
+    from safetensors.numpy import load_file
+
+    # No warm start (RL on the base model), 2 steps, no evaluation: the LoRA paths alone.
+    config_file = write_config_file(tmp_path, **dict(MINI, model__lora__rank=4, model__lora__alpha=8,
+                                                     mesh__data=1, mesh__fsdp=2, eval__split="none",
+                                                     logging__rollouts_every=0, sft__enabled=False,
+                                                     train__num_steps=2))
+    cache = tmp_path / "xla_cache"
+    one, two = tmp_path / "one", tmp_path / "two"
+    reference = start(train_command(one, config_file), process_env(cache, 2), tmp_path / "one.log")
+    pair = start_pair(train_command(two, config_file), process_env(cache, 1), tmp_path / "two")
+    succeed([reference], [tmp_path / "one.log"])
+    succeed(pair, logs_of(tmp_path / "two"))
+    first, second = read_metrics(one), read_metrics(two)
+    assert [r["step"] for r in second] == [1, 2]
+    for mine, theirs in zip(second, first):
+        for name, value in theirs.items():
+            if not name.startswith(VOLATILE):
+                assert mine[name] == pytest.approx(value, rel=1e-3, abs=1e-5), (mine["step"], name)
+    for part, file in (("policy_adapter", "adapter_model.safetensors"), ("policy", "model.safetensors")):
+        expected, got = (load_file(w / part / file) for w in (one, two))
+        assert got.keys() == expected.keys() and expected
+        for name in expected:
+            np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=5e-5, err_msg=f"{part}: {name}")
+    config_one, config_two = (json.loads((w / "policy_adapter" / "adapter_config.json").read_text())
+                              for w in (one, two))
+    assert config_one.pop("base_model_name_or_path") == str((one / "base_model").absolute())
+    assert config_two.pop("base_model_name_or_path") == str((two / "base_model").absolute())
+    assert config_one == config_two
