@@ -319,16 +319,17 @@ def e_length(prompts, completions, **kwargs) -> list[float]:
     return [min(1.0, max(0.0, 1.0 - abs(len(text) - E_LENGTH_TARGET) / E_LENGTH_TARGET)) for text in completions]
 
 
-def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, steps: int):
+def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, steps: int, micro_batch_size: int = 0):
     """Workload E's `RunConfig`: configs/default.py with the checkpoint ``hf_dir``, G = ``generations``,
     ``prompts`` per step, exactly ``new_tokens`` sampled at temperature 1 (full vocabulary), the two
-    reward functions and no family, lr 1e-6 without weight decay, one micro-batch, no warm start, no
-    evaluation."""
+    reward functions and no family, lr 1e-6 without weight decay, no warm start, no evaluation; the
+    update in one micro-batch (the harness's definition), or in micro-batches of ``micro_batch_size``
+    rows (the same gradient, summed: less memory for long completions)."""
     config = sibling_config(str(DEFAULT_CONFIG), "default").get_config()
     config.model.path = str(hf_dir)
     config.rewards.kind, config.rewards.names = "", ()
     config.rewards.functions = ("bench.anchor_workloads:e_digits", "bench.anchor_workloads:e_length")
-    config.rl.num_generations, config.rl.micro_batch_size, config.rl.length_bucket = generations, 0, 0
+    config.rl.num_generations, config.rl.micro_batch_size, config.rl.length_bucket = generations, micro_batch_size, 0
     config.sampling.update(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, top_k=0)
     config.train.update(num_steps=steps, prompts_per_step=prompts, learning_rate=1e-6, weight_decay=0.0, grad_clip=1.0)
     config.sft.enabled, config.eval.split = False, "none"
@@ -336,13 +337,14 @@ def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, 
 
 
 def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int, new_tokens: int, steps: int,
-                 warmup: int = 2) -> dict:
+                 warmup: int = 2, micro_batch_size: int = 0) -> dict:
     """Workload E on the checkpoint ``hf_dir``: ``warmup + steps`` RL steps, each the calls the trainer's
     loop makes (`gd2po_jax.rl.trainer`; no evaluation, checkpoint or metrics file): the next prompts,
     `collect_rollouts` (sampling on device, decoding, the rewards on the host), the jitted update,
     its metrics on the host. The rollout / update split of each step, compilations per step and the
     peak RSS after each are reported; tokens/s = generated tokens / the median step."""
-    config = e2e_config(hf_dir, prompts=prompts, generations=generations, new_tokens=new_tokens, steps=warmup + steps)
+    config = e2e_config(hf_dir, prompts=prompts, generations=generations, new_tokens=new_tokens, steps=warmup + steps,
+                        micro_batch_size=micro_batch_size)
     mesh = make_mesh(data=config.mesh.data, fsdp=config.mesh.fsdp, tensor=config.mesh.tensor)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
     tokenizer.padding_side = "left"
@@ -406,7 +408,7 @@ WORKLOADS = {"W": generate_workload, "T": update_workload, "E": e2e_workload}
 
 def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
         train_repeats: int, peak_size: int = 2048, profile: str = "", e_prompts: int = 16, e_generations: int = 4,
-        e_steps: int = 5, e_warmup: int = 2) -> dict:
+        e_steps: int = 5, e_warmup: int = 2, e_micro_batch_size: int = 0) -> dict:
     """The report of the chosen ``workloads`` ("W", "T", "E", comma-separated) on the checkpoint
     ``hf_dir``; with ``profile`` (a directory), W and T also trace one more call into
     ``profile``/<workload>."""
@@ -430,7 +432,8 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
         if name == "E":
             repeat = e_steps
             result = e2e_workload(hf_dir, prompts=e_prompts, generations=e_generations, prompt_len=prompt_len,
-                                  new_tokens=new_tokens, steps=e_steps, warmup=e_warmup)
+                                  new_tokens=new_tokens, steps=e_steps, warmup=e_warmup,
+                                  micro_batch_size=e_micro_batch_size)
             print(f"E: step {result['median_s']:.2f} s (rollout {result['rollout_median_s']:.2f} s + update "
                   f"{result['update_median_s']:.2f} s), {result['per_token_ms']:.3f} ms per generated token, "
                   f"peak RSS {result['peak_rss_mb']:,.0f} MiB", flush=True)
@@ -465,6 +468,8 @@ def main(argv=None) -> None:
     parser.add_argument("--e_generations", type=int, default=4, help="rollouts per prompt (E)")
     parser.add_argument("--e_steps", type=int, default=5, help="timed RL steps (E)")
     parser.add_argument("--e_warmup", type=int, default=2, help="untimed RL steps first (E)")
+    parser.add_argument("--e_micro_batch_size", type=int, default=0,
+                        help="rows per forward/backward of E's update; 0: all at once (the harness's definition)")
     parser.add_argument("--peak_size", type=int, default=2048, help="matrix size of the matmul-peak probe")
     parser.add_argument("--json", default="", help="also write the report to this file")
     parser.add_argument("--profile", default="", help="trace one more call of each workload into this directory "
@@ -477,7 +482,8 @@ def main(argv=None) -> None:
     report = run(args.hf_dir, args.workloads, batch=args.batch, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, repeats=args.repeats, train_repeats=args.train_repeats,
                  peak_size=args.peak_size, profile=args.profile, e_prompts=args.e_prompts,
-                 e_generations=args.e_generations, e_steps=args.e_steps, e_warmup=args.e_warmup)
+                 e_generations=args.e_generations, e_steps=args.e_steps, e_warmup=args.e_warmup,
+                 e_micro_batch_size=args.e_micro_batch_size)
     text = json.dumps(report, indent=2)
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")
