@@ -1,7 +1,7 @@
 """The head-to-head harness's two workloads on any Hugging Face checkpoint directory, as JSON.
 
-The speed anchors (TRL, tunix; ``../shared/bench/anchors``) are measured on two workloads. This script
-runs the project's side of both through the project's public API, so the harness can call it
+The speed anchors (TRL, tunix; ``../shared/bench/anchors``) are measured on three workloads. This
+script runs the project's side of each through the project's public API, so the harness can call it
 instead of importing the project's internals (which move):
 
 * **W (generate)**: ``--batch`` prompts of ``--prompt_len`` random ids in ``[2, vocab)`` (NumPy
@@ -14,6 +14,14 @@ instead of importing the project's internals (which move):
   and tunix compute it too). The step computes the advantages itself, from random rewards of
   batch/2 prompts x 2 generations x 1 reward. Two warm-up updates, then the median of
   ``--train_repeats``. tokens/s = batch x (prompt_len + new_tokens) / median.
+* **E (one whole RL step)**: the trainer's own step (`e2e_workload`) on ``--e_prompts`` prompts of
+  ``--prompt_len`` random ids x ``--e_generations`` rollouts of exactly ``--new_tokens`` tokens
+  (temperature 1, no EOS), the harness's two rewards on the decoded text as a user writes them
+  (`e_digits`, `e_length`: TRL's signature, given as ``rewards.functions``), advantages and one
+  update (configs/default.py's: GD2PO-SNR, old log-probs recomputed, token-mean; lr 1e-6, no weight
+  decay, one forward/backward over all rows), timed from the prompts to the host metrics;
+  ``--e_warmup`` untimed steps, then the median of ``--e_steps``. tokens/s = generated tokens / median.
+  The checkpoint needs a tokenizer (the harness's word-level one: ``make_models.py``).
 
 Each workload also reports the XLA compilations after its warm-up (must be 0), the minor page faults
 of each timed call, the process's CPU time over the wall time of each call (about the number of cores
@@ -30,6 +38,7 @@ settings (gd2po_jax/runtime/host_memory.py), for comparison.
 
     python -m bench.anchor_workloads --hf_dir ../bench-models/small-qwen2 --json out.json
     python -m bench.anchor_workloads --hf_dir DIR --workloads=T --train_repeats=2   # one workload
+    python -m bench.anchor_workloads --hf_dir DIR --workloads=E --new_tokens=1024   # E with long completions
     python -m bench.anchor_workloads --hf_dir DIR --profile /tmp/prof   # + where one call's time goes
     GD2PO_JAX_MALLOC=system python -m bench.anchor_workloads --hf_dir DIR --workloads=T   # glibc's defaults
 """
@@ -45,20 +54,31 @@ import pathlib
 import re
 import resource
 import statistics
+import time
 from collections.abc import Callable, Collection
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from transformers import PreTrainedTokenizerFast
 
 from bench import harness
+from gd2po_jax.cli import sibling_config
+from gd2po_jax.config import RunConfig
+from gd2po_jax.data.prompts import EpochSampler, PromptSet
+from gd2po_jax.data.tokenization import pad_token_id
 from gd2po_jax.models import Decoder, load_pretrained
-from gd2po_jax.models.sampling import generate
-from gd2po_jax.rl.logprobs import completion_logprobs
+from gd2po_jax.models.sampling import bucket_length, generate
+from gd2po_jax.rewards.scoring import check_failures
+from gd2po_jax.rl import trainer
+from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import RolloutBatch, TrainState
-from gd2po_jax.rl.train_step import jit_train_step, make_train_step
+from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
+from gd2po_jax.rl.setup import RunSetup, build_run_reward
+from gd2po_jax.rl.train_step import jit_train_step, make_train_step, run_step_config
+from gd2po_jax.runtime.sharding import make_mesh
 
 
 def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
@@ -282,13 +302,116 @@ def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: 
     return result | {"tokens": tokens, "tokens_per_s": tokens / result["median_s"]}
 
 
-WORKLOADS = {"W": generate_workload, "T": update_workload}
+# Workload E's rewards (the harness's ``common.reward_digits`` / ``reward_length``), written as a user
+# writes reward functions for TRL and passes them to the project as ``rewards.functions``.
+DEFAULT_CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "default.py"
+E_LENGTH_TARGET = 360
+"""Characters; 64 decoded words of the harness's tokenizer are about 340-380 characters."""
+
+
+def e_digits(prompts, completions, **kwargs) -> list[float]:
+    """The fraction of each decoded completion's characters that are digits."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def e_length(prompts, completions, **kwargs) -> list[float]:
+    """``1 - |len(text) - E_LENGTH_TARGET| / E_LENGTH_TARGET`` of each completion, clipped to [0, 1]."""
+    return [min(1.0, max(0.0, 1.0 - abs(len(text) - E_LENGTH_TARGET) / E_LENGTH_TARGET)) for text in completions]
+
+
+def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, steps: int, micro_batch_size: int = 0):
+    """Workload E's `RunConfig`: configs/default.py with the checkpoint ``hf_dir``, G = ``generations``,
+    ``prompts`` per step, exactly ``new_tokens`` sampled at temperature 1 (full vocabulary), the two
+    reward functions and no family, lr 1e-6 without weight decay, no warm start, no evaluation; the
+    update in one micro-batch (the harness's definition), or in micro-batches of ``micro_batch_size``
+    rows (the same gradient, summed: less memory for long completions)."""
+    config = sibling_config(str(DEFAULT_CONFIG), "default").get_config()
+    config.model.path = str(hf_dir)
+    config.rewards.kind, config.rewards.names = "", ()
+    config.rewards.functions = ("bench.anchor_workloads:e_digits", "bench.anchor_workloads:e_length")
+    config.rl.num_generations, config.rl.micro_batch_size, config.rl.length_bucket = generations, micro_batch_size, 0
+    config.sampling.update(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, top_k=0)
+    config.train.update(num_steps=steps, prompts_per_step=prompts, learning_rate=1e-6, weight_decay=0.0, grad_clip=1.0)
+    config.sft.enabled, config.eval.split = False, "none"
+    return RunConfig.from_config_dict(config)
+
+
+def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int, new_tokens: int, steps: int,
+                 warmup: int = 2, micro_batch_size: int = 0) -> dict:
+    """Workload E on the checkpoint ``hf_dir``: ``warmup + steps`` RL steps, each the calls the trainer's
+    loop makes (`gd2po_jax.rl.trainer`; no evaluation, checkpoint or metrics file): the next prompts,
+    `collect_rollouts` (sampling on device, decoding, the rewards on the host), the jitted update,
+    its metrics on the host. The rollout / update split of each step, compilations per step and the
+    peak RSS after each are reported; tokens/s = generated tokens / the median step."""
+    config = e2e_config(hf_dir, prompts=prompts, generations=generations, new_tokens=new_tokens, steps=warmup + steps,
+                        micro_batch_size=micro_batch_size)
+    mesh = make_mesh(data=config.mesh.data, fsdp=config.mesh.fsdp, tensor=config.mesh.tensor)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+    tokenizer.padding_side = "left"
+    token_ids = harness.random_prompts(len(tokenizer), prompts, prompt_len, seed=2)
+    texts = tokenizer.batch_decode(token_ids)
+    eos_ids: list[int] = []  # no EOS: every rollout samples exactly new_tokens
+    # Plain-text prompts, as a loader gives them (the reward functions receive prompt_text).
+    prompt_set = PromptSet(texts=texts, token_ids=token_ids, columns={"prompt_text": texts})
+    setup = RunSetup(model_path=pathlib.Path(hf_dir), tokenizer=tokenizer, eos_ids=eos_ids,
+                     pad_id=pad_token_id(tokenizer, [0]), reward_fn=build_run_reward(config),
+                     reward_names=("e_digits", "e_length"), reward_weights=(), train=prompt_set, evals={},
+                     sft_dataset=None, prompt_length=bucket_length(prompt_len), mesh=mesh)
+    sampler = EpochSampler(len(setup.train), config.train.seed)
+    graphdef, optimizer, state, frozen = trainer.init_state(config, setup, setup.model_path)
+    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
+                                  reward_names=setup.reward_names, reward_weights=setup.reward_weights)
+    train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh),
+                                jax.tree.map(lambda x: x.sharding, state))
+    step_args = () if frozen is None else (frozen,)
+    settings = RolloutSettings.of_run(config, eos_token_ids=eos_ids, pad_token_id=setup.pad_id,
+                                      prompt_length=setup.prompt_length)
+    sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
+    compiles: list[float] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **_: compiles.append(secs) if name == harness.BACKEND_COMPILE_EVENT else None)
+    rows = []
+    for step in range(warmup + steps):
+        before = len(compiles)
+        t0 = time.perf_counter()
+        rollouts = collect_rollouts(
+            merge_model(graphdef, state.params, config.model.dtype, frozen),
+            setup.train.select(sampler.next_batch(prompts)), tokenizer, setup.reward_fn, settings,
+            rng=jax.random.fold_in(sample_key, step))
+        check_failures(rollouts.failed, setup.reward_names, config.rewards.max_failed_fraction, step=step + 1,
+                       first_error=rollouts.first_failure)
+        t1 = time.perf_counter()
+        state, raw = train_step(state, rollouts.batch, *step_args)
+        raw = jax.device_get(raw)
+        t2 = time.perf_counter()
+        trainer.host_metrics(rollouts, {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
+                                        "update": t2 - t1, "other": 0.0}, setup.reward_names)
+        if rollouts.generated_tokens != prompts * generations * new_tokens:
+            raise RuntimeError(f"step {step + 1} generated {rollouts.generated_tokens} tokens; workload E needs "
+                               f"exactly {new_tokens} per rollout")
+        rows.append(dict(step_s=t2 - t0, rollout_s=t1 - t0, sampling_s=rollouts.sampling_seconds,
+                         reward_s=rollouts.reward_seconds, update_s=t2 - t1, compiles=len(compiles) - before,
+                         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    timed = rows[warmup:]
+    median = statistics.median(r["step_s"] for r in timed)
+    generated = prompts * generations * new_tokens
+    return {"median_s": median, "times_s": [r["step_s"] for r in timed], "steps": rows,
+            "rollout_median_s": statistics.median(r["rollout_s"] for r in timed),
+            "update_median_s": statistics.median(r["update_s"] for r in timed),
+            "compiles_after_warmup": sum(r["compiles"] for r in timed),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
+            "tokens": generated, "tokens_per_s": generated / median, "per_token_ms": median / generated * 1e3}
+
+
+WORKLOADS = {"W": generate_workload, "T": update_workload, "E": e2e_workload}
 
 
 def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
-        train_repeats: int, peak_size: int = 2048, profile: str = "") -> dict:
-    """The report of the chosen ``workloads`` ("W", "T" or "W,T") on the checkpoint ``hf_dir``; with
-    ``profile`` (a directory), each also traces one more call into ``profile``/<workload>."""
+        train_repeats: int, peak_size: int = 2048, profile: str = "", e_prompts: int = 16, e_generations: int = 4,
+        e_steps: int = 5, e_warmup: int = 2, e_micro_batch_size: int = 0) -> dict:
+    """The report of the chosen ``workloads`` ("W", "T", "E", comma-separated) on the checkpoint
+    ``hf_dir``; with ``profile`` (a directory), W and T also trace one more call into
+    ``profile``/<workload>."""
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown or not names:
@@ -306,13 +429,24 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
         peak_before = harness.matmul_peak_gflops(size=peak_size)
         repeat = repeats if name == "W" else train_repeats
         profile_dir = pathlib.Path(profile) / name if profile else None
-        result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeat,
-                                 profile_dir=profile_dir)
+        if name == "E":
+            repeat = e_steps
+            result = e2e_workload(hf_dir, prompts=e_prompts, generations=e_generations, prompt_len=prompt_len,
+                                  new_tokens=new_tokens, steps=e_steps, warmup=e_warmup,
+                                  micro_batch_size=e_micro_batch_size)
+            print(f"E: step {result['median_s']:.2f} s (rollout {result['rollout_median_s']:.2f} s + update "
+                  f"{result['update_median_s']:.2f} s), {result['per_token_ms']:.3f} ms per generated token, "
+                  f"peak RSS {result['peak_rss_mb']:,.0f} MiB", flush=True)
+        else:
+            result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
+                                     repeats=repeat, profile_dir=profile_dir)
         result |= {"matmul_peak_gflops": [peak_before, harness.matmul_peak_gflops(size=peak_size)]}
         report["workloads"][name] = result
+        calls = "" if name == "E" else (
+            f", page faults a call {statistics.median(result['page_faults']):,.0f}, CPU/wall "
+            f"{statistics.median(result['cpu_per_wall']):.2f}")
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s (median {result['median_s'] * 1e3:.1f} ms of "
-              f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}, page faults a call "
-              f"{statistics.median(result['page_faults']):,.0f}, CPU/wall {statistics.median(result['cpu_per_wall']):.2f}, "
+              f"{repeat}), compilations after warm-up {result['compiles_after_warmup']}{calls}, "
               f"matmul peak {result['matmul_peak_gflops'][0]:.0f} -> {result['matmul_peak_gflops'][1]:.0f} GFLOP/s",
               flush=True)
         for line in profile_lines(name, result.get("profile", {})):
@@ -322,13 +456,20 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hf_dir", required=True, help="a Hugging Face checkpoint directory (config.json + safetensors)")
-    parser.add_argument("--workloads", default="W,T", help="W, T or W,T")
+    parser.add_argument("--hf_dir", required=True,
+                        help="a Hugging Face checkpoint directory (config.json + safetensors)")
+    parser.add_argument("--workloads", default="W,T", help="W, T, E, comma-separated")
     parser.add_argument("--batch", type=int, default=32, help="prompts (W) / sequences (T)")
     parser.add_argument("--prompt_len", type=int, default=64)
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls (W)")
     parser.add_argument("--train_repeats", type=int, default=5, help="timed updates (T)")
+    parser.add_argument("--e_prompts", type=int, default=16, help="prompts per RL step (E)")
+    parser.add_argument("--e_generations", type=int, default=4, help="rollouts per prompt (E)")
+    parser.add_argument("--e_steps", type=int, default=5, help="timed RL steps (E)")
+    parser.add_argument("--e_warmup", type=int, default=2, help="untimed RL steps first (E)")
+    parser.add_argument("--e_micro_batch_size", type=int, default=0,
+                        help="rows per forward/backward of E's update; 0: all at once (the harness's definition)")
     parser.add_argument("--peak_size", type=int, default=2048, help="matrix size of the matmul-peak probe")
     parser.add_argument("--json", default="", help="also write the report to this file")
     parser.add_argument("--profile", default="", help="trace one more call of each workload into this directory "
@@ -340,7 +481,9 @@ def main(argv=None) -> None:
         dump_optimized_hlo(pathlib.Path(args.profile) / HLO_DUMP)
     report = run(args.hf_dir, args.workloads, batch=args.batch, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, repeats=args.repeats, train_repeats=args.train_repeats,
-                 peak_size=args.peak_size, profile=args.profile)
+                 peak_size=args.peak_size, profile=args.profile, e_prompts=args.e_prompts,
+                 e_generations=args.e_generations, e_steps=args.e_steps, e_warmup=args.e_warmup,
+                 e_micro_batch_size=args.e_micro_batch_size)
     text = json.dumps(report, indent=2)
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")
