@@ -367,31 +367,30 @@ def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int
     settings = RolloutSettings.of_run(config, eos_token_ids=eos_ids, pad_token_id=setup.pad_id,
                                       prompt_length=setup.prompt_length)
     sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
-    compiles: list[float] = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda name, secs, **_: compiles.append(secs) if name == harness.BACKEND_COMPILE_EVENT else None)
     rows = []
-    for step in range(warmup + steps):
-        before = len(compiles)
-        t0 = time.perf_counter()
-        rollouts = collect_rollouts(
-            merge_model(graphdef, state.params, config.model.dtype, frozen),
-            setup.train.select(sampler.next_batch(prompts)), tokenizer, setup.reward_fn, settings,
-            rng=jax.random.fold_in(sample_key, step))
-        check_failures(rollouts.failed, setup.reward_names, config.rewards.max_failed_fraction, step=step + 1,
-                       first_error=rollouts.first_failure)
-        t1 = time.perf_counter()
-        state, raw = train_step(state, rollouts.batch, *step_args)
-        raw = jax.device_get(raw)
-        t2 = time.perf_counter()
-        trainer.host_metrics(rollouts, {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
-                                        "update": t2 - t1, "other": 0.0}, setup.reward_names)
-        if rollouts.generated_tokens != prompts * generations * new_tokens:
-            raise RuntimeError(f"step {step + 1} generated {rollouts.generated_tokens} tokens; workload E needs "
-                               f"exactly {new_tokens} per rollout")
-        rows.append(dict(step_s=t2 - t0, rollout_s=t1 - t0, sampling_s=rollouts.sampling_seconds,
-                         reward_s=rollouts.reward_seconds, update_s=t2 - t1, compiles=len(compiles) - before,
-                         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    with harness.CompileCounter() as compiles:
+        for step in range(warmup + steps):
+            before = compiles.snapshot()
+            t0 = time.perf_counter()
+            rollouts = collect_rollouts(
+                merge_model(graphdef, state.params, config.model.dtype, frozen),
+                setup.train.select(sampler.next_batch(prompts)), tokenizer, setup.reward_fn, settings,
+                rng=jax.random.fold_in(sample_key, step))
+            check_failures(rollouts.failed, setup.reward_names, config.rewards.max_failed_fraction, step=step + 1,
+                           first_error=rollouts.first_failure)
+            t1 = time.perf_counter()
+            state, raw = train_step(state, rollouts.batch, *step_args)
+            raw = jax.device_get(raw)
+            t2 = time.perf_counter()
+            # The trainer's host-side metrics of a step (their cost is part of E; the values are not used).
+            trainer.host_metrics(rollouts, {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
+                                            "update": t2 - t1, "other": 0.0}, setup.reward_names)
+            if rollouts.generated_tokens != prompts * generations * new_tokens:
+                raise RuntimeError(f"step {step + 1} generated {rollouts.generated_tokens} tokens; workload E needs "
+                                   f"exactly {new_tokens} per rollout")
+            rows.append(dict(step_s=t2 - t0, rollout_s=t1 - t0, sampling_s=rollouts.sampling_seconds,
+                             reward_s=rollouts.reward_seconds, update_s=t2 - t1, compiles=compiles.since(before)[0],
+                             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     timed = rows[warmup:]
     median = statistics.median(r["step_s"] for r in timed)
     generated = prompts * generations * new_tokens

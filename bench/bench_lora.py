@@ -38,14 +38,10 @@ from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import RolloutBatch, TrainState
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step
 
-PRESETS = {name: harness.QWEN2_SHAPES[name] for name in ("qwen2-29m", "qwen2.5-0.5b")}
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2-29m")
-    for name in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "head_dim"):
-        parser.add_argument(f"--{name}", type=int, default=None, help="override the preset")
+    harness.add_shape_arguments(parser)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--alpha", type=float, default=16.0)
     parser.add_argument("--prompts", type=int, default=8)
@@ -105,7 +101,7 @@ def decode_call(model, prompts, new_tokens: int, merge: bool):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    shape = dict(PRESETS[args.preset]) | {k: getattr(args, k) for k in PRESETS[args.preset] if getattr(args, k)}
+    shape = harness.preset_shape(args)
     config = harness.qwen2_config(**shape)
     spec = LoRASpec(rank=args.rank, alpha=args.alpha)
     full = harness.random_model(config)

@@ -39,14 +39,10 @@ from bench import harness
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
 
-PRESETS = {name: harness.QWEN2_SHAPES[name] for name in ("qwen2-29m", "qwen2.5-0.5b")}
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2-29m")
-    for name in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "head_dim"):
-        parser.add_argument(f"--{name}", type=int, default=None, help="override the preset")
+    harness.add_shape_arguments(parser)
     parser.add_argument("--hf_dir", "--hf-dir", default=None, help="load this checkpoint instead of a random model")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--batch", type=int, default=32, help="number of prompts P")
@@ -79,12 +75,7 @@ def build_model(args) -> Decoder:
     dtype = jnp.dtype(args.dtype)
     if args.hf_dir:
         return load_pretrained(args.hf_dir, dtype=dtype)
-    shape = dict(PRESETS[args.preset])
-    for key in shape:
-        override = getattr(args, key)
-        if override is not None:
-            shape[key] = override
-    return harness.random_model(harness.qwen2_config(**shape), dtype)
+    return harness.random_model(harness.qwen2_config(**harness.preset_shape(args)), dtype)
 
 
 def main(argv=None) -> None:

@@ -119,6 +119,22 @@ QWEN2_SHAPES = {
 }
 
 
+SHAPE_FIELDS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "head_dim")
+"""The sizes of a `QWEN2_SHAPES` entry, each a command-line override of the benches' ``--preset``."""
+
+
+def add_shape_arguments(parser, presets=("qwen2-29m", "qwen2.5-0.5b"), default: str = "qwen2-29m") -> None:
+    """``--preset`` (one of ``presets`` in `QWEN2_SHAPES`) and an override flag per `SHAPE_FIELDS`
+    on an argparse ``parser``; `preset_shape` reads them back."""
+    parser.add_argument("--preset", choices=sorted(presets), default=default)
+    for name in SHAPE_FIELDS:
+        parser.add_argument(f"--{name}", type=int, default=None, help="override the preset")
+
+
+def preset_shape(args) -> dict[str, int]:
+    """The sizes chosen by `add_shape_arguments`' flags: the preset's, with the given overrides."""
+    return QWEN2_SHAPES[args.preset] | {k: getattr(args, k) for k in SHAPE_FIELDS if getattr(args, k) is not None}
+
 def qwen2_config(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
                  head_dim: int) -> ModelConfig:
     """The `ModelConfig` of a Qwen2-shaped model of these sizes (rope theta 1e6, qkv biases, tied

@@ -254,11 +254,9 @@ def test_exported_policy_loads_in_jax_and_transformers(reference):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path, train_env):
-    workdir = tmp_path / "run"
-    copy_warm_start(reference, workdir)
-    config_file = write_config_file(tmp_path)
+def kill_twice_then_finish(workdir, config_file, train_env) -> list[str]:
+    """Run train.py in ``workdir`` killed with SIGKILL twice, then to the end; returns the checkpoint
+    entries seen at the first kill."""
     checkpoints = workdir / "checkpoints"
 
     def entries() -> list[str]:
@@ -277,6 +275,14 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path
     assert run_train(workdir, config_file, train_env, kill_when=past_a_checkpoint)
     # 3. Resumed to the end.
     assert not run_train(workdir, config_file, train_env)
+    return seen_first
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_equals_the_uninterrupted_one(reference, tmp_path, train_env):
+    workdir = tmp_path / "run"
+    copy_warm_start(reference, workdir)
+    seen_first = kill_twice_then_finish(workdir, write_config_file(tmp_path), train_env)
 
     # Bit-identical: both runs are on this machine with the same XLA build, so the same programs
     # run on the same inputs. (Across CPU types XLA:CPU code differs; this test never compares that.)
@@ -383,21 +389,7 @@ def test_killed_and_resumed_lora_run_equals_the_uninterrupted_one(lora_reference
     adapter and merged policy are bit-identical to the uninterrupted run's."""
     workdir = tmp_path / "run"
     copy_warm_start(lora_reference, workdir)
-    config_file = write_config_file(tmp_path, **LORA_CHANGES)
-    checkpoints = workdir / "checkpoints"
-
-    def entries() -> list[str]:
-        return sorted(p.name for p in checkpoints.iterdir()) if checkpoints.is_dir() else []
-
-    assert run_train(workdir, config_file, train_env, kill_when=lambda: bool(entries()))
-
-    def past_a_checkpoint() -> bool:
-        done = [int(n) for n in entries() if n.isdigit()]
-        lines = (workdir / "metrics.jsonl").read_text().count("\n") if (workdir / "metrics.jsonl").exists() else 0
-        return bool(done) and lines > max(done) and max(done) >= 2
-
-    assert run_train(workdir, config_file, train_env, kill_when=past_a_checkpoint)
-    assert not run_train(workdir, config_file, train_env)
+    kill_twice_then_finish(workdir, write_config_file(tmp_path, **LORA_CHANGES), train_env)
     assert stable_metrics(workdir) == stable_metrics(lora_reference)
     for tensors in (adapter_tensors, policy_tensors):
         expected, got = tensors(lora_reference), tensors(workdir)
