@@ -93,6 +93,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.query_reweighting = True  # GD2PO's kappa; False: every prompt weight 1 ("filtering alone")
     config.rl.snr_eps = 1e-8  # added to the SNR denominator
     config.rl.halves_ranking = "prompt"  # low/high_conflict_half rank per prompt | batch
+    config.rl.skip_zero_advantage_rows = True  # micro-batches of rollouts with A = 0 only are not computed
 
     config.sampling = ml_collections.ConfigDict()
     config.sampling.max_new_tokens = 96  # longest response (also evaluation's budget)

@@ -876,6 +876,15 @@ class RLConfig(_Section):
         helpfulness-safety ones). Default 1e-8. The sign test keeps 1e-8.
       halves_ranking: low_conflict_half / high_conflict_half rank the rollouts of each prompt
         (prompt, default) or of the whole batch (batch).
+
+      skip_zero_advantage_rows (issue 41): rollouts whose advantage is 0 (those GD2PO filters out,
+        groups of equal rewards) add nothing to the gradient when kl_coef and entropy_coef are 0:
+        the update sorts them after the others in each minibatch and does not compute a
+        micro-batch that holds only such rollouts (`gd2po_jax.rl.train_step`). The gradient is the
+        same, up to the order of float sums; the ``loss/*`` metrics are over the rollouts with a
+        gradient; ``update/skipped_rows`` is the share not computed. Needs micro-batches
+        (``micro_batch_size`` below the minibatch) to skip part of one. configs/default.py: True;
+        absent from an older run's config.json: False, what that run computed.
     """
 
     _path: ClassVar[str] = "rl"
@@ -907,6 +916,7 @@ class RLConfig(_Section):
     query_reweighting: bool = True
     snr_eps: float = 1e-8
     halves_ranking: str = "prompt"
+    skip_zero_advantage_rows: bool = False
 
     def __post_init__(self):
         _one_of(self.algorithm, "rl.algorithm", ALGORITHMS)
@@ -950,6 +960,7 @@ class RLConfig(_Section):
         _number(self.snr_eps, "rl.snr_eps")
         _require(self.snr_eps > 0, "rl.snr_eps", f"must be > 0, got {self.snr_eps}")
         _one_of(self.halves_ranking, "rl.halves_ranking", HALVES_RANKINGS)
+        _flag(self.skip_zero_advantage_rows, "rl.skip_zero_advantage_rows")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -247,6 +247,7 @@ INVALID = [
     ({"rl.query_reweighting": "no"}, "rl.query_reweighting"),
     ({"rl.snr_eps": 0.0}, "rl.snr_eps"),
     ({"rl.halves_ranking": "group"}, "rl.halves_ranking"),
+    ({"rl.skip_zero_advantage_rows": 1}, "rl.skip_zero_advantage_rows"),
     ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens"),
     ({"sampling.temperature": 0.0}, "sampling.temperature"),
     ({"sampling.top_p": 0.0}, "sampling.top_p"),
@@ -407,12 +408,14 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     for name in ("old_logprobs", "rollout_is_cap", "shuffle_minibatches", "micro_batch_max_tokens",
                  "micro_batch_ranks", "query_reweighting", "snr_eps", "halves_ranking"):
         del old["rl"][name]  # issue 36's fields: what older runs computed (old_logprobs: the sampler's)
+    del old["rl"]["skip_zero_advantage_rows"]
     config = RunConfig.from_config_dict(old)
     rl = config.rl
     assert (rl.old_logprobs, rl.rollout_is_cap, rl.shuffle_minibatches, rl.micro_batch_max_tokens,
             rl.micro_batch_ranks, rl.query_reweighting, rl.snr_eps, rl.halves_ranking) == \
         ("sampler", 0.0, True, 0, 1, True, 1e-8, "prompt")
     assert config.rl.length_bucket == 0  # every micro-batch at the padded length, as then
+    assert not config.rl.skip_zero_advantage_rows  # every row computed, as then (issue 41's field)
     assert (config.rewards.reward_models, config.rewards.offload, config.data.prompt_truncation) == ({}, False, None)
     assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
     assert (config.sft.seed, config.sft.cache_dir, config.sampling.prompts_per_call) == (0, "", 0)

@@ -15,6 +15,8 @@ One call of the step function does, inside a single XLA program::
             den    = aggregation denominator of the minibatch (independent of the parameters)
             (with prompt windows: rows sorted by prompt length; each micro-batch's left padding
              cut to its window, a lax.switch branch)
+            (rows without a gradient, A = 0 and no KL or entropy term, sorted last; a
+             micro-batch of such rows only is skipped, a lax.cond)
             grads  = sum over micro-batches of grad(numerator_micro / den)   (lax.scan)
             params = optax update(grads)      only if |grads| is finite, else skipped
 
@@ -129,6 +131,13 @@ class StepConfig:
         `gd2po_jax.rl.micro_batches`); 0: one token mean per minibatch (``rl.micro_batch_max_tokens``).
       skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (not in
         the run config; False applies every update, as before the guard existed).
+      skip_zero_advantage_rows: rows whose loss has no gradient (advantage 0: GD2PO's filtered
+        rollouts, groups of equal rewards; any with kl_coef or entropy_coef set count as having
+        one) are sorted after the others in each minibatch (stably: with none, the order is
+        unchanged), and a micro-batch holding only such rows is not computed (a `jax.lax.cond`).
+        The gradient is the same (those rows add exact zeros); the ``loss/*`` metrics are then
+        over the rows with a gradient, and ``update/skipped_rows`` is the share not computed
+        (``rl.skip_zero_advantage_rows``).
 
     LoRA (docs/lora.md):
       lora_dropout: > 0: PEFT's ``lora_dropout`` on the adapters' inputs in the update's forward
@@ -165,6 +174,7 @@ class StepConfig:
     snr_eps: float
     halves_ranking: str
     lora_dropout: float = 0.0
+    skip_zero_advantage_rows: bool = False
     # Not in the run config: what the trainer sets from the data, and switches for tests and benches.
     prompt_windows: tuple[int, ...] = ()
     norm_length: float | None = None
@@ -209,6 +219,7 @@ class StepConfig:
             micro_batch_max_tokens=rl.micro_batch_max_tokens, query_reweighting=rl.query_reweighting,
             snr_eps=rl.snr_eps, halves_ranking=rl.halves_ranking,
             lora_dropout=config.model.lora.dropout if config.model.lora.enabled else 0.0,
+            skip_zero_advantage_rows=rl.skip_zero_advantage_rows,
         )
         return cls(**(values | changes))
 
@@ -329,6 +340,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     """
     compute_dtype = jnp.dtype(config.compute_dtype)
     need_entropy = config.log_entropy or bool(config.entropy_coef)
+    # Rows with A = 0 have no gradient unless a KL or entropy term gives them one.
+    skip_rows = config.skip_zero_advantage_rows and not config.kl_coef and not config.entropy_coef
 
     def policy_logprobs(params, rows: dict, with_entropy: bool, frozen, dropout_key=None):
         """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
@@ -393,6 +406,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
             "response_lengths": lengths.reshape(-1),
         }
+        if skip_rows:
+            rows["active"] = rows_with_gradient(rows["advantages"], loss_mask)
         verl_weighting = config.micro_batch_max_tokens > 0
         if verl_weighting:
             if batch.segment_ids is None:
@@ -414,9 +429,13 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         def update_minibatch(carry, xs):
             params, opt_state, loss_sums = carry
             indices, minibatch_dropout = xs  # minibatch_dropout: None, or a key per micro-batch
-            if len(windows) > 1 and minibatch_rows > micro_rows:
-                # Micro-batches of similar prompt lengths, so that each runs on a short window.
-                indices = indices[jnp.argsort(rows["prompt_lengths"][indices], stable=True)]
+            if minibatch_rows > micro_rows and (len(windows) > 1 or skip_rows):
+                # Micro-batches of similar prompt lengths, so that each runs on a short window; rows
+                # without a gradient last, so that they fill micro-batches that are skipped.
+                key = rows["prompt_lengths"][indices] if len(windows) > 1 else jnp.zeros_like(indices)
+                if skip_rows:
+                    key = key + jnp.where(rows["active"][indices], 0, prompt_length + 1)
+                indices = indices[jnp.argsort(key, stable=True)]
             minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
             if verl_weighting:
                 # verl's micro-batch weighting: per-row weights from the minibatch's segments, one
@@ -429,28 +448,44 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
                     jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.loss_agg_mode,
                     norm_length=config.norm_length,
                 )
+            if skip_rows:  # the metrics over the rows with a gradient (their numerator is the same)
+                minibatch["loss_mask"] = minibatch["loss_mask"] & minibatch["active"][:, None]
             micro = jax.tree.map(
                 lambda x: x.reshape((minibatch_rows // micro_rows, micro_rows) + x.shape[1:]), minibatch
             )
 
+            def micro_gradient(micro_batch, dropout_key):
+                """(grads, loss sums, padding slots, rows skipped) of one micro-batch."""
+                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh),
+                                                                denominator, frozen, dropout_key)
+                return micro_grads, out, _padding_slots(micro_batch, window), jnp.int32(0)
+
+            def no_gradient(micro_batch, dropout_key):
+                zeros = jnp.zeros((), jnp.int32)
+                return (jax.tree.map(jnp.zeros_like, params), losses.empty_policy_loss(), (zeros, zeros, zeros),
+                        jnp.int32(micro_batch["active"].shape[0]))
+
             def accumulate_micro(acc, micro_xs):
                 grads, sums = acc
                 micro_batch, dropout_key = micro_xs
-                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh),
-                                                                denominator, frozen, dropout_key)
-                padding = _padding_slots(micro_batch, window)
-                return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), padding
+                if skip_rows:
+                    micro_grads, out, padding, skipped = jax.lax.cond(
+                        jnp.any(micro_batch["active"]), micro_gradient, no_gradient, micro_batch, dropout_key)
+                else:
+                    micro_grads, out, padding, skipped = micro_gradient(micro_batch, dropout_key)
+                return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), (padding, skipped)
 
             zero_grads = jax.tree.map(jnp.zeros_like, params)
-            (grads, sums), padding = jax.lax.scan(accumulate_micro, (zero_grads, losses.empty_policy_loss()),
-                                                  (micro, minibatch_dropout))
+            (grads, sums), (padding, skipped_rows) = jax.lax.scan(
+                accumulate_micro, (zero_grads, losses.empty_policy_loss()), (micro, minibatch_dropout))
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             grad_norm = optax.tree.norm(grads)
             apply = jnp.isfinite(grad_norm) if config.skip_nonfinite_updates else jnp.bool_(True)
             params, opt_state = updated_if(apply, (new_params, new_opt_state), (params, opt_state))
             loss_sums = losses.accumulate(loss_sums, sums)
-            return (params, opt_state, loss_sums), (grad_norm, ~apply, jax.tree.map(jnp.sum, padding))
+            return (params, opt_state, loss_sums), (grad_norm, ~apply, jax.tree.map(jnp.sum, padding),
+                                                    jnp.sum(skipped_rows))
 
         in_order = jnp.arange(rows_total, dtype=jnp.int32) if batch.row_order is None else batch.row_order
 
@@ -470,7 +505,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             counts = (config.ppo_epochs, config.num_minibatches, minibatch_rows // micro_rows)
             dropout_keys = jax.random.split(jax.random.fold_in(shuffle_key, 1), counts)
         init_sums = losses.empty_policy_loss()
-        (params, opt_state, loss_sums), (grad_norms, skipped, padding) = jax.lax.scan(
+        (params, opt_state, loss_sums), (grad_norms, skipped, padding, skipped_rows) = jax.lax.scan(
             update_epoch, (state.params, state.opt_state, init_sums), (epoch_keys, dropout_keys)
         )
         metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
@@ -479,6 +514,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
         metrics["update/prompt_padding"] = prompt_pads / slots
         metrics["update/padding"] = (prompt_pads + completion_pads) / slots
+        # rows whose forward and backward were skipped, of those the epochs pass over
+        metrics["update/skipped_rows"] = jnp.sum(skipped_rows) / (rows_total * config.ppo_epochs)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         return new_state, metrics
 
@@ -510,6 +547,13 @@ def on_prompt_windows(fn, windows: tuple[int, ...], prompt_length: int):
         return jax.lax.switch(branch, branches, params, micro_batch, *args), window_array[branch]
 
     return run
+
+
+def rows_with_gradient(advantages: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """[B] bool: rows whose policy-gradient loss can have a gradient, a non-zero advantage and a
+    token in the loss. The others' clipped surrogate is ``-0 * rho`` on every token (finite: rho is
+    clipped before its exponential), so they add exact zeros to the gradient."""
+    return (advantages != 0) & jnp.any(loss_mask, axis=-1)
 
 
 def truncated_is_weights(sampler_logp: jax.Array, recomputed_logp: jax.Array, cap: float) -> jax.Array:

@@ -288,10 +288,12 @@ def test_step_config_from_config_reads_every_field_of_the_run_config():
                "rollout_is_cap": typed.rl.rollout_is_cap, "shuffle_minibatches": typed.rl.shuffle_minibatches,
                "micro_batch_max_tokens": typed.rl.micro_batch_max_tokens,
                "query_reweighting": typed.rl.query_reweighting, "snr_eps": typed.rl.snr_eps,
-               "halves_ranking": typed.rl.halves_ranking}
+               "halves_ranking": typed.rl.halves_ranking,
+               "skip_zero_advantage_rows": typed.rl.skip_zero_advantage_rows}
     for field, value in sources.items():
         assert getattr(step, field) == value, field
     assert (step.old_logprobs, step.shuffle_minibatches, step.micro_batch_max_tokens) == ("recompute", True, 0)
+    assert step.skip_zero_advantage_rows
     official = StepConfig.from_config(RunConfig.from_config_dict(toolrl_config.get_config("qwen2.5-3b")))
     assert (official.old_logprobs, official.shuffle_minibatches, official.micro_batch_max_tokens) == \
         ("recompute", False, 16384)
@@ -508,6 +510,69 @@ def test_fully_filtered_batch_gives_no_policy_gradient(setup):
     assert np.abs(flat(snr) - before).max() > 1e-4
 
 
+def zero_advantage_rows_skipped(batch: RolloutBatch, config: StepConfig, micro_rows: int) -> tuple[float, float]:
+    """(update/skipped_rows, loss/tokens) by hand: the rows with a non-zero advantage come first,
+    every micro-batch after the last of them is skipped, and the loss metrics count their tokens."""
+    lengths = jnp.sum(batch.response_mask, -1).reshape(P, G)
+    active = np.asarray(step_advantages(batch.rewards, lengths, batch.valid, config).advantages).reshape(-1) != 0
+    computed = -(-int(active.sum()) // micro_rows) * micro_rows
+    return (active.size - computed) / active.size, float(np.asarray(batch.response_mask)[active].sum())
+
+
+@pytest.mark.parametrize("micro", [2, 4])
+def test_rows_without_a_gradient_are_skipped_and_the_update_is_the_same(setup, micro):
+    """rl.skip_zero_advantage_rows: GD2PO-SNR keeps half of the rollouts of the all-conflicting batch;
+    the filtered half (A = 0) fills micro-batches that are not computed, and the gradient (plain SGD:
+    the parameter change) is that of the update computing every row."""
+    _, params, _ = setup
+    batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
+    base = flat(params)
+    runs = {}
+    for skip in (False, True):
+        config = step_config(method="gd2po_snr", snr_tau=0.2, micro_batch_size=micro, skip_zero_advantage_rows=skip)
+        new_params, metrics, _ = run_step(setup, config, batch=batch, optimizer=("sgd", 1.0))
+        runs[skip] = (flat(new_params) - base, metrics)
+    (every_delta, every_metrics), (skip_delta, skip_metrics) = runs[False], runs[True]
+    assert skip_metrics["advantages/kept_fraction"] == 0.5
+    assert np.abs(every_delta).max() > 1e-3
+    np.testing.assert_allclose(skip_delta, every_delta, rtol=1e-4, atol=ulps(base, 4))
+    skipped, tokens = zero_advantage_rows_skipped(batch, config, micro)
+    assert skipped >= 0.25  # at least a quarter of the rows never ran
+    assert skip_metrics["update/skipped_rows"] == pytest.approx(skipped)
+    assert every_metrics["update/skipped_rows"] == 0.0
+    # The loss metrics are over the rows with a gradient; the loss itself (their numerator) is the same.
+    assert skip_metrics["loss/tokens"] == tokens < every_metrics["loss/tokens"]
+    assert skip_metrics["loss/grad_norm"] == pytest.approx(every_metrics["loss/grad_norm"], rel=1e-5)
+
+
+def test_skipping_leaves_an_update_where_every_row_has_a_gradient_unchanged(setup):
+    """No row with A = 0: the stable sort keeps the order and nothing is skipped, so the update is
+    the same (rounding aside: the micro-batch's program sits in a conditional, fused otherwise); a
+    KL term gives every row a gradient, so nothing is skipped either."""
+    plain = step_config(method="gdpo", micro_batch_size=4)
+    skipping = step_config(method="gdpo", micro_batch_size=4, skip_zero_advantage_rows=True)
+    (plain_params, plain_metrics, _), (skip_params, skip_metrics, _) = (run_step(setup, c) for c in (plain, skipping))
+    assert plain_metrics["advantages/kept_fraction"] == 1.0
+    np.testing.assert_allclose(flat(skip_params), flat(plain_params), rtol=0, atol=ulps(flat(plain_params), 4))
+    assert skip_metrics["update/skipped_rows"] == 0.0 and skip_metrics["loss/tokens"] == plain_metrics["loss/tokens"]
+    batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
+    with_kl = step_config(method="gd2po_hard", micro_batch_size=4, kl_coef=0.1, skip_zero_advantage_rows=True)
+    _, metrics, _ = run_step(setup, with_kl, batch=batch.replace(ref_logp=batch.old_logp - 0.1))
+    assert metrics["advantages/kept_fraction"] == 0.0
+    assert metrics["update/skipped_rows"] == 0.0 and metrics["loss/grad_norm"] > 0
+
+
+def test_a_fully_filtered_batch_computes_no_micro_batch(setup):
+    _, params, _ = setup
+    batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
+    for micro in (0, 4):
+        config = step_config(method="gd2po_hard", micro_batch_size=micro, skip_zero_advantage_rows=True)
+        new_params, metrics, _ = run_step(setup, config, batch=batch)
+        assert metrics["update/skipped_rows"] == 1.0
+        assert metrics["loss/grad_norm"] == 0.0 and metrics["loss/tokens"] == 0.0
+        np.testing.assert_array_equal(flat(new_params), flat(params))
+
+
 def test_snr_halves_train_on_half_of_every_group(setup):
     """The paper's Table 6 arms through the jitted update: on a batch where every rollout
     conflicts (Hard keeps none), each half keeps 2 of every prompt's 4 rollouts, learns from them,
@@ -561,10 +626,12 @@ def test_sharded_step_equals_single_device_and_compiles_once(setup, tmp_path):
     if jax.device_count() < 8:
         pytest.skip("needs the 8 simulated host devices of tests/conftest.py")
     graphdef, _, batch = setup
-    # With prompt windows: the switch between them runs on the mesh too.
-    config = step_config(num_minibatches=2, micro_batch_size=4, prompt_windows=(8, 12))
+    # With prompt windows and skipped rows: the switch between windows and the conditional of each
+    # micro-batch run on the mesh too (GD2PO-SNR keeps a quarter of the fixture's rollouts).
+    config = step_config(num_minibatches=2, micro_batch_size=4, prompt_windows=(8, 12), skip_zero_advantage_rows=True)
     optimizer = ("adamw", 1e-3, 0.0)
     single, single_metrics, single_state = run_step(setup, config, optimizer=optimizer)
+    assert single_metrics["update/skipped_rows"] > 0
 
     mesh = make_mesh(data=2, fsdp=4)
     # As the trainer does: the policy is loaded from its checkpoint onto the mesh.
