@@ -369,19 +369,29 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, sort: bool,
+    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, windowed: bool,
                                frozen) -> jax.Array:
         """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the
         update's size (sorted by prompt length when there are windows, as the update sorts), each
-        on its prompt window; no gradient."""
+        on its prompt window; no gradient. With skipped rows (``rows["active"]``), those are sorted
+        last and a micro-batch of only such rows keeps the batch's (sampler's) log-probs: the loss
+        never reads them."""
         total = rows["input_ids"].shape[0]
-        keys = ("input_ids", "attention_mask", "old_logp", "prompt_lengths")
-        order = jnp.argsort(rows["prompt_lengths"], stable=True) if sort else jnp.arange(total)
+        keys = ("input_ids", "attention_mask", "old_logp", "prompt_lengths") + (("active",) if skip_rows else ())
+        order = jnp.arange(total)
+        if total > micro_rows and (windowed or skip_rows):
+            order = jnp.argsort(micro_batch_sort_key(rows["prompt_lengths"], rows.get("active"), windowed), stable=True)
         micro = {k: rows[k][order].reshape((total // micro_rows, micro_rows) + rows[k].shape[1:]) for k in keys}
 
-        def forward(_, micro_batch):
+        def compute(micro_batch):
             logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh), frozen)
-            return None, logp
+            return logp.astype(micro_batch["old_logp"].dtype)
+
+        def forward(_, micro_batch):
+            if skip_rows:
+                kept = lambda mb: mb["old_logp"]  # noqa: E731
+                return None, jax.lax.cond(jnp.any(micro_batch["active"]), compute, kept, micro_batch)
+            return None, compute(micro_batch)
 
         _, logp = jax.lax.scan(forward, None, micro)
         return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
@@ -419,10 +429,12 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             forward = lambda params, micro_batch, frozen: policy_logprobs(params, micro_batch, False, frozen)[0]  # noqa: E731
             recomputed = recompute_old_logprobs(state.params, rows, micro_rows,
                                                 on_prompt_windows(forward, windows, prompt_length),
-                                                sort=len(windows) > 1 and rows_total > micro_rows, frozen=frozen)
+                                                windowed=len(windows) > 1, frozen=frozen)
             rows["old_logp"] = recomputed
-            rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, batch.response_mask & row_valid[:, None],
-                                               config.rollout_is_cap)
+            recomputed_tokens = batch.response_mask & row_valid[:, None]
+            if skip_rows:  # over the rows with a gradient, the others' were not recomputed
+                recomputed_tokens = recomputed_tokens & rows["active"][:, None]
+            rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, recomputed_tokens, config.rollout_is_cap)
             if config.rollout_is_cap > 0:
                 rows["is_weights"] = truncated_is_weights(batch.old_logp, recomputed, config.rollout_is_cap)
 
@@ -432,9 +444,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
             if minibatch_rows > micro_rows and (len(windows) > 1 or skip_rows):
                 # Micro-batches of similar prompt lengths, so that each runs on a short window; rows
                 # without a gradient last, so that they fill micro-batches that are skipped.
-                key = rows["prompt_lengths"][indices] if len(windows) > 1 else jnp.zeros_like(indices)
-                if skip_rows:
-                    key = key + jnp.where(rows["active"][indices], 0, prompt_length + 1)
+                active = rows["active"][indices] if skip_rows else None
+                key = micro_batch_sort_key(rows["prompt_lengths"][indices], active, len(windows) > 1)
                 indices = indices[jnp.argsort(key, stable=True)]
             minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
             if verl_weighting:
@@ -547,6 +558,17 @@ def on_prompt_windows(fn, windows: tuple[int, ...], prompt_length: int):
         return jax.lax.switch(branch, branches, params, micro_batch, *args), window_array[branch]
 
     return run
+
+
+def micro_batch_sort_key(prompt_lengths: jax.Array, active: jax.Array | None, windowed: bool) -> jax.Array:
+    """[R] int32 key of a stable sort of R rows before they split into micro-batches: by prompt length
+    (``windowed``: so that each micro-batch runs on a short prompt window), and rows without a
+    gradient (``active`` False; None: every row has one) after all others, so that they fill
+    micro-batches that are skipped. A constant key leaves the order as it is."""
+    key = prompt_lengths if windowed else jnp.zeros_like(prompt_lengths)
+    if active is not None:
+        key = key + jnp.where(active, 0, jnp.int32(1 << 24))
+    return key
 
 
 def rows_with_gradient(advantages: jax.Array, loss_mask: jax.Array) -> jax.Array:

@@ -678,20 +678,27 @@ def shifted(batch: RolloutBatch, seed: int = 3, scale: float = 0.3) -> tuple[Rol
     return batch.replace(old_logp=batch.old_logp + shift), shift
 
 
-@pytest.mark.parametrize("layout", [dict(), dict(micro_batch_size=4, prompt_windows=(8, 12))],
-                         ids=["whole", "micro-batches-on-windows"])
+@pytest.mark.parametrize("layout", [dict(), dict(micro_batch_size=4, prompt_windows=(8, 12)),
+                                    dict(micro_batch_size=2, prompt_windows=(8, 12), skip_zero_advantage_rows=True)],
+                         ids=["whole", "micro-batches-on-windows", "skipping-rows-without-gradient"])
 def test_recomputed_old_logprobs_give_unit_ratios_whatever_the_sampler_gave(setup, layout):
     _, _, batch = setup
     moved, shift = shifted(batch)
     config = step_config(old_logprobs="recompute", **layout)
     _, metrics, _ = run_step(setup, config, batch=moved)
+    mask = np.asarray(batch.response_mask)
+    if config.skip_zero_advantage_rows:
+        # Only the rows with a gradient are recomputed (and counted): a quarter of them here.
+        assert metrics["update/skipped_rows"] >= 0.5
+        lengths = jnp.sum(batch.response_mask, -1).reshape(P, G)
+        advantages = np.asarray(step_advantages(batch.rewards, lengths, batch.valid, config).advantages)
+        mask = mask & (advantages.reshape(-1, 1) != 0)
     # One epoch of one minibatch: every ratio of the update is the recomputation's, 1.
     assert max(metrics["loss/ratio_max"] - 1, 1 - metrics["loss/ratio_min"]) < 1e-5
     assert metrics["loss/clip_fraction"] == 0.0 and metrics["loss/dual_clip_fraction"] == 0.0
     assert abs(metrics["loss/approx_kl"]) < 1e-7
     # |sampler - recomputed| over the response tokens: the shift (the sampler's own log-probs are
     # the policy's, up to rounding).
-    mask = np.asarray(batch.response_mask)
     assert metrics["rollout/logprob_diff_mean"] == pytest.approx(np.abs(shift)[mask].mean(), abs=1e-5)
     assert metrics["rollout/logprob_diff_max"] == pytest.approx(np.abs(shift)[mask].max(), abs=1e-5)
     # The sampler's log-probs of the same batch: its ratios are the shifts'.
