@@ -18,9 +18,11 @@ instead of importing the project's internals (which move):
   ``--prompt_len`` random ids x ``--e_generations`` rollouts of exactly ``--new_tokens`` tokens
   (temperature 1, no EOS), the harness's two rewards on the decoded text as a user writes them
   (`e_digits`, `e_length`: TRL's signature, given as ``rewards.functions``), advantages and one
-  update (configs/default.py's: GD2PO-SNR, old log-probs recomputed, token-mean; lr 1e-6, no weight
-  decay, one forward/backward over all rows), timed from the prompts to the host metrics;
-  ``--e_warmup`` untimed steps, then the median of ``--e_steps``. tokens/s = generated tokens / median.
+  update (configs/default.py's: GD2PO-SNR, old log-probs recomputed, token-mean, micro-batches of 8
+  rollouts, those of rollouts without a gradient skipped; lr 1e-6, no weight decay), timed from the
+  prompts to the host metrics; ``--e_warmup`` untimed steps, then the median of ``--e_steps``.
+  tokens/s = generated tokens / median. ``--e_micro_batch_size=0``: one forward/backward over all
+  rows; ``--e_set FIELD=VALUE``: any other field of configs/default.py (e.g. ``rl.algorithm=grpo``).
   The checkpoint needs a tokenizer (the harness's word-level one: ``make_models.py``).
 
 Each workload also reports the XLA compilations after its warm-up (must be 0), the minor page faults
@@ -39,6 +41,7 @@ settings (gd2po_jax/runtime/host_memory.py), for comparison.
     python -m bench.anchor_workloads --hf_dir ../bench-models/small-qwen2 --json out.json
     python -m bench.anchor_workloads --hf_dir DIR --workloads=T --train_repeats=2   # one workload
     python -m bench.anchor_workloads --hf_dir DIR --workloads=E --new_tokens=1024   # E with long completions
+    python -m bench.anchor_workloads --hf_dir DIR --workloads=E --e_set=rl.skip_zero_advantage_rows=False
     python -m bench.anchor_workloads --hf_dir DIR --profile /tmp/prof   # + where one call's time goes
     GD2PO_JAX_MALLOC=system python -m bench.anchor_workloads --hf_dir DIR --workloads=T   # glibc's defaults
 """
@@ -46,6 +49,7 @@ settings (gd2po_jax/runtime/host_memory.py), for comparison.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import gzip
 import json
@@ -55,7 +59,8 @@ import re
 import resource
 import statistics
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -319,32 +324,57 @@ def e_length(prompts, completions, **kwargs) -> list[float]:
     return [min(1.0, max(0.0, 1.0 - abs(len(text) - E_LENGTH_TARGET) / E_LENGTH_TARGET)) for text in completions]
 
 
-def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, steps: int, micro_batch_size: int = 0):
+def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, steps: int,
+               micro_batch_size: int | None = None, overrides: Mapping[str, Any] | None = None):
     """Workload E's `RunConfig`: configs/default.py with the checkpoint ``hf_dir``, G = ``generations``,
     ``prompts`` per step, exactly ``new_tokens`` sampled at temperature 1 (full vocabulary), the two
     reward functions and no family, lr 1e-6 without weight decay, no warm start, no evaluation; the
-    update in one micro-batch (the harness's definition), or in micro-batches of ``micro_batch_size``
-    rows (the same gradient, summed: less memory for long completions)."""
+    update in the default's micro-batches (None), in micro-batches of ``micro_batch_size`` rows, or
+    all rows at once (0; the same gradient either way, summed over micro-batches); then
+    ``overrides`` (dotted config field -> value, e.g. ``{"rl.algorithm": "grpo"}``)."""
     config = sibling_config(str(DEFAULT_CONFIG), "default").get_config()
     config.model.path = str(hf_dir)
     config.rewards.kind, config.rewards.names = "", ()
     config.rewards.functions = ("bench.anchor_workloads:e_digits", "bench.anchor_workloads:e_length")
-    config.rl.num_generations, config.rl.micro_batch_size, config.rl.length_bucket = generations, micro_batch_size, 0
+    config.rl.num_generations, config.rl.length_bucket = generations, 0
+    if micro_batch_size is not None:
+        config.rl.micro_batch_size = micro_batch_size
     config.sampling.update(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, top_k=0)
     config.train.update(num_steps=steps, prompts_per_step=prompts, learning_rate=1e-6, weight_decay=0.0, grad_clip=1.0)
     config.sft.enabled, config.eval.split = False, "none"
+    for field, value in (overrides or {}).items():
+        section, _, name = field.rpartition(".")
+        if not section or name not in config[section]:
+            raise ValueError(f"--e_set {field}: not a field of configs/default.py")
+        config[section][name] = value
     return RunConfig.from_config_dict(config)
 
 
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["rl.algorithm=grpo", "rl.skip_zero_advantage_rows=False"]`` -> {field: value}: a value is a
+    Python literal where it reads as one, else the string."""
+    overrides = {}
+    for pair in pairs:
+        field, sep, text = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--e_set {pair!r}: expected FIELD=VALUE")
+        try:
+            overrides[field] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            overrides[field] = text
+    return overrides
+
+
 def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int, new_tokens: int, steps: int,
-                 warmup: int = 2, micro_batch_size: int = 0) -> dict:
+                 warmup: int = 2, micro_batch_size: int | None = None, overrides: Mapping[str, Any] | None = None
+                 ) -> dict:
     """Workload E on the checkpoint ``hf_dir``: ``warmup + steps`` RL steps, each the calls the trainer's
     loop makes (`gd2po_jax.rl.trainer`; no evaluation, checkpoint or metrics file): the next prompts,
     `collect_rollouts` (sampling on device, decoding, the rewards on the host), the jitted update,
     its metrics on the host. The rollout / update split of each step, compilations per step and the
     peak RSS after each are reported; tokens/s = generated tokens / the median step."""
     config = e2e_config(hf_dir, prompts=prompts, generations=generations, new_tokens=new_tokens, steps=warmup + steps,
-                        micro_batch_size=micro_batch_size)
+                        micro_batch_size=micro_batch_size, overrides=overrides)
     mesh = make_mesh(data=config.mesh.data, fsdp=config.mesh.fsdp, tensor=config.mesh.tensor)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
     tokenizer.padding_side = "left"
@@ -390,6 +420,8 @@ def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int
                                    f"exactly {new_tokens} per rollout")
             rows.append(dict(step_s=t2 - t0, rollout_s=t1 - t0, sampling_s=rollouts.sampling_seconds,
                              reward_s=rollouts.reward_seconds, update_s=t2 - t1, compiles=compiles.since(before)[0],
+                             kept_fraction=float(raw["advantages/kept_fraction"]),
+                             skipped_rows=float(raw["update/skipped_rows"]),
                              peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     timed = rows[warmup:]
     median = statistics.median(r["step_s"] for r in timed)
@@ -397,6 +429,10 @@ def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int
     return {"median_s": median, "times_s": [r["step_s"] for r in timed], "steps": rows,
             "rollout_median_s": statistics.median(r["rollout_s"] for r in timed),
             "update_median_s": statistics.median(r["update_s"] for r in timed),
+            "skipped_rows_median": statistics.median(r["skipped_rows"] for r in timed),
+            "config": {"algorithm": config.rl.algorithm, "old_logprobs": config.rl.old_logprobs,
+                       "micro_batch_size": config.rl.micro_batch_size,
+                       "skip_zero_advantage_rows": config.rl.skip_zero_advantage_rows},
             "compiles_after_warmup": sum(r["compiles"] for r in timed),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
             "tokens": generated, "tokens_per_s": generated / median, "per_token_ms": median / generated * 1e3}
@@ -407,7 +443,8 @@ WORKLOADS = {"W": generate_workload, "T": update_workload, "E": e2e_workload}
 
 def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
         train_repeats: int, peak_size: int = 2048, profile: str = "", e_prompts: int = 16, e_generations: int = 4,
-        e_steps: int = 5, e_warmup: int = 2, e_micro_batch_size: int = 0) -> dict:
+        e_steps: int = 5, e_warmup: int = 2, e_micro_batch_size: int | None = None,
+        e_overrides: Mapping[str, Any] | None = None) -> dict:
     """The report of the chosen ``workloads`` ("W", "T", "E", comma-separated) on the checkpoint
     ``hf_dir``; with ``profile`` (a directory), W and T also trace one more call into
     ``profile``/<workload>."""
@@ -432,9 +469,10 @@ def run(hf_dir: str, workloads: str, *, batch: int, prompt_len: int, new_tokens:
             repeat = e_steps
             result = e2e_workload(hf_dir, prompts=e_prompts, generations=e_generations, prompt_len=prompt_len,
                                   new_tokens=new_tokens, steps=e_steps, warmup=e_warmup,
-                                  micro_batch_size=e_micro_batch_size)
+                                  micro_batch_size=e_micro_batch_size, overrides=e_overrides)
             print(f"E: step {result['median_s']:.2f} s (rollout {result['rollout_median_s']:.2f} s + update "
-                  f"{result['update_median_s']:.2f} s), {result['per_token_ms']:.3f} ms per generated token, "
+                  f"{result['update_median_s']:.2f} s; rows skipped {result['skipped_rows_median']:.0%}), "
+                  f"{result['per_token_ms']:.3f} ms per generated token, "
                   f"peak RSS {result['peak_rss_mb']:,.0f} MiB", flush=True)
         else:
             result = WORKLOADS[name](model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
@@ -467,8 +505,10 @@ def main(argv=None) -> None:
     parser.add_argument("--e_generations", type=int, default=4, help="rollouts per prompt (E)")
     parser.add_argument("--e_steps", type=int, default=5, help="timed RL steps (E)")
     parser.add_argument("--e_warmup", type=int, default=2, help="untimed RL steps first (E)")
-    parser.add_argument("--e_micro_batch_size", type=int, default=0,
-                        help="rows per forward/backward of E's update; 0: all at once (the harness's definition)")
+    parser.add_argument("--e_micro_batch_size", type=int, default=None,
+                        help="rows per forward/backward of E's update; 0: all at once; default: configs/default.py's")
+    parser.add_argument("--e_set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="E: a field of configs/default.py, e.g. rl.algorithm=grpo (repeatable)")
     parser.add_argument("--peak_size", type=int, default=2048, help="matrix size of the matmul-peak probe")
     parser.add_argument("--json", default="", help="also write the report to this file")
     parser.add_argument("--profile", default="", help="trace one more call of each workload into this directory "
@@ -482,7 +522,7 @@ def main(argv=None) -> None:
                  new_tokens=args.new_tokens, repeats=args.repeats, train_repeats=args.train_repeats,
                  peak_size=args.peak_size, profile=args.profile, e_prompts=args.e_prompts,
                  e_generations=args.e_generations, e_steps=args.e_steps, e_warmup=args.e_warmup,
-                 e_micro_batch_size=args.e_micro_batch_size)
+                 e_micro_batch_size=args.e_micro_batch_size, e_overrides=parse_overrides(args.e_set))
     text = json.dumps(report, indent=2)
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")

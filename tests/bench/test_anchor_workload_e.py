@@ -49,3 +49,23 @@ def test_workload_e_runs_the_trainers_step(word_checkpoint, tmp_path, capsys):
         assert step["step_s"] >= step["rollout_s"] >= step["sampling_s"] > 0 and step["update_s"] > 0
         assert step["peak_rss_mb"] > 0
     assert "E: step " in capsys.readouterr().out
+    assert result["config"] == {"algorithm": "gd2po_snr", "old_logprobs": "recompute", "micro_batch_size": 8,
+                                "skip_zero_advantage_rows": True}  # configs/default.py's update
+    assert all(0 <= step["skipped_rows"] <= 1 and 0 <= step["kept_fraction"] <= 1 for step in result["steps"])
+
+
+def test_workload_e_config_takes_the_default_and_the_overrides(word_checkpoint):
+    anchor_workloads = load_bench_script("anchor_workloads")
+    overrides = anchor_workloads.parse_overrides(["rl.algorithm=grpo", "rl.skip_zero_advantage_rows=False",
+                                                  "rl.old_logprobs=sampler"])
+    assert overrides == {"rl.algorithm": "grpo", "rl.skip_zero_advantage_rows": False, "rl.old_logprobs": "sampler"}
+    config = anchor_workloads.e2e_config(word_checkpoint, prompts=4, generations=2, new_tokens=6, steps=1,
+                                         micro_batch_size=0, overrides=overrides)
+    assert (config.rl.algorithm, config.rl.skip_zero_advantage_rows, config.rl.old_logprobs) == \
+        ("grpo", False, "sampler")
+    assert config.rl.micro_batch_size == 0 and config.sampling.max_new_tokens == 6
+    with pytest.raises(ValueError, match=r"--e_set rl.no_such_field: not a field"):
+        anchor_workloads.e2e_config(word_checkpoint, prompts=4, generations=2, new_tokens=6, steps=1,
+                                    overrides={"rl.no_such_field": 1})
+    with pytest.raises(ValueError, match=r"expected FIELD=VALUE"):
+        anchor_workloads.parse_overrides(["rl.algorithm"])
