@@ -48,3 +48,35 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 _hypothesis_settings.register_profile("dev", deadline=None)
 _hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+MAP_COUNT_LIMIT = pathlib.Path("/proc/sys/vm/max_map_count")
+"""Linux's limit on a process's memory mappings (65,530 by default)."""
+
+
+def memory_map_count() -> int | None:
+    """The number of this process's memory mappings (Linux), or None where /proc has none."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+    """After each test module, drop JAX's compiled programs once the process holds half the kernel's
+    limit of memory mappings. Every XLA:CPU executable keeps its code in a few mappings of its own
+    (3 to 7 per program here), and a pytest worker compiles thousands of programs: past
+    vm.max_map_count (65,530) the next compilation's mmap fails and XLA segfaults inside
+    ``backend_compile_and_load`` (seen at 2026-12-03's bcb01dd, in whichever test compiled next).
+    A training run compiles a fixed handful of programs and never comes near it."""
+    yield
+    count = memory_map_count()
+    if count is not None and MAP_COUNT_LIMIT.is_file() and count > int(MAP_COUNT_LIMIT.read_text()) // 2:
+        import gc  # noqa: PLC0415
+
+        import jax  # noqa: PLC0415  (after the flags above are set)
+
+        jax.clear_caches()
+        gc.collect()

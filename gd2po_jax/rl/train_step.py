@@ -523,8 +523,9 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
         metrics.update(rollout_metrics)
         metrics["update/skipped_updates"] = jnp.sum(skipped.astype(jnp.int32))
         slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
-        metrics["update/prompt_padding"] = prompt_pads / slots
-        metrics["update/padding"] = (prompt_pads + completion_pads) / slots
+        # of the slots computed (0 when every micro-batch was skipped)
+        metrics["update/prompt_padding"] = losses.safe_ratio(prompt_pads, slots)
+        metrics["update/padding"] = losses.safe_ratio(prompt_pads + completion_pads, slots)
         # rows whose forward and backward were skipped, of those the epochs pass over
         metrics["update/skipped_rows"] = jnp.sum(skipped_rows) / (rows_total * config.ppo_epochs)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)

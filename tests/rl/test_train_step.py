@@ -570,6 +570,7 @@ def test_a_fully_filtered_batch_computes_no_micro_batch(setup):
         new_params, metrics, _ = run_step(setup, config, batch=batch)
         assert metrics["update/skipped_rows"] == 1.0
         assert metrics["loss/grad_norm"] == 0.0 and metrics["loss/tokens"] == 0.0
+        assert metrics["update/padding"] == metrics["update/prompt_padding"] == 0.0  # no slot computed
         np.testing.assert_array_equal(flat(new_params), flat(params))
 
 
