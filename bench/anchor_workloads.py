@@ -337,16 +337,18 @@ def e2e_config(hf_dir: str, *, prompts: int, generations: int, new_tokens: int, 
     config.rewards.kind, config.rewards.names = "", ()
     config.rewards.functions = ("bench.anchor_workloads:e_digits", "bench.anchor_workloads:e_length")
     config.rl.num_generations, config.rl.length_bucket = generations, 0
-    if micro_batch_size is not None:
-        config.rl.micro_batch_size = micro_batch_size
     config.sampling.update(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, top_k=0)
     config.train.update(num_steps=steps, prompts_per_step=prompts, learning_rate=1e-6, weight_decay=0.0, grad_clip=1.0)
     config.sft.enabled, config.eval.split = False, "none"
-    for field, value in (overrides or {}).items():
-        section, _, name = field.rpartition(".")
-        if not section or name not in config[section]:
-            raise ValueError(f"--e_set {field}: not a field of configs/default.py")
-        config[section][name] = value
+    changes = dict(overrides or {})
+    if micro_batch_size is not None:
+        changes["rl.micro_batch_size"] = micro_batch_size
+    config.lock()  # an unknown field is an error, not a new one
+    for field, value in changes.items():
+        try:
+            config.update_from_flattened_dict({field: value})
+        except (KeyError, AttributeError) as err:
+            raise ValueError(f"--e_set {field}: not a field of configs/default.py") from err
     return RunConfig.from_config_dict(config)
 
 

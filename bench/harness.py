@@ -135,6 +135,7 @@ def preset_shape(args) -> dict[str, int]:
     """The sizes chosen by `add_shape_arguments`' flags: the preset's, with the given overrides."""
     return QWEN2_SHAPES[args.preset] | {k: getattr(args, k) for k in SHAPE_FIELDS if getattr(args, k) is not None}
 
+
 def qwen2_config(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
                  head_dim: int) -> ModelConfig:
     """The `ModelConfig` of a Qwen2-shaped model of these sizes (rope theta 1e6, qkv biases, tied

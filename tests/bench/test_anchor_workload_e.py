@@ -67,5 +67,8 @@ def test_workload_e_config_takes_the_default_and_the_overrides(word_checkpoint):
     with pytest.raises(ValueError, match=r"--e_set rl.no_such_field: not a field"):
         anchor_workloads.e2e_config(word_checkpoint, prompts=4, generations=2, new_tokens=6, steps=1,
                                     overrides={"rl.no_such_field": 1})
+    nested = anchor_workloads.e2e_config(word_checkpoint, prompts=4, generations=2, new_tokens=6, steps=1,
+                                         overrides={"model.lora.rank": 4})  # a field of a nested group
+    assert nested.model.lora.rank == 4 and nested.rl.micro_batch_size == 8  # the default's micro-batches
     with pytest.raises(ValueError, match=r"expected FIELD=VALUE"):
         anchor_workloads.parse_overrides(["rl.algorithm"])

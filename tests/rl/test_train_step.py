@@ -510,11 +510,16 @@ def test_fully_filtered_batch_gives_no_policy_gradient(setup):
     assert np.abs(flat(snr) - before).max() > 1e-4
 
 
+def row_advantages(batch: RolloutBatch, config: StepConfig) -> np.ndarray:
+    """[B] the advantages the step computes for the batch's rows."""
+    lengths = jnp.sum(batch.response_mask, -1).reshape(P, G)
+    return np.asarray(step_advantages(batch.rewards, lengths, batch.valid, config).advantages).reshape(-1)
+
+
 def zero_advantage_rows_skipped(batch: RolloutBatch, config: StepConfig, micro_rows: int) -> tuple[float, float]:
     """(update/skipped_rows, loss/tokens) by hand: the rows with a non-zero advantage come first,
     every micro-batch after the last of them is skipped, and the loss metrics count their tokens."""
-    lengths = jnp.sum(batch.response_mask, -1).reshape(P, G)
-    active = np.asarray(step_advantages(batch.rewards, lengths, batch.valid, config).advantages).reshape(-1) != 0
+    active = row_advantages(batch, config) != 0
     computed = -(-int(active.sum()) // micro_rows) * micro_rows
     return (active.size - computed) / active.size, float(np.asarray(batch.response_mask)[active].sum())
 
@@ -691,9 +696,7 @@ def test_recomputed_old_logprobs_give_unit_ratios_whatever_the_sampler_gave(setu
     if config.skip_zero_advantage_rows:
         # Only the rows with a gradient are recomputed (and counted): a quarter of them here.
         assert metrics["update/skipped_rows"] >= 0.5
-        lengths = jnp.sum(batch.response_mask, -1).reshape(P, G)
-        advantages = np.asarray(step_advantages(batch.rewards, lengths, batch.valid, config).advantages)
-        mask = mask & (advantages.reshape(-1, 1) != 0)
+        mask = mask & (row_advantages(batch, config)[:, None] != 0)
     # One epoch of one minibatch: every ratio of the update is the recomputation's, 1.
     assert max(metrics["loss/ratio_max"] - 1, 1 - metrics["loss/ratio_min"]) < 1e-5
     assert metrics["loss/clip_fraction"] == 0.0 and metrics["loss/dual_clip_fraction"] == 0.0
