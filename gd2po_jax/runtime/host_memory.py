@@ -95,25 +95,28 @@ def retain_freed_memory(environ=os.environ) -> bool:
 
 
 class _ThenCall(importlib.abc.Loader):
-    """A module's own loader, then ``then(module)`` once the module has run; every other attribute
-    is the wrapped loader's (resource readers ...)."""
+    """A module's own loader, then ``finished(module)`` once the module has run; every other
+    attribute is the wrapped loader's (resource readers ...)."""
 
-    def __init__(self, loader, then: Callable[[ModuleType], None]):
-        self._loader, self._then = loader, then
+    def __init__(self, loader, finished: Callable[[ModuleType], None]):
+        self._loader, self._finished = loader, finished
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        self._then(module)
+        self._finished(module)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``name`` with the other finders and wraps its loader in `_ThenCall` (once)."""
+    """Finds ``name`` with the other finders and wraps its loader in `_ThenCall`. It stays on
+    ``sys.meta_path`` until the module has run: a library that only looks the module up
+    (``importlib.util.find_spec("jax")``, as datasets and transformers do to see what is installed)
+    gets a spec it never loads, and the import that follows must still be caught."""
 
     def __init__(self, name: str, then: Callable[[ModuleType], None]):
         self._name, self._then = name, then
@@ -121,13 +124,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self._name:
             return None
-        sys.meta_path.remove(self)
         for finder in sys.meta_path:
-            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
             if spec is not None:
-                spec.loader = _ThenCall(spec.loader, self._then)
+                spec.loader = _ThenCall(spec.loader, self._finished)
                 return spec
         return None
+
+    def _finished(self, module: ModuleType) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self._then(module)
 
 
 def after_import(name: str, then: Callable[[ModuleType], None]) -> None:

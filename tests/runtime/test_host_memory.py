@@ -112,3 +112,16 @@ def test_importing_after_jax_started_says_so():
     quiet = subprocess.run([sys.executable, "-c", "import gd2po_jax, jax; jax.numpy.ones(1).block_until_ready()"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert quiet.returncode == 0 and "imported after JAX" not in quiet.stderr, quiet.stderr[-3000:]
+
+
+@pytest.mark.parametrize("before_jax", ["", "import importlib.util; importlib.util.find_spec('jax'); ",
+                                        "import gd2po_jax.cli.eval; "])
+def test_the_dispatch_setting_survives_a_lookup_of_jax_before_its_import(before_jax):
+    # datasets and transformers look JAX up (importlib.util.find_spec) to see what is installed,
+    # without importing it; eval.py's imports do so before anything imports JAX.
+    code = ("import gd2po_jax; " + before_jax + "import jax; "
+            "print(jax.config.values['jax_cpu_enable_async_dispatch'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=subprocess_env(GD2PO_JAX_MALLOC=""),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "False", out.stdout
