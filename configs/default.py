@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.ppo_epochs = 1  # passes over each step's rollouts
     config.rl.num_minibatches = 1  # optimizer updates per pass
     config.rl.micro_batch_size = 8  # rollouts per forward / backward pass; 0: the whole minibatch
-    config.rl.length_bucket = 16  # micro-batches cut left padding in steps of this many tokens; 0: off
+    config.rl.length_bucket = 0  # > 0: micro-batches cut left padding in steps of this many tokens (a branch each)
     config.rl.tempered_logprobs = False  # True: log-probs at sampling.temperature (verl); False: at 1
     config.rl.old_logprobs = "recompute"  # recompute: the policy's forward before the update (verl) | sampler
     config.rl.rollout_is_cap = 0.0  # > 0: verl's truncated importance sampling of sampler vs recomputed; 0: off
@@ -130,6 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sft.seed = 0  # order of the SFT examples (not train.seed: RL seeds share the warm start)
     config.sft.cache_dir = ""  # shared warm starts; empty: WORKDIR/warm_start
     config.sft.only_with_targets = False  # True: skip the warm start when the data has no targets
+    config.sft.length_bucket = 16  # batches cut to 16-token prompt windows (3 here: 160, 176, 192); 0: off
 
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 10  # save every this many RL steps

@@ -1093,6 +1093,11 @@ class SFTConfig(_Section):
       only_with_targets: with ``enabled``, warm-start only when the SFT data has a row with a
         ``target``; without any, RL starts from ``model.path`` (logged). False: data without targets
         is an error. Absent from older runs' config.json: False.
+      length_bucket: > 0: prompts are padded to a multiple of this many tokens, and so are targets;
+        each batch is cut to the shortest such prompt window that holds its longest prompt (only
+        left padding is cut: the loss is the same up to float sums). Each window the batches need
+        is one more compiled shape of the step. 0: every batch at the longest example. Not part of
+        the warm start's cache key. Absent from older runs' config.json: 0.
     """
 
     _path: ClassVar[str] = "sft"
@@ -1106,6 +1111,7 @@ class SFTConfig(_Section):
     seed: int = 0
     cache_dir: str = ""
     only_with_targets: bool = False
+    length_bucket: int = 0
 
     def __post_init__(self):
         _flag(self.enabled, "sft.enabled")
@@ -1118,6 +1124,7 @@ class SFTConfig(_Section):
             _learning_rate(self.learning_rate, "sft.learning_rate")
             _int_at_least(self.max_length, "sft.max_length", minimum=2)
             _int_at_least(self.seed, "sft.seed", minimum=0)
+            _int_at_least(self.length_bucket, "sft.length_bucket", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -272,6 +272,7 @@ INVALID = [
     ({"sft.learning_rate": "high"}, "sft.learning_rate"),
     ({"sft.max_length": 1}, "sft.max_length"),
     ({"sft.seed": -1}, "sft.seed"),
+    ({"sft.length_bucket": -16}, "sft.length_bucket"),
     ({"sft.cache_dir": None}, "sft.cache_dir"),
     ({"checkpoint.every_steps": 0}, "checkpoint.every_steps"),
     ({"checkpoint.keep": 0}, "checkpoint.keep"),
@@ -409,6 +410,7 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
                  "micro_batch_ranks", "query_reweighting", "snr_eps", "halves_ranking"):
         del old["rl"][name]  # issue 36's fields: what older runs computed (old_logprobs: the sampler's)
     del old["rl"]["skip_zero_advantage_rows"]
+    del old["sft"]["length_bucket"]
     config = RunConfig.from_config_dict(old)
     rl = config.rl
     assert (rl.old_logprobs, rl.rollout_is_cap, rl.shuffle_minibatches, rl.micro_batch_max_tokens,
@@ -419,6 +421,7 @@ def test_an_older_config_json_loads_with_the_values_its_run_used():
     assert (config.rewards.reward_models, config.rewards.offload, config.data.prompt_truncation) == ({}, False, None)
     assert not config.rl.tempered_logprobs and config.train.max_consecutive_skipped_steps == 5
     assert (config.sft.seed, config.sft.cache_dir, config.sampling.prompts_per_call) == (0, "", 0)
+    assert config.sft.length_bucket == 0  # every batch at the longest example, as then
     assert (config.rewards.timeout_s, config.rewards.max_failed_fraction) == (0.0, 1.0)  # no limits then
     # Synthetic-task fields it lacks take the task's defaults and stay out of its dict (and its
     # warm-start key), as before.

@@ -328,7 +328,7 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int 
 RESUMABLE_FIELDS = (
     "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
     "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
-    "rl.length_bucket",
+    "rl.length_bucket", "sft.length_bucket",
     "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
     "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload", "distributed.coordinator_address",
     "distributed.num_processes", "distributed.process_id", "distributed.initialization_timeout_s",

@@ -36,7 +36,7 @@ from gd2po_jax.runtime import workdir as run_dir
 from gd2po_jax.runtime.checkpoints import check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
 from gd2po_jax.runtime.workdir import RunDir, publish_dir
-from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
+from gd2po_jax.sft.step import batch_window, build_sft_data, make_sft_step, padding_share, sft_batches
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,9 @@ def warm_start_inputs(config: RunConfig) -> dict[str, Any]:
     # model.lora is how RL trains the warm-started model (LoRA or full), not what the warm start is: its
     # key, and every existing cache's, stays without it.
     inputs["model"].pop("lora", None)
-    inputs["sft"] = {k: v for k, v in values["sft"].items() if k not in ("cache_dir", "only_with_targets")}
+    # sft.length_bucket is how the batches are laid out (like the mesh, it changes float sums at most).
+    not_inputs = ("cache_dir", "only_with_targets", "length_bucket")
+    inputs["sft"] = {k: v for k, v in values["sft"].items() if k not in not_inputs}
     inputs["sft"].setdefault("seed", 0)  # a config.json older than sft.seed: the seed was 0
     return json.loads(json.dumps(inputs, sort_keys=True))  # tuples become lists
 
@@ -121,7 +123,7 @@ def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path,
     logs the loss to ``logs_dir``. Returns (graphdef, trained params)."""
     data = build_sft_data(setup.sft_dataset, setup.tokenizer, max_length=config.sft.max_length,
                           where=config.sft.data or "training data", template_kwargs=config.data.template_kwargs,
-                          tools_column=config.data.tools_column)
+                          tools_column=config.data.tools_column, length_bucket=config.sft.length_bucket)
     model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh, remat=config.model.remat)
     graphdef, params = nnx.split(model, nnx.Param)
     schedule = optax.warmup_cosine_decay_schedule(
@@ -136,13 +138,16 @@ def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path,
     writer = MetricsWriter(logs_dir, tensorboard=False) if distributed.is_primary() else None
     bar = tqdm.tqdm(order, desc="warm start (SFT)", disable=not progress)
     for i, rows in enumerate(bar):
-        # Several processes: each builds the rows of the batch its devices hold.
+        # The batch's prompt window (the same on every process: it is the whole batch's), then each
+        # process builds the rows of the batch its devices hold.
+        first = data.input_ids.shape[1] - data.loss_mask.shape[1] - batch_window(data, rows)
         batch = distributed.batch_rows(
-            lambda local: (data.input_ids[rows[local]], data.attention_mask[rows[local]], data.loss_mask[rows[local]]),
+            lambda local: (data.input_ids[rows[local], first:], data.attention_mask[rows[local], first:],
+                           data.loss_mask[rows[local]]),
             len(rows), setup.mesh)
         state, metrics = step_fn(state, *batch)
         if writer and (i % 10 == 0 or i == len(order) - 1):
-            record = writer.write(i + 1, jax.device_get(metrics))
+            record = writer.write(i + 1, {**jax.device_get(metrics), "sft/padding": padding_share(data, rows, first)})
             bar.set_postfix(loss=f"{record['sft/loss']:.3f}")
     if writer:
         writer.close()

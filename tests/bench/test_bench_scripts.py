@@ -330,3 +330,18 @@ def test_lora_memory_counts_the_decoders_parameters_and_adapters():
     sizes = dict(rows=64, seq=3072, micro_batch=1)
     for shape in lora_memory.SHAPES.values():
         assert lora_memory.estimate(shape, 16, **sizes)["peak"] < lora_memory.estimate(shape, 0, **sizes)["peak"] / 2
+
+
+def test_bench_sft_times_each_shape():
+    out = run_bench("bench_sft", "--config=configs/tiny.py", "--shapes=24x16,32x8", "--rounds=2", "--steps=1",
+                    "--vocab_size=64")
+    config = tiny_config()
+    line(rf"compiled 24x16: {NUMBER} s", out)
+    line(rf"SFT step, {config.sft.batch_size} examples, median of 2 rounds of 1 steps:", out)
+    for prompt, completion in ((24, 16), (32, 8)):
+        ms, low, high, per_token = line(rf"{prompt}x{completion} \(S=40\): {NUMBER} ms/step \({NUMBER}-{NUMBER}\), "
+                                        rf"{NUMBER} us/token", out)
+        assert low <= ms <= high and per_token == pytest.approx(ms * 1e3 / (config.sft.batch_size * 40), rel=0.06,
+                                                                abs=0.01)
+    proc = run_bench_process("bench_sft", "--config=configs/tiny.py", "--shapes=24x", "--vocab_size=64")
+    assert proc.returncode != 0 and "--shapes: '24x' is not PROMPTxCOMPLETION" in proc.stderr

@@ -6,13 +6,14 @@ import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from gd2po_jax.models import Decoder
 from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import TrainState
-from gd2po_jax.sft.step import build_sft_data, make_sft_step, sft_batches
+from gd2po_jax.sft.step import batch_window, build_sft_data, make_sft_step, padding_share, sft_batches
 from tests.data.test_chat import CLOCK, TOOLS_TEMPLATE, WEATHER, chat_tokenizer
 from tests.fakes import TagTokenizer, tiny_model_config
 
@@ -77,3 +78,49 @@ def test_sft_step_fits_a_small_batch():
     assert float(metrics["sft/tokens"]) == data.loss_mask.sum()
     assert losses[0] > np.log(64) * 0.8  # starts near uniform over the vocabulary
     assert losses[-1] < 0.25 * losses[0]
+
+
+WINDOW_ROWS = [("ab", "xyz"), ("abcdefghijk", "q"), ("abc", "uvwxyzuvw"), ("abcd", "pq")]
+
+
+def test_a_length_bucket_pads_both_parts_to_its_multiples_and_cuts_each_batch_to_its_prompt_window():
+    plain = build_sft_data(_dataset(WINDOW_ROWS), TagTokenizer(), max_length=64, where="sft.json")
+    data = build_sft_data(_dataset(WINDOW_ROWS), TagTokenizer(), max_length=64, where="sft.json", length_bucket=8)
+    shortest, longest = len("<user>ab<assistant>"), len("<user>abcdefghijk<assistant>")  # 19 and 28 tokens
+    assert data.prompt_lengths.tolist() == [shortest, longest, shortest + 1, shortest + 2]
+    assert plain.input_ids.shape == (4, longest + 9)  # the longest target: 9 tokens
+    assert data.input_ids.shape == (4, 32 + 16) and data.loss_mask.shape == (4, 16)
+    # The same tokens, only more padding: left of the prompts and right of the completions.
+    np.testing.assert_array_equal(data.input_ids[:, 32 - longest : 32 + 9], plain.input_ids)
+    np.testing.assert_array_equal(data.loss_mask[:, :9], plain.loss_mask)
+    assert not data.loss_mask[:, 9:].any() and not data.attention_mask[:, : 32 - longest].any()
+    # A batch's window: the shortest multiple of 8 holding its longest prompt; without a bucket, Lp.
+    assert batch_window(data, np.array([0, 2, 3])) == 24 and batch_window(data, np.array([3, 1])) == 32
+    assert batch_window(plain, np.array([0, 2])) == longest
+    # Rows 0 and 3 in a 24-token window: prompts of 19 and 21 tokens, targets "xyz" and "pq", in
+    # 2 x (24 + 16) slots.
+    assert padding_share(data, np.array([0, 3]), 32 - 24) == pytest.approx(1 - (19 + 21 + 3 + 2) / 80)
+
+
+def test_a_batch_cut_to_its_window_trains_as_the_full_layout():
+    """Only left padding is cut (masked, and skipped by the positions): the loss and the update equal
+    the unbucketed layout's up to the order of float sums."""
+    plain = build_sft_data(_dataset(WINDOW_ROWS), TagTokenizer(), max_length=64, where="sft.json")
+    data = build_sft_data(_dataset(WINDOW_ROWS), TagTokenizer(), max_length=64, where="sft.json", length_bucket=8)
+    graphdef, params = nnx.split(Decoder(tiny_model_config(), rngs=nnx.Rngs(0)), nnx.Param)
+    optimizer = optax.sgd(1.0)
+    step = jax.jit(make_sft_step(graphdef, optimizer))
+    rows = np.array([0, 2, 3])  # prompts of 19-21 tokens: a 24-token window of the 32
+    updates = []
+    for layout, first in ((plain, 0), (data, 32 - batch_window(data, rows))):
+        state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+        batch = (layout.input_ids[rows, first:], layout.attention_mask[rows, first:], layout.loss_mask[rows])
+        assert batch[0].shape[1] == (plain.input_ids.shape[1] if layout is plain else 24 + 16)
+        updates.append(step(state, *(jnp.asarray(a) for a in batch)))
+    (plain_state, plain_metrics), (cut_state, cut_metrics) = updates
+    assert float(cut_metrics["sft/tokens"]) == float(plain_metrics["sft/tokens"]) == plain.loss_mask[rows].sum()
+    np.testing.assert_allclose(cut_metrics["sft/loss"], plain_metrics["sft/loss"], rtol=1e-6)
+    np.testing.assert_allclose(cut_metrics["sft/grad_norm"], plain_metrics["sft/grad_norm"], rtol=1e-5)
+    for cut, full, start in zip(jax.tree.leaves(cut_state.params), jax.tree.leaves(plain_state.params),
+                                jax.tree.leaves(params)):
+        np.testing.assert_allclose(cut - start, full - start, rtol=1e-4, atol=1e-7)

@@ -32,7 +32,8 @@ def test_warm_start_key_depends_on_what_the_warm_start_is_made_of():
     # RL settings, the RL seed and the cache location itself: the same warm start.
     for same in [{"rl__algorithm": "grpo"}, {"rl__snr_tau": 0.2}, {"train__seed": 3},
                  {"train__learning_rate": 0.5}, {"train__num_steps": 9}, {"sft__cache_dir": "/elsewhere"},
-                 {"model__lora__rank": 8}, {"model__lora__alpha": 4.0}]:  # LoRA trains the warm start in RL
+                 {"model__lora__rank": 8}, {"model__lora__alpha": 4.0},  # LoRA trains the warm start in RL
+                 {"sft__length_bucket": 16}]:  # the batches' layout: float sums at most, as the mesh
         assert warm_start_key(tiny_run_config(**same)) == key, same
     # Its data, model, SFT settings (its own seed included) and SFT optimizer: another one.
     for other in [{"sft__seed": 1}, {"sft__num_steps": 61}, {"data__synthetic__num_train": 65},

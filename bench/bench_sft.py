@@ -1,0 +1,102 @@
+"""The warm start's SFT step at several batch shapes: how its time depends on the sequence length.
+
+Each shape is compiled first, then the shapes are timed in turns (``--rounds`` rounds of ``--steps``
+steps each), so that a machine that slows down or speeds up meanwhile affects them alike; the median
+round is printed per shape, in ms per step and us per token slot. The model is the config's embedded
+tiny Qwen2 (``model.tiny``, random weights, ``--vocab_size`` tokens: the embedded tokenizer has
+1,823), the step is `gd2po_jax.sft.step.make_sft_step` with the warm start's optimizer, and the
+tokens are random: only the shapes matter.
+
+    python -m bench.bench_sft                                  # the embedded default's shapes
+    python -m bench.bench_sft --shapes=182x93,176x96 --batch_size=16 --rounds=6
+    python -m bench.bench_sft --shapes=24x16 --rounds=1 --steps=1  # a seconds-long check
+
+``--shapes`` are PROMPTxCOMPLETION token counts: 182x93 is the embedded default's longest prompt and
+target (every batch at one length, ``sft.length_bucket=0``); 160x96, 176x96 and 192x96 are the windows
+of ``sft.length_bucket=16`` (docs/speed.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+
+from gd2po_jax import cli
+from gd2po_jax.config import RunConfig
+from gd2po_jax.models import Decoder
+from gd2po_jax.models.config import tiny_qwen2_config
+from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.records import TrainState
+from gd2po_jax.sft.step import make_sft_step
+
+cli.define_config_flag("config", "configs/default.py", "Config whose model.tiny, sft and train sections are used.")
+flags.DEFINE_string("shapes", "182x93,192x96,176x96,160x96,184x96", "PROMPTxCOMPLETION lengths, comma-separated.")
+flags.DEFINE_integer("batch_size", 0, "Examples per step; 0: the config's sft.batch_size.")
+flags.DEFINE_integer("vocab_size", 1823, "Vocabulary of the random model.")
+flags.DEFINE_integer("rounds", 6, "Rounds over the shapes.")
+flags.DEFINE_integer("steps", 10, "Steps per shape and round.")
+FLAGS = flags.FLAGS
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"182x93,176x96"`` -> [(182, 93), (176, 96)].
+
+    Raises:
+      app.UsageError: naming ``--shapes`` and the part that is not PROMPTxCOMPLETION positive ints.
+    """
+    shapes = []
+    for part in text.split(","):
+        prompt, _, completion = part.strip().partition("x")
+        if not (prompt.isdigit() and completion.isdigit() and int(prompt) > 0 and int(completion) > 0):
+            raise app.UsageError(f"--shapes: {part!r} is not PROMPTxCOMPLETION (two positive token counts)")
+        shapes.append((int(prompt), int(completion)))
+    return shapes
+
+
+def main(argv):
+    del argv
+    config = RunConfig.from_config_dict(FLAGS.config)
+    shapes = parse_shapes(FLAGS.shapes)
+    batch = FLAGS.batch_size or config.sft.batch_size
+    model = Decoder(tiny_qwen2_config(config.model.tiny, FLAGS.vocab_size, max_position_embeddings=4096),
+                    dtype=jnp.float32, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    optimizer = make_optimizer(config.sft.learning_rate, weight_decay=config.train.weight_decay,
+                               grad_clip=config.train.grad_clip)
+    rng = np.random.default_rng(0)
+    runs = []
+    for prompt, completion in shapes:
+        own = jax.tree.map(jnp.copy, params)
+        state = TrainState(own, optimizer.init(own), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+        step = jax.jit(make_sft_step(graphdef, optimizer, chunk_size=config.train.logit_chunk_size),
+                       donate_argnums=(0,))
+        batch_arrays = (jnp.asarray(rng.integers(0, FLAGS.vocab_size, (batch, prompt + completion)), jnp.int32),
+                        jnp.ones((batch, prompt + completion), bool), jnp.ones((batch, completion), bool))
+        start = time.perf_counter()
+        state, metrics = step(state, *batch_arrays)
+        jax.block_until_ready(metrics)
+        print(f"compiled {prompt}x{completion}: {time.perf_counter() - start:.1f} s", flush=True)
+        runs.append({"step": step, "state": state, "batch": batch_arrays, "times": []})
+    for _ in range(FLAGS.rounds):
+        for run in runs:
+            start = time.perf_counter()
+            for _ in range(FLAGS.steps):
+                run["state"], metrics = run["step"](run["state"], *run["batch"])
+            jax.block_until_ready(metrics)
+            run["times"].append((time.perf_counter() - start) / FLAGS.steps)
+    print(f"SFT step, {batch} examples, median of {FLAGS.rounds} rounds of {FLAGS.steps} steps:")
+    for (prompt, completion), run in zip(shapes, runs):
+        seconds = statistics.median(run["times"])
+        slots = batch * (prompt + completion)
+        print(f"{prompt}x{completion} (S={prompt + completion}): {seconds * 1e3:.1f} ms/step "
+              f"({min(run['times']) * 1e3:.1f}-{max(run['times']) * 1e3:.1f}), {seconds * 1e6 / slots:.2f} us/token")
+
+
+if __name__ == "__main__":
+    app.run(main)
