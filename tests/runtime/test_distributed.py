@@ -34,7 +34,8 @@ from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import REPO, subprocess_env, write_config_file
 from tests.runtime import multihost_worker
 
-HEARTBEAT_S = 10  # config.distributed.heartbeat_timeout_s of the runs here
+HEARTBEAT_S = 20  # config.distributed.heartbeat_timeout_s of the runs here (10 s: both processes of a pair
+# were once taken for dead before step 2 while the suite's other worker loaded the 2 cores)
 VOLATILE = ("time/", "tokens_per_second")  # wall-clock metrics: differ between any two runs
 # configs/tiny.py shrunk to what still takes every path: a 2-step warm start, an evaluation of 8
 # examples before and after RL, 4 RL steps of 8 prompts x 4 rollouts with a checkpoint every 2, on
@@ -246,6 +247,7 @@ def runs(tmp_path_factory) -> types.SimpleNamespace:
     deadline = time.monotonic() + 600
     while not past_step_3() and pair[0].poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    reached_step_3 = past_step_3()  # else the pair stopped (or hung) before the kill: the tests say so
     pair[1].send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     pair[1].wait()
@@ -256,13 +258,14 @@ def runs(tmp_path_factory) -> types.SimpleNamespace:
     rerun = start_pair(train_command(two, config_file), process_env(cache, 1), root / "rerun")
     succeed(rerun, logs_of(root / "rerun"))
     return types.SimpleNamespace(one=one, two=two, first_logs=first_logs, survivor_code=survivor_code,
-                                 survivor_seconds=survivor_seconds,
+                                 survivor_seconds=survivor_seconds, reached_step_3=reached_step_3,
                                  rerun_logs=[log.read_text() for log in logs_of(root / "rerun")])
 
 
 @pytest.mark.slow
 def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(runs):
     log = runs.first_logs[0]
+    assert runs.reached_step_3, "the pair stopped before it was killed:\n" + log[-3000:]
     assert runs.survivor_code != 0, log[-3000:]
     # JAX's coordination service finds process 1 silent after heartbeat_timeout_s and ends process 0,
     # saying so; a collective that fails first is reported by our watchdog instead.
@@ -273,6 +276,7 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(runs):
 
 @pytest.mark.slow
 def test_two_processes_killed_and_resumed_end_as_one_process(runs):
+    assert runs.reached_step_3, "the pair stopped before it was killed:\n" + runs.first_logs[0][-3000:]
     assert "resumed from step 2" in runs.rerun_logs[0]
     one, two = read_metrics(runs.one), read_metrics(runs.two)
     assert [r["step"] for r in two] == [1, 2, 3, 4]  # each step once: only process 0 writes
