@@ -56,10 +56,10 @@ def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, whe
     """Tokenize the rows of ``dataset`` that have a ``target``, rendered as RL renders its prompts.
 
     Args:
-      length_bucket: > 0: ``Lp`` and ``Lc`` are rounded up to multiples of it (``config.sft.length_bucket``).
       template_kwargs: keyword arguments of the chat template (``config.data.template_kwargs``).
       tools_column: the column of each row's tools, passed as ``tools=`` (``config.data.tools_column``,
         `gd2po_jax.data.chat.column_tools`); empty: none.
+      length_bucket: > 0: ``Lp`` and ``Lc`` are rounded up to multiples of it (``config.sft.length_bucket``).
 
     Raises:
       ValueError: no row has a target, an example is longer than ``max_length`` (naming the row), a
