@@ -19,7 +19,6 @@ of ``sft.length_bucket=16`` (docs/speed.md).
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +26,9 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
+from bench import harness
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
-from gd2po_jax.models import Decoder
 from gd2po_jax.models.config import tiny_qwen2_config
 from gd2po_jax.rl.optimizer import make_optimizer
 from gd2po_jax.rl.records import TrainState
@@ -64,34 +63,33 @@ def main(argv):
     config = RunConfig.from_config_dict(FLAGS.config)
     shapes = parse_shapes(FLAGS.shapes)
     batch = FLAGS.batch_size or config.sft.batch_size
-    model = Decoder(tiny_qwen2_config(config.model.tiny, FLAGS.vocab_size, max_position_embeddings=4096),
-                    dtype=jnp.float32, rngs=nnx.Rngs(0))
+    model = harness.random_model(tiny_qwen2_config(config.model.tiny, FLAGS.vocab_size, max_position_embeddings=4096))
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = make_optimizer(config.sft.learning_rate, weight_decay=config.train.weight_decay,
                                grad_clip=config.train.grad_clip)
+    step = jax.jit(make_sft_step(graphdef, optimizer, chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
     rng = np.random.default_rng(0)
     runs = []
     for prompt, completion in shapes:
-        own = jax.tree.map(jnp.copy, params)
-        state = TrainState(own, optimizer.init(own), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
-        step = jax.jit(make_sft_step(graphdef, optimizer, chunk_size=config.train.logit_chunk_size),
-                       donate_argnums=(0,))
-        batch_arrays = (jnp.asarray(rng.integers(0, FLAGS.vocab_size, (batch, prompt + completion)), jnp.int32),
-                        jnp.ones((batch, prompt + completion), bool), jnp.ones((batch, completion), bool))
-        start = time.perf_counter()
-        state, metrics = step(state, *batch_arrays)
-        jax.block_until_ready(metrics)
-        print(f"compiled {prompt}x{completion}: {time.perf_counter() - start:.1f} s", flush=True)
-        runs.append({"step": step, "state": state, "batch": batch_arrays, "times": []})
+        own = jax.tree.map(jnp.copy, params)  # each shape trains its own copy (the step donates it)
+        run = {"state": TrainState(own, optimizer.init(own), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0)),
+               "batch": (jnp.asarray(rng.integers(0, FLAGS.vocab_size, (batch, prompt + completion)), jnp.int32),
+                         jnp.ones((batch, prompt + completion), bool), jnp.ones((batch, completion), bool)),
+               "times": []}
+
+        def steps(run=run, count=1):
+            for _ in range(count):
+                run["state"], metrics = step(run["state"], *run["batch"])
+            return metrics
+
+        _, seconds = harness.time_call(steps)  # the first call of a shape compiles it
+        print(f"compiled {prompt}x{completion}: {seconds:.1f} s", flush=True)
+        runs.append((run, steps))
     for _ in range(FLAGS.rounds):
-        for run in runs:
-            start = time.perf_counter()
-            for _ in range(FLAGS.steps):
-                run["state"], metrics = run["step"](run["state"], *run["batch"])
-            jax.block_until_ready(metrics)
-            run["times"].append((time.perf_counter() - start) / FLAGS.steps)
+        for run, steps in runs:
+            run["times"].append(harness.time_call(lambda: steps(count=FLAGS.steps))[1] / FLAGS.steps)
     print(f"SFT step, {batch} examples, median of {FLAGS.rounds} rounds of {FLAGS.steps} steps:")
-    for (prompt, completion), run in zip(shapes, runs):
+    for (prompt, completion), (run, _) in zip(shapes, runs):
         seconds = statistics.median(run["times"])
         slots = batch * (prompt + completion)
         print(f"{prompt}x{completion} (S={prompt + completion}): {seconds * 1e3:.1f} ms/step "

@@ -49,6 +49,11 @@ class SFTData:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    @property
+    def prompt_length(self) -> int:
+        """``Lp``: the prompt columns (``S - Lc``)."""
+        return self.input_ids.shape[1] - self.loss_mask.shape[1]
+
 
 def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, where: str,
                    template_kwargs: Mapping[str, Any] | None = None, tools_column: str = "",
@@ -112,10 +117,9 @@ def batch_window(data: SFTData, rows: np.ndarray) -> int:
     attention mask hides and the positions (``cumsum(mask) - 1``) skip, so the loss is the full
     layout's up to the order of float sums.
     """
-    prompt_length = data.input_ids.shape[1] - data.loss_mask.shape[1]
     if not data.length_bucket:
-        return prompt_length
-    return min(prompt_length, _round_up(int(data.prompt_lengths[rows].max()), data.length_bucket))
+        return data.prompt_length
+    return min(data.prompt_length, _round_up(int(data.prompt_lengths[rows].max()), data.length_bucket))
 
 
 def padding_share(data: SFTData, rows: np.ndarray, first: int) -> float:

@@ -140,7 +140,7 @@ def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path,
     for i, rows in enumerate(bar):
         # The batch's prompt window (the same on every process: it is the whole batch's), then each
         # process builds the rows of the batch its devices hold.
-        first = data.input_ids.shape[1] - data.loss_mask.shape[1] - batch_window(data, rows)
+        first = data.prompt_length - batch_window(data, rows)
         batch = distributed.batch_rows(
             lambda local: (data.input_ids[rows[local], first:], data.attention_mask[rows[local], first:],
                            data.loss_mask[rows[local]]),
