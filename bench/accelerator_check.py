@@ -23,8 +23,10 @@ each check means)::
     pip install -r requirements.txt && pip install "jax[cuda12]==0.10.2"
     timeout 600 python -m bench.accelerator_check --out=docs/accelerator/report-$(date +%F)-h200.json
 
-On this workplace's lent H200 (jax 0.11.2 preinstalled, no network) the command is
-``bash bench/accelerator/device_check.sh`` with the wheels of bench/accelerator/fetch_wheels.sh carried.
+On this workplace's lent H200 (jax 0.11.2 preinstalled, no network) the commands are
+``bash bench/accelerator/device_check.sh --parts=correctness,compilation,end_to_end`` and
+``... --parts=speed`` (two calls: the four parts took about 570 s there on 2026-12-04), with the
+wheels of bench/accelerator/fetch_wheels.sh carried.
 
 On a machine without an accelerator every part is skipped with its reason. ``--cpu-smoke`` runs a
 miniature of every part on CPU (8 simulated devices; part 4 is ``train.py --config=configs/tiny.py``
@@ -133,8 +135,32 @@ PEAK_BF16_FLOPS = (
     ("TPU v6 lite", 918e12), ("TPU v6e", 918e12),
 )
 
-# The embedded default's validation table in the README (2-core CPU, commit e408f0c).
-README_DEFAULT = {"correct_acc": (0.250, 0.414), "format_acc": (0.883, 0.883), "truncation_rate": (0.0, 0.0)}
+# The README's validation table of the embedded default (its CPU run), read when part 4 reports:
+# metric key -> the row's label at the start of a table row.
+README_ROWS = {"correct_acc": "Correct Acc", "format_acc": "Format Acc", "truncation_rate": "Truncation rate"}
+
+
+def readme_default_table(readme: pathlib.Path) -> dict[str, dict[str, float]]:
+    """{metric: {"before_rl", "after_rl"}} from the README's table rows ``| label | before | after |``
+    (bold marks dropped), so that part 4 sets the device's run beside the README's current numbers.
+
+    Raises:
+      ValueError: naming the README and the row that is missing or not two numbers.
+    """
+    rows = {}
+    for line in readme.read_text().splitlines():
+        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3:
+            rows.setdefault(cells[0], cells[1:])
+    table = {}
+    for key, label in README_ROWS.items():
+        try:
+            before, after = (float(c) for c in rows[label])
+        except (KeyError, ValueError):
+            raise ValueError(f"{readme}: no table row '| {label} | <before> | <after> |' with two numbers "
+                             f"(found {rows.get(label)!r})") from None
+        table[key] = {"before_rl": before, "after_rl": after}
+    return table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -710,7 +736,7 @@ def part_end_to_end(ctx: Context) -> dict:
                      for v in [*result["before_rl"].values(), *result["after_rl"].values()])
         checks.append(check("before/after metrics finite", finite, True, finite))
         if profile.name == "device":
-            result["readme_cpu"] = {k: {"before_rl": v[0], "after_rl": v[1]} for k, v in README_DEFAULT.items()}
+            result["readme_cpu"] = readme_default_table(REPO / "README.md")
     return result | {"checks": checks}
 
 

@@ -345,7 +345,7 @@ class PolicyModelConfig(_Section):
       dtype: compute dtype of sampling and of the forward pass (float32 | bfloat16). The master
         weights and optimizer state are in ``train.master_dtype``.
       remat: recompute each decoder layer in the backward pass (gradient checkpointing): less
-        activation memory for more compute.
+        activation memory for more compute; the layers then run as one scan (one layer compiled).
       tiny: the embedded model's shape.
       lora: low-rank adapters (`LoRAConfig`; rank 0, the default: full fine-tuning).
     """

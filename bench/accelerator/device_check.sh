@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The accelerator check on a lent machine, in one command (docs/accelerator/README.md), from the
-# repository root:
+# The accelerator check on a lent machine (docs/accelerator/README.md), from the repository root:
 #
-#   bash bench/accelerator/device_check.sh                 on the device: ends inside 8 minutes
+#   bash bench/accelerator/device_check.sh --parts=correctness,compilation,end_to_end
+#   bash bench/accelerator/device_check.sh --parts=speed   on the device: each ends inside 8 minutes
+#                                                          (all four parts in one call do not fit)
 #   bash bench/accelerator/device_check.sh --cpu-smoke     its CPU dry run (same steps, miniature parts)
 #
 # 1. installs the carried wheels (WHEELS, default .whl: bench/accelerator/fetch_wheels.sh) into SITE

@@ -33,6 +33,7 @@ its adapter merged in (the sampler's decode weights and the merged export).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -385,6 +386,41 @@ def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_
     return layer(h, cos, sin, mask, kv_cache, index, (dropout_key, dropout_rate))
 
 
+def _remat_scan(layers, h, cos, sin, mask, index, dropout):
+    """``h`` through ``layers`` rematerialised, as one `jax.lax.scan` over their stacked variables
+    (the training forward, no cache).
+
+    Each layer's forward is recomputed inside its own iteration of the backward loop, so only the
+    layers' inputs ``[L, B, T, D]`` are kept. As a Python loop of `nnx.remat` layers, XLA (its CPU
+    backend, measured) scheduled every layer's recomputation at once and kept it all alive: remat
+    then saved nothing. XLA also compiles one layer instead of L copies. The stack is a copy of the
+    layers' weights in their dtype (``[L, ...]`` each); the gradient flows back through it.
+
+    Args:
+      layers: the `DecoderLayer` list (one structure: the same projections and adapters).
+      h: [B, T, D] the embeddings; cos, sin, mask, index: as `DecoderLayer` takes them.
+      dropout: None or the adapters' ``(key, rate)``; layer i draws from ``fold_in(key, i)``, as
+        the loop does.
+
+    Returns: h [B, T, D] after the last layer (before the final norm).
+    """
+    graphdef, first = nnx.split(layers[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), first, *(nnx.split(layer)[1] for layer in layers[1:]))
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)  # inside a scan, CSE cannot merge iterations
+    def body(h, xs):
+        state, i = xs
+        layer = nnx.merge(graphdef, state)
+        if dropout is None:
+            h, _ = _run_layer(layer, h, cos, sin, mask, None, index)
+        else:
+            h, _ = _run_layer(layer, h, cos, sin, mask, None, index, jax.random.fold_in(dropout[0], i), dropout[1])
+        return h, None
+
+    h, _ = jax.lax.scan(body, h, (stacked, jnp.arange(len(layers))))
+    return h
+
+
 class Decoder(nnx.Module):
     """Causal language model. See the module docstring for the call forms.
 
@@ -393,7 +429,8 @@ class Decoder(nnx.Module):
       dtype: parameter and activation dtype (float32 or bfloat16); norms, softmax, RoPE and logits
         are computed in float32.
       rngs: initialiser keys (random normal(0.02) weights, as transformers initialises).
-      remat: rematerialise each layer in the backward pass (`nnx.remat`), trading compute for memory.
+      remat: rematerialise each layer in the backward pass, trading compute for memory: without a
+        cache the layers then run as one scan (`_remat_scan`; a 1-layer model uses `nnx.remat`).
       lm_head: build the output projection; False gives the body alone (embeddings, layers, final
         norm), as score models use it (`gd2po_jax.models.score_model`): then `logits` raises.
       lora: adapters on the projections it targets (see the module docstring), drawn from ``rngs``
@@ -444,7 +481,7 @@ class Decoder(nnx.Module):
         cos, sin = rope_tables(positions, rope_inv_freq(self.config))
         attn_mask = attention_mask_3d(key_valid, index, t)
         # Remat only matters for backprop; with a KV cache (sampling) it is skipped, as nnx.remat
-        # inside the decode while_loop raises TraceContextError.
+        # inside the decode while_loop raises TraceContextError. Without one, the layers are scanned.
         run = _run_layer
         if lora_dropout is not None and self.lora is not None and lora_dropout[1] > 0:
             rate = float(lora_dropout[1])  # static: in the layer's program, not an argument of remat
@@ -453,8 +490,12 @@ class Decoder(nnx.Module):
                 return _run_layer(layer, h, cos, sin, mask, kv_cache, index, key, rate)
         else:
             lora_dropout = None
-        run = nnx.remat(run) if self.remat and cache is None else run
         h = jnp.take(self.embed[...], input_ids, axis=0)
+        if cache is None and self.remat and len(self.layers) > 1:
+            h = _remat_scan(self.layers, h, cos, sin, attn_mask, index,
+                            None if lora_dropout is None else (lora_dropout[0], rate))
+            return self.final_norm(h), None
+        run = nnx.remat(run) if self.remat and cache is None else run
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.keys[i], cache.values[i])

@@ -150,3 +150,31 @@ def test_the_device_command_installs_the_wheels_and_writes_the_report_under_out(
     assert all(p["status"] == "skipped" and "time budget spent" in p["reason"] for p in report["parts"].values())
     assert f"accelerator check (cpu-smoke): cpu x{DEVICES}" in proc.stdout
     assert "[device_check] exit 0 after" in proc.stdout
+
+
+def test_part_4_reads_the_readme_table_it_is_compared_with(check_module, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("| validation | after warm start | after 40 RL steps |\n|---|---|---|\n"
+                      "| Correct Acc | 0.227 | **0.406** |\n| ... one-call requests | 0.131 (11) | 0.405 (34) |\n"
+                      "| Format Acc | 0.875 | 0.891 |\n| Truncation rate | 0.000 | 0.008 |\n")
+    assert check_module.readme_default_table(readme) == {
+        "correct_acc": {"before_rl": 0.227, "after_rl": 0.406},
+        "format_acc": {"before_rl": 0.875, "after_rl": 0.891},
+        "truncation_rate": {"before_rl": 0.0, "after_rl": 0.008}}
+    readme.write_text("| Correct Acc | 0.227 | 0.406 |\n| Format Acc | 0.875 | n/a |\n")
+    with pytest.raises(ValueError, match="Format Acc"):
+        check_module.readme_default_table(readme)
+    # The repository's README has the table (what a device run sets beside its own numbers).
+    table = check_module.readme_default_table(REPO / "README.md")
+    assert 0 <= table["correct_acc"]["before_rl"] < table["correct_acc"]["after_rl"] <= 1
+
+
+def test_the_committed_device_reports_are_complete_runs_on_a_device():
+    reports = sorted((REPO / "docs" / "accelerator").glob("report-*.json"))
+    assert reports, "docs/accelerator has no device report"
+    for path in reports:
+        report = json.loads(path.read_text())
+        assert report["mode"] == "device" and report["complete"] is True, path.name
+        assert report["environment"]["backend"] == "gpu" and report["environment"]["dirty"] is False, path.name
+        ran = {name: part for name, part in report["parts"].items() if part["status"] != "skipped"}
+        assert ran and all(part["status"] == "passed" for part in ran.values()), path.name

@@ -57,9 +57,12 @@ def test_the_carried_wheels_cover_requirements_minus_the_image():
 
 
 def test_the_image_list_is_kinds_md_with_its_known_versions():
+    """KINDS.md's versions, and those the device check read there on 2026-12-04 (flax, orbax and the
+    packages the carried wheels need, unverified before); a name nobody has read keeps no version."""
     image = cw.read_pins(ACCELERATOR / "image_packages.txt")
     assert len(image) > 150 and image["jax"] == "0.11.2" and image["transformers"] == "5.17.0"
-    assert image["numpy"] == "2.5.2" and image["huggingface-hub"] == "1.33.0" and image["flax"] is None
+    assert image["numpy"] == "2.5.2" and image["huggingface-hub"] == "1.33.0" and image["flax"] == "0.12.10"
+    assert image["orbax-checkpoint"] == "0.12.4" and image["pandas"] is None
 
 
 def test_read_pins_normalizes_names_and_skips_comments_and_options(tmp_path):

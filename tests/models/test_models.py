@@ -1,5 +1,6 @@
 """gd2po_jax.models: parity with transformers, checkpoint round trips, KV cache, errors."""
 
+import dataclasses
 import json
 import shutil
 
@@ -23,6 +24,7 @@ from gd2po_jax.models.decoder import linear
 from gd2po_jax.models.pretrained import get_variable, ours_to_hf, tensor_maps
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
 from gd2po_jax.rl.logprobs import completion_logprobs
+from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import (
     VOCAB,
     build_hf_model,
@@ -239,6 +241,57 @@ def test_remat_gives_identical_loss_and_gradients():
     for a, b in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=ulps(b, 8))
     assert float(jnp.abs(grad_a.layers[0].attn.q_kernel[...]).max()) > 0
+
+
+def _grad_program_temp_bytes(config, remat: bool, batch: int, length: int) -> int:
+    """XLA's temporary bytes of the compiled gradient of a sum over the final hidden states (no
+    array is allocated: the model and inputs are abstract)."""
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), remat=remat)), nnx.Param)
+
+    def loss(params, ids, mask):
+        hidden, _ = nnx.merge(graphdef, params).hidden_states(ids, mask)
+        return jnp.sum(hidden**2)
+
+    spec = lambda dtype: jax.ShapeDtypeStruct((batch, length), dtype)  # noqa: E731
+    compiled = jax.jit(jax.grad(loss)).lower(params, spec(jnp.int32), spec(jnp.bool_)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_remat_keeps_each_layers_recomputation_to_its_own_backward_iteration():
+    """With remat the layers run as one scan, so a layer's attention tensors live only while its own
+    backward runs: each extra layer adds its saved input [B, T, D], not its [B, H, T, T] scores. (As a
+    Python loop of `nnx.remat` layers, XLA:CPU kept every layer's recomputation alive: about five
+    score tensors per layer, with remat or without.)"""
+    config = tiny_model_config(hidden_size=64, intermediate_size=128, num_heads=8, num_kv_heads=2, head_dim=8)
+    batch, length = 2, 256
+    scores = batch * config.num_heads * length * length * 4  # one float32 score tensor of a layer
+
+    def per_layer(remat):
+        two, six = (_grad_program_temp_bytes(dataclasses.replace(config, num_layers=n), remat, batch, length)
+                    for n in (2, 6))
+        return (six - two) / 4
+
+    plain, remat = per_layer(False), per_layer(True)
+    assert plain > 2 * scores, (plain, scores)  # the loop without remat keeps several per layer
+    assert remat < 0.25 * scores, (remat, scores)  # the scan keeps the layer's input (32 KiB here)
+
+
+def test_remat_on_a_mesh_has_the_unsharded_loss_and_gradients():
+    """The scanned layers stack parameters sharded over fsdp and tensor: the sharded program computes
+    what one device does."""
+    directory, _ = tiny_checkpoint("qwen2", tie=True)
+    ids, mask = ragged_batch(lengths=(6, 3, 5, 2), width=6)
+
+    def loss_and_grads(model):
+        graphdef, params = nnx.split(model, nnx.Param)
+        loss = lambda p: -jnp.mean(completion_logprobs(nnx.merge(graphdef, p), ids, mask, 3)[0])  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    want_loss, want = loss_and_grads(load_pretrained(directory))
+    got_loss, got = loss_and_grads(load_pretrained(directory, mesh=make_mesh(data=2, fsdp=2, tensor=2), remat=True))
+    assert float(got_loss) == pytest.approx(float(want_loss), abs=ulps(want_loss, 8))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=ulps(b, 16))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
