@@ -1,6 +1,7 @@
 """The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
-bench_lora.py) run as ``python -m bench.<name>`` in their seconds-long settings and print their numbers
-(the scripts are not imported by anything else, so they would rot unnoticed)."""
+bench_lora.py, bench_sft.py, update_memory.py) run as ``python -m bench.<name>`` in their seconds-long
+settings and print their numbers (the scripts are not imported by anything else, so they would rot
+unnoticed)."""
 
 import json
 import pathlib
@@ -345,3 +346,19 @@ def test_bench_sft_times_each_shape():
                                                                 abs=0.01)
     proc = run_bench_process("bench_sft", "--config=configs/tiny.py", "--shapes=24x", "--vocab_size=64")
     assert proc.returncode != 0 and "--shapes: '24x' is not PROMPTxCOMPLETION" in proc.stderr
+
+
+def test_update_memory_prints_the_programs_bytes_and_names_a_bad_micro_batch():
+    args = ("--preset=qwen2-29m", "--layers=2", "--vocab=512", "--prompts=2", "--group=2", "--prompt_len=32",
+            "--new_tokens=16", "--micro_batch=2")
+    out = run_bench("update_memory", *args)
+    line(rf"qwen2-29m, 2 layers \({NUMBER} B params\), 4 rows x 48 tokens, micro-batches of 2, remat, bfloat16 "
+         rf"compute, {DEVICES} device\(s\), cpu:", out)
+    seconds, arguments, outputs, temporaries, aliased, total, per_param = line(
+        rf"  compiled in {NUMBER} s: arguments {NUMBER} GiB, outputs {NUMBER}, temporaries {NUMBER}, aliased "
+        rf"{NUMBER} -> program {NUMBER} GiB per device \({NUMBER} B/param\)", out)
+    assert seconds > 0 and aliased > 0 and temporaries > 0
+    assert total == pytest.approx(arguments + outputs + temporaries - aliased, abs=0.02)
+    assert per_param > 12  # at least the fp32 weights and AdamW's two moments
+    proc = run_bench_process("update_memory", *args[:-1], "--micro_batch=3")
+    assert proc.returncode != 0 and "--micro_batch: 3 does not divide the 4 rows" in proc.stderr

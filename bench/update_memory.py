@@ -1,0 +1,116 @@
+"""The RL update's memory at a model shape, from XLA's analysis of the compiled program: will it fit?
+
+The update (`gd2po_jax.rl.train_step`, GRPO on the sampler's log-probs, fp32 master weights and AdamW,
+micro-batches) is compiled for abstract inputs of the shape, on a mesh over every device (``fsdp``),
+and nothing is allocated or run: a 1.5B shape compiles in seconds on a CPU that could not hold it.
+Printed: the program's arguments, outputs, temporaries and donated (aliased) bytes per device, its
+total (arguments + outputs + temporaries - aliased: what it needs at its peak) and that total per
+parameter, and the compile time.
+
+    python -m bench.update_memory                                   # Qwen2.5-1.5B, 64 x (512 + 512)
+    python -m bench.update_memory --layers 2 && python -m bench.update_memory --layers 4   # per layer
+    python -m bench.update_memory --no_remat --layers 4              # the layers without remat
+
+The numbers are those of the backend it runs on: on a CPU, XLA:CPU's buffer assignment, which keeps
+more alive than a GPU's scheduler may (docs/accelerator/README.md compares them). They count what
+the program holds, not the allocator's fragmentation or the sampler's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bench import harness
+from gd2po_jax.models.decoder import Decoder
+from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.rl.train_step import jit_train_step, make_train_step
+from gd2po_jax.runtime.sharding import make_mesh
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The update's batch: ``prompts`` x ``group`` rows of ``prompt_len`` + ``new_tokens`` tokens, in
+    micro-batches of ``micro_batch`` rows (0: all at once)."""
+
+    prompts: int
+    group: int
+    prompt_len: int
+    new_tokens: int
+    micro_batch: int
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.group
+
+
+def abstract_batch(layout: Layout) -> RolloutBatch:
+    """A `RolloutBatch` of `jax.ShapeDtypeStruct` leaves (one reward)."""
+    rows, seq, m = layout.rows, layout.prompt_len + layout.new_tokens, layout.new_tokens
+    spec = jax.ShapeDtypeStruct
+    return RolloutBatch(
+        input_ids=spec((rows, seq), jnp.int32), attention_mask=spec((rows, seq), jnp.bool_),
+        response_mask=spec((rows, m), jnp.bool_), old_logp=spec((rows, m), jnp.float32),
+        ref_logp=spec((rows, m), jnp.float32), rewards=spec((layout.prompts, layout.group, 1), jnp.float32),
+        valid=spec((layout.prompts,), jnp.bool_))
+
+
+def update_memory(config, layout: Layout, *, remat: bool, compute_dtype: str = "bfloat16") -> dict:
+    """XLA's memory analysis of the compiled update (bytes per device) and its compile seconds.
+
+    Returns: {"arguments", "outputs", "temporaries", "aliased", "total", "compile_s", "params", "devices"}.
+    """
+    mesh = make_mesh(data=1, fsdp=-1, tensor=1)
+    abstract = nnx.eval_shape(lambda: Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0), remat=remat))
+    graphdef, params = nnx.split(abstract, nnx.Param)
+    optimizer = make_optimizer(1e-6)
+    state = TrainState(params, jax.eval_shape(optimizer.init, params), jax.ShapeDtypeStruct((), jnp.int32),
+                       jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+    step_config = harness.step_config(method="grpo", compute_dtype=compute_dtype, micro_batch_size=layout.micro_batch)
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh))
+    start = time.perf_counter()
+    analysis = step.lower(state, abstract_batch(layout)).compile().memory_analysis()
+    seconds = time.perf_counter() - start
+    found = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,
+             "temporaries": analysis.temp_size_in_bytes, "aliased": analysis.alias_size_in_bytes}
+    total = found["arguments"] + found["outputs"] + found["temporaries"] - found["aliased"]
+    return found | {"total": total, "compile_s": seconds, "params": config.num_params(),
+                    "devices": len(mesh.devices.flat)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    harness.add_shape_arguments(parser, presets=tuple(harness.QWEN2_SHAPES), default="qwen2.5-1.5b")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=4, help="rollouts per prompt")
+    parser.add_argument("--prompt_len", type=int, default=512)
+    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--micro_batch", type=int, default=16, help="rows per micro-batch; 0: all rows at once")
+    parser.add_argument("--no_remat", action="store_true", help="keep every layer's activations (model.remat off)")
+    parser.add_argument("--compute_dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    args = parser.parse_args()
+    config = harness.qwen2_config(**harness.preset_shape(args))
+    layout = Layout(args.prompts, args.group, args.prompt_len, args.new_tokens, args.micro_batch)
+    if args.micro_batch and layout.rows % args.micro_batch:
+        parser.error(f"--micro_batch: {args.micro_batch} does not divide the {layout.rows} rows")
+    found = update_memory(config, layout, remat=not args.no_remat, compute_dtype=args.compute_dtype)
+    micro = f"micro-batches of {args.micro_batch}" if args.micro_batch else "no micro-batches"
+    print(f"{args.preset}, {config.num_layers} layers ({found['params'] / 1e9:.3f} B params), {layout.rows} rows x "
+          f"{args.prompt_len + args.new_tokens} tokens, {micro}, {'no remat' if args.no_remat else 'remat'}, "
+          f"{args.compute_dtype} compute, {found['devices']} device(s), {jax.devices()[0].platform}:")
+    print(f"  compiled in {found['compile_s']:.1f} s: arguments {found['arguments'] / GIB:.2f} GiB, outputs "
+          f"{found['outputs'] / GIB:.2f}, temporaries {found['temporaries'] / GIB:.2f}, aliased "
+          f"{found['aliased'] / GIB:.2f} -> program {found['total'] / GIB:.2f} GiB per device "
+          f"({found['total'] * found['devices'] / found['params']:.1f} B/param)")
+
+
+if __name__ == "__main__":
+    main()
