@@ -609,11 +609,13 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     peak = peak_flops(device.device_kind)
     devices = len(mesh.devices.flat)
     n = config.num_params()
-    # docs/paper.md's estimate per device: 18 B/param over the fsdp devices, plus with remat the saved
-    # layer inputs (L x S x D x 2 B) and the recomputed layer's attention tensors (3 x H x S^2 x 4 B)
-    # per sequence of a micro-batch split over the devices.
+    # docs/paper.md's estimate per device: 18 B/param, + 4 for the fp32 gradient accumulator of the
+    # micro-batches and + 2 for the remat scan's stacked bf16 layers (24 in all here), over the fsdp
+    # devices; plus with remat the saved layer inputs (L x S x D x 2 B) and the recomputed layer's
+    # attention tensors (3 x H x S^2 x 4 B) per sequence of a micro-batch split over the devices.
+    bytes_per_param = 18 + (4 if profile.update_micro < rows else 0) + (2 if config.num_layers > 1 else 0)
     per_sequence = config.num_layers * seq * config.hidden_size * 2 + 3 * config.num_heads * seq * seq * 4
-    estimate = 18 * n / devices + per_sequence * max(profile.update_micro // devices, 1)
+    estimate = bytes_per_param * n / devices + per_sequence * max(profile.update_micro // devices, 1)
     device_peak, why = device_peak_bytes(device)
     result = {
         "model": profile.update_model, "params": n, "rows": rows, "seq": seq, "completion": m,
@@ -655,7 +657,7 @@ def part_speed(ctx: Context) -> dict:
                             update["finite_metrics"]))
     return {"device_kind": device.device_kind, "bandwidth_bytes_per_s": bandwidth,
             "memory_estimate": "docs/paper.md's method at these shapes (it tabulates none for them): sampling = "
-                               "bf16 weights + KV cache + one layer's prefill scores; update = 18 B/param + saved "
+                               "bf16 weights + KV cache + one layer's prefill scores; update = 24 B/param + saved "
                                "layer inputs + the recomputed layer's attention tensors per micro-batch sequence",
             "matmul_bf16_flops_per_s": matmul_rate, "sampling": cases, "update": update, "skipped": skipped,
             "checks": checks}
