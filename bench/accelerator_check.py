@@ -80,7 +80,7 @@ from gd2po_jax.config import RunConfig  # noqa: E402
 from gd2po_jax.models import Decoder, ModelConfig  # noqa: E402
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn  # noqa: E402
 from gd2po_jax.rl.logprobs import completion_logprobs, merge_model  # noqa: E402
-from gd2po_jax.rl.optimizer import make_optimizer  # noqa: E402
+from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer  # noqa: E402
 from gd2po_jax.rl.records import RolloutBatch, TrainState  # noqa: E402
 from gd2po_jax.rl.setup import build_setup  # noqa: E402
 from gd2po_jax.rl.train_step import StepConfig, jit_train_step, make_train_step  # noqa: E402
@@ -438,7 +438,8 @@ def update_parity(ctx: Context) -> dict:
     optimizer = make_optimizer(STEP_LR)
 
     def one_update(params, batch, mesh):
-        state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+        state = TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
+                           jax.random.PRNGKey(0))
         if mesh is None:
             step = jit_train_step(make_train_step(graphdef, optimizer, step_config))
         else:
@@ -577,7 +578,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     graphdef, params = nnx.split(model, nnx.Param)
     del model
     optimizer = make_optimizer(1e-6)
-    state = replicate_rest(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
+    state = replicate_rest(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
                                       jax.random.PRNGKey(0)), mesh)
     del params
     step_config = harness.step_config(method="grpo", compute_dtype="bfloat16", micro_batch_size=profile.update_micro)

@@ -37,7 +37,7 @@ from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.rl.logprobs import merge_model
-from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.rl.setup import build_setup
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step, run_step_config
@@ -66,7 +66,7 @@ def bench_default(config, workdir: pathlib.Path) -> None:
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = make_optimizer(config.train.learning_rate, weight_decay=config.train.weight_decay,
                                grad_clip=config.train.grad_clip)
-    state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
+    state = setup.place(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
                                    jax.random.PRNGKey(0)))
     step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
                                   reward_names=setup.reward_names, reward_weights=setup.reward_weights)

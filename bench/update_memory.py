@@ -1,11 +1,12 @@
 """The RL update's memory at a model shape, from XLA's analysis of the compiled program: will it fit?
 
 The update (`gd2po_jax.rl.train_step`, GRPO on the sampler's log-probs, fp32 master weights and AdamW,
-micro-batches) is compiled for abstract inputs of the shape, on a mesh over every device (``fsdp``),
-and nothing is allocated or run: a 1.5B shape compiles in seconds on a CPU that could not hold it.
-Printed: the program's arguments, outputs, temporaries and donated (aliased) bytes per device, its
-total (arguments + outputs + temporaries - aliased: what it needs at its peak) and that total per
-parameter, and the compile time.
+micro-batches) is compiled for abstract inputs of the shape, on a mesh over every device (``fsdp``:
+parameters, optimizer state and rows split as the trainer splits them), and nothing is allocated or
+run: a 1.5B shape compiles in seconds on a CPU that could not hold it. Printed: the program's
+arguments, outputs, temporaries and donated (aliased) bytes per device, its total (arguments +
+outputs + temporaries - aliased: what it needs at its peak) and that total per parameter (all
+devices together), and the compile time.
 
     python -m bench.update_memory                                   # Qwen2.5-1.5B, 64 x (512 + 512)
     python -m bench.update_memory --layers 2 && python -m bench.update_memory --layers 4   # per layer
@@ -25,13 +26,14 @@ import time
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from bench import harness
 from gd2po_jax.models.decoder import Decoder
-from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.optimizer import make_optimizer, optimizer_state_shardings
 from gd2po_jax.rl.records import RolloutBatch, TrainState
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step
-from gd2po_jax.runtime.sharding import make_mesh
+from gd2po_jax.runtime.sharding import batch_sharding, make_mesh, variable_sharding
 
 GIB = 2**30
 
@@ -52,15 +54,36 @@ class Layout:
         return self.prompts * self.group
 
 
-def abstract_batch(layout: Layout) -> RolloutBatch:
-    """A `RolloutBatch` of `jax.ShapeDtypeStruct` leaves (one reward)."""
+def abstract_batch(layout: Layout, mesh) -> RolloutBatch:
+    """A `RolloutBatch` of `jax.ShapeDtypeStruct` leaves (one reward), rows split as the trainer splits them."""
     rows, seq, m = layout.rows, layout.prompt_len + layout.new_tokens, layout.new_tokens
-    spec = jax.ShapeDtypeStruct
+
+    def spec(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, shape))
+
     return RolloutBatch(
         input_ids=spec((rows, seq), jnp.int32), attention_mask=spec((rows, seq), jnp.bool_),
         response_mask=spec((rows, m), jnp.bool_), old_logp=spec((rows, m), jnp.float32),
         ref_logp=spec((rows, m), jnp.float32), rewards=spec((layout.prompts, layout.group, 1), jnp.float32),
         valid=spec((layout.prompts,), jnp.bool_))
+
+
+def abstract_state(config, optimizer, mesh, *, remat: bool):
+    """(graphdef, `TrainState` of `jax.ShapeDtypeStruct` leaves): the fp32 parameters on their
+    annotated shardings (as `load_pretrained` places them), AdamW's state as the trainer places it
+    (`optimizer_state_shardings`), the step and RNG key replicated."""
+    model = nnx.eval_shape(lambda: Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0), remat=remat))
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Param):
+            value = node.get_value()
+            node.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=variable_sharding(node, mesh)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             jax.eval_shape(optimizer.init, params), optimizer_state_shardings(optimizer, params))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    step = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
+    return graphdef, TrainState(params, opt_state, step, key)
 
 
 def update_memory(config, layout: Layout, *, remat: bool, compute_dtype: str = "bfloat16") -> dict:
@@ -69,15 +92,13 @@ def update_memory(config, layout: Layout, *, remat: bool, compute_dtype: str = "
     Returns: {"arguments", "outputs", "temporaries", "aliased", "total", "compile_s", "params", "devices"}.
     """
     mesh = make_mesh(data=1, fsdp=-1, tensor=1)
-    abstract = nnx.eval_shape(lambda: Decoder(config, dtype=jnp.float32, rngs=nnx.Rngs(0), remat=remat))
-    graphdef, params = nnx.split(abstract, nnx.Param)
     optimizer = make_optimizer(1e-6)
-    state = TrainState(params, jax.eval_shape(optimizer.init, params), jax.ShapeDtypeStruct((), jnp.int32),
-                       jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+    graphdef, state = abstract_state(config, optimizer, mesh, remat=remat)
     step_config = harness.step_config(method="grpo", compute_dtype=compute_dtype, micro_batch_size=layout.micro_batch)
-    step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh))
+    step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh),
+                          jax.tree.map(lambda x: x.sharding, state))
     start = time.perf_counter()
-    analysis = step.lower(state, abstract_batch(layout)).compile().memory_analysis()
+    analysis = step.lower(state, abstract_batch(layout, mesh)).compile().memory_analysis()
     seconds = time.perf_counter() - start
     found = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,
              "temporaries": analysis.temp_size_in_bytes, "aliased": analysis.alias_size_in_bytes}

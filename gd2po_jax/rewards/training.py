@@ -31,7 +31,7 @@ from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
 from gd2po_jax.models import ScoreModel
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.reward_model import render_conversation
-from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.sft.step import sft_batches
 
@@ -155,7 +155,8 @@ def train_reward_model(model: ScoreModel, data: PairData, *, num_steps: int, bat
     warmup = max(1, round(WARMUP_FRACTION * num_steps))
     schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(warmup + 1, num_steps))
     optimizer = make_optimizer(schedule, weight_decay=0.0, grad_clip=grad_clip, b2=ADAM_B2)
-    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
+    state = TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
+                       jax.random.PRNGKey(seed))
     step_fn = jax.jit(make_reward_step(graphdef, optimizer, regularization), donate_argnums=(0,))
     order = sft_batches(len(data), batch_size, num_steps, seed)
     history = []

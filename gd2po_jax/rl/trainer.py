@@ -38,7 +38,7 @@ from gd2po_jax.models.lora import (
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures
 from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
-from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
@@ -109,7 +109,7 @@ def init_state(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) ->
     schedule = optax.linear_schedule(0.0, config.train.learning_rate, config.train.warmup_steps) \
         if config.train.warmup_steps else config.train.learning_rate
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
-    state = setup.place(TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32),
+    state = setup.place(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
                                    jax.random.PRNGKey(config.train.seed)))
     return graphdef, optimizer, state, frozen
 

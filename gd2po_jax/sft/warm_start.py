@@ -28,7 +28,7 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.models import load_pretrained, save_pretrained
-from gd2po_jax.rl.optimizer import make_optimizer
+from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.rl.records import TrainState
 from gd2po_jax.rl.setup import RunSetup, build_setup
 from gd2po_jax.runtime import distributed
@@ -131,7 +131,8 @@ def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path,
         end_value=config.sft.learning_rate * 0.1,
     )
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
-    state = setup.place(TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0)))
+    state = setup.place(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
+                                   jax.random.PRNGKey(0)))
     step_fn = jax.jit(make_sft_step(graphdef, optimizer, compute_dtype=config.model.dtype,
                                     chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
     order = sft_batches(len(data), config.sft.batch_size, config.sft.num_steps, config.sft.seed)
