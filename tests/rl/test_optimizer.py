@@ -6,18 +6,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gd2po_jax.models.decoder import Decoder
+from gd2po_jax.models import load_pretrained
 from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
-from gd2po_jax.runtime.sharding import make_mesh, variable_sharding
-from tests.fakes import tiny_model_config
+from gd2po_jax.runtime.sharding import make_mesh
+from tests.fakes import tiny_checkpoint
 
 
 def sharded_params(mesh):
-    model = nnx.jit(lambda: Decoder(tiny_model_config(), rngs=nnx.Rngs(0)))()
-    for _, node in nnx.iter_graph(model):
-        if isinstance(node, nnx.Param):
-            node.set_value(jax.device_put(node.get_value(), variable_sharding(node, mesh)))
-    return nnx.split(model, nnx.Param)[1]
+    """The tiny checkpoint's parameters placed on ``mesh`` as the trainer loads them."""
+    return nnx.split(load_pretrained(tiny_checkpoint("qwen2", tie=True)[0], mesh=mesh), nnx.Param)[1]
 
 
 def test_adams_moments_are_on_their_parameters_shardings_and_counters_replicated():
