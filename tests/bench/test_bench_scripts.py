@@ -50,8 +50,8 @@ def line(pattern: str, out: str) -> tuple[float, ...]:
 
 @pytest.mark.slow
 def test_bench_train_on_the_tiny_config():
-    # With micro-batches and length buckets (configs/tiny.py turns them off); buckets of 32 give two
-    # prompt windows here (128, 160), whose update compiles in ~11 s; buckets of 8 gave eleven (~34 s).
+    # With micro-batches and length buckets (configs/tiny.py turns them off). Buckets of 32 give a few
+    # prompt windows, each a branch of the update to compile; buckets of 8 gave eleven, 3x the compile.
     out = run_bench("bench_train", "--config=configs/tiny.py", "--warmup=1", "--steps=1",
                     "--config.rl.micro_batch_size=8", "--config.rl.length_bucket=32")
     config = tiny_config()

@@ -474,8 +474,8 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(reference, t
 def test_length_buckets_train_as_the_padded_update(reference, tmp_path, train_env):
     """rl.length_bucket through the trainer: the reference's first step (same warm start, same
     rollouts) on micro-batches of 8 that cut their left padding gives the same metrics within float
-    tolerance, on fewer padded slots. (Buckets of 32: two prompt windows, whose update compiles in a
-    third of the time of 8's eleven.)"""
+    tolerance, on fewer padded slots. (Buckets of 32: a few prompt windows, each a branch of the
+    update to compile; 8's were many more.)"""
     workdir = tmp_path / "run"
     copy_warm_start(reference, workdir)
     config_file = write_config_file(tmp_path, rl__length_bucket=32, rl__micro_batch_size=8, train__num_steps=1,
