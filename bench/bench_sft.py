@@ -10,6 +10,12 @@ tokens are random: only the shapes matter.
     python -m bench.bench_sft                                  # the embedded default's shapes
     python -m bench.bench_sft --shapes=182x93,176x96 --batch_size=16 --rounds=6
     python -m bench.bench_sft --shapes=24x16 --rounds=1 --steps=1  # a seconds-long check
+    python -m bench.bench_sft --shapes=176x96 --profile=/tmp/prof  # + where one step's time goes
+
+``--profile DIR`` traces one more step of each shape after the timed rounds (jax.profiler, into
+DIR/<shape>) and prints its XLA operations' time by kind and by source, as ``bench.anchor_workloads
+--profile`` does (the kind, output shape and JAX operation of each instruction, from the optimized HLO
+dumped into DIR/hlo).
 
 ``--shapes`` are PROMPTxCOMPLETION token counts: 182x93 is the embedded default's longest prompt and
 target (every batch at one length, ``sft.length_bucket=0``); 160x96, 176x96 and 192x96 are the windows
@@ -18,6 +24,7 @@ of ``sft.length_bucket=16`` (docs/speed.md).
 
 from __future__ import annotations
 
+import pathlib
 import statistics
 
 import jax
@@ -26,7 +33,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from bench import harness
+from bench import anchor_workloads, harness
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
 from gd2po_jax.models.config import tiny_qwen2_config
@@ -40,6 +47,8 @@ flags.DEFINE_integer("batch_size", 0, "Examples per step; 0: the config's sft.ba
 flags.DEFINE_integer("vocab_size", 1823, "Vocabulary of the random model.")
 flags.DEFINE_integer("rounds", 6, "Rounds over the shapes.")
 flags.DEFINE_integer("steps", 10, "Steps per shape and round.")
+flags.DEFINE_string("profile", "", "Trace one more step of each shape into this directory and print where its "
+                    "time goes.")
 FLAGS = flags.FLAGS
 
 
@@ -58,26 +67,40 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def named(fn, name: str):
+    """``fn`` under ``name``, which XLA gives its compiled program (jit_NAME): each shape's step is
+    its own program, so that ``--profile`` reads each shape's operations from its own dumped HLO."""
+
+    def renamed(*args):
+        return fn(*args)
+
+    renamed.__name__ = renamed.__qualname__ = name
+    return renamed
+
+
 def main(argv):
     del argv
     config = RunConfig.from_config_dict(FLAGS.config)
     shapes = parse_shapes(FLAGS.shapes)
+    if FLAGS.profile:
+        anchor_workloads.dump_optimized_hlo(pathlib.Path(FLAGS.profile) / anchor_workloads.HLO_DUMP)
     batch = FLAGS.batch_size or config.sft.batch_size
     model = harness.random_model(tiny_qwen2_config(config.model.tiny, FLAGS.vocab_size, max_position_embeddings=4096))
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = make_optimizer(config.sft.learning_rate, weight_decay=config.train.weight_decay,
                                grad_clip=config.train.grad_clip)
-    step = jax.jit(make_sft_step(graphdef, optimizer, chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
+    sft_step = make_sft_step(graphdef, optimizer, chunk_size=config.train.logit_chunk_size)
     rng = np.random.default_rng(0)
     runs = []
     for prompt, completion in shapes:
+        step = jax.jit(named(sft_step, f"sft_step_{prompt}x{completion}"), donate_argnums=(0,))
         own = jax.tree.map(jnp.copy, params)  # each shape trains its own copy (the step donates it)
         run = {"state": TrainState(own, optimizer.init(own), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0)),
                "batch": (jnp.asarray(rng.integers(0, FLAGS.vocab_size, (batch, prompt + completion)), jnp.int32),
                          jnp.ones((batch, prompt + completion), bool), jnp.ones((batch, completion), bool)),
                "times": []}
 
-        def steps(run=run, count=1):
+        def steps(run=run, step=step, count=1):
             for _ in range(count):
                 run["state"], metrics = step(run["state"], *run["batch"])
             return metrics
@@ -94,6 +117,12 @@ def main(argv):
         slots = batch * (prompt + completion)
         print(f"{prompt}x{completion} (S={prompt + completion}): {seconds * 1e3:.1f} ms/step "
               f"({min(run['times']) * 1e3:.1f}-{max(run['times']) * 1e3:.1f}), {seconds * 1e6 / slots:.2f} us/token")
+    if FLAGS.profile:
+        root = pathlib.Path(FLAGS.profile)
+        for (prompt, completion), (_, steps) in zip(shapes, runs):
+            shape = f"{prompt}x{completion}"
+            report = anchor_workloads.profile_call(steps, root / shape, hlo_dir=root / anchor_workloads.HLO_DUMP)
+            print("\n".join(anchor_workloads.profile_lines(shape, report)))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,14 @@ One module serves training forward passes, prefill and decode:
     logits, cache = model(input_ids, attention_mask=mask, cache=cache)
     hidden, cache = model.hidden_states(input_ids, mask)           # [B, T, D], final norm applied
     logits = model.logits(hidden[:, a:b])                          # logits for a slice of positions
+    hidden, _ = model.hidden_states(input_ids, mask, window=(a, n))  # [B, n, D]: positions a..a+n-1 only
 
 Log-probs of tokens are computed from ``hidden_states`` by `gd2po_jax.rl.logprobs`.
+
+With ``window=(a, n)`` (training forwards, no cache) the last layer computes its queries, attention
+output and MLP only at the ``n`` positions whose hidden states are returned (every layer still
+computes keys and values at every position): the loss of a completion needs the last layer at the
+completion's positions alone.
 
 Left padding is handled through ``attention_mask``; positions default to ``cumsum(mask) - 1`` (plus
 the number of tokens already in the cache), as Hugging Face ``generate`` does.
@@ -227,13 +233,52 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     """
     b, t, h, hd = q.shape
     kv = k.shape[1]
-    q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd**-0.5)
-    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
+    out = _grouped_attention(q.reshape(b, t, kv, h // kv, hd), k, v, mask)
     return out.reshape(b, t, h, hd)
+
+
+def _attention_probs(q, k, mask):
+    """Softmax weights ``[B, KV, G, T, S]`` (float32) of q ``[B, T, KV, G, hd]`` over keys ``[B, KV, S, hd]``."""
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (q.shape[-1] ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+@jax.custom_vjp
+def _grouped_attention(q, k, v, mask):
+    """``softmax(q k^T / sqrt(hd)) v``: q ``[B, T, KV, G, hd]``, k, v ``[B, KV, S, hd]``, mask
+    ``[B, T, S]`` -> ``[B, T, KV, G, hd]``.
+
+    The gradient is the softmax's, written with the identity ``sum_s P_ts dP_ts = sum_d O_td dO_td``
+    (FlashAttention's backward): the row sums the softmax's backward needs come from the ``[T, hd]``
+    output instead of the ``[T, S]`` weights. Autodiff's reduction over the weights was the largest
+    single operation of the embedded warm start's step on XLA:CPU (``python -m bench.bench_sft
+    --profile``, docs/speed.md); this one reads a ``[T, hd]`` pair instead.
+    """
+    return _grouped_attention_fwd(q, k, v, mask)[0]
+
+
+def _grouped_attention_fwd(q, k, v, mask):
+    probs = _attention_probs(q, k, mask).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
+    return out, (q, k, v, mask, probs, out)
+
+
+def _grouped_attention_bwd(residuals, d_out):
+    q, k, v, mask, probs, out = residuals
+    d_v = jnp.einsum("bkgts,btkgd->bksd", probs, d_out.astype(probs.dtype))
+    d_probs = jnp.einsum("btkgd,bksd->bkgts", d_out, v, preferred_element_type=jnp.float32)
+    row_sums = jnp.einsum("btkgd,btkgd->bkgt", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    d_scores = probs.astype(jnp.float32) * (d_probs - row_sums[..., None]) * (q.shape[-1] ** -0.5)
+    # Masked scores are a constant: no gradient (a query with no valid key has uniform weights).
+    d_scores = jnp.where(mask[:, None, None], d_scores, 0.0).astype(q.dtype)
+    d_q = jnp.einsum("bkgts,bksd->btkgd", d_scores, k)
+    d_k = jnp.einsum("bkgts,btkgd->bksd", d_scores, q)
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
 
 
 class RMSNorm(nnx.Module):
@@ -295,13 +340,20 @@ class Attention(nnx.Module):
             y = y + bias[...]
         return norm(y) if norm is not None else y
 
-    def __call__(self, x, cos, sin, mask, kv_cache, index, dropout=None):
+    def __call__(self, x, cos, sin, mask, kv_cache, index, dropout=None, window=None):
         """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
         kv_cache: None or (keys [B, KV, hd, S], values [B, KV, S, hd]) (`KVCache`'s layouts) to
-        write at slot ``index``; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`).
-        Returns (out [B, T, D], (keys, values)): the updated cache's, or without a cache this
+        write at slot ``index``; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`);
+        window: None or ``(a, n)`` (static): queries at positions ``a..a+n-1`` only (no cache).
+        Returns (out [B, T or n, D], (keys, values)): the updated cache's, or without a cache this
         call's keys [B, KV, T, hd] and values [B, KV, T, hd]."""
-        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm, self.q_lora, dropout, 0), cos, sin)
+        x_q, cos_q, sin_q = x, cos, sin
+        if window is not None:
+            first, count = window
+            x_q, cos_q, sin_q = (a[:, first : first + count] for a in (x, cos, sin))
+            mask = mask[:, first : first + count]
+        q = self._project(x_q, self.q_kernel, self.q_bias, self.q_norm, self.q_lora, dropout, 0)
+        q = apply_rope(q, cos_q, sin_q)
         k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm, self.k_lora, dropout, 1), cos, sin)
         v = self._project(x, self.v_kernel, self.v_bias, None, self.v_lora, dropout, 2)
         v = v.transpose(0, 2, 1, 3)
@@ -370,20 +422,29 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, dtype, rngs)
 
-    def __call__(self, h, cos, sin, mask, kv_cache, index, dropout=None):
-        if dropout is None:
-            attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index)
-            h = h + attn_out
-            return h + self.mlp(self.mlp_norm(h)), kv
-        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index, dropout)
+    def __call__(self, h, cos, sin, mask, kv_cache, index, dropout=None, window=None):
+        """h [B, T, D] -> (h [B, T, D], keys and values); with ``window=(a, n)`` (static, no cache)
+        the output is positions ``a..a+n-1`` only, [B, n, D] (`Attention`)."""
+        attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index, dropout, window)
+        if window is not None:
+            h = h[:, window[0] : window[0] + window[1]]
         h = h + attn_out
         return h + self.mlp(self.mlp_norm(h), dropout), kv
 
 
-def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_key=None, dropout_rate=0.0):
-    if dropout_key is None:
-        return layer(h, cos, sin, mask, kv_cache, index)
-    return layer(h, cos, sin, mask, kv_cache, index, (dropout_key, dropout_rate))
+def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_key=None, dropout_rate=0.0,
+               window=None):
+    dropout = None if dropout_key is None else (dropout_key, dropout_rate)
+    return layer(h, cos, sin, mask, kv_cache, index, dropout, window)
+
+
+def _with_window(run, window):
+    """``run`` with its ``window`` bound: closed over (static), so that `nnx.remat` does not trace it."""
+
+    def run_window(*args):
+        return run(*args, window=window)
+
+    return run_window
 
 
 def _remat_scan(layers, h, cos, sin, mask, index, dropout):
@@ -459,16 +520,25 @@ class Decoder(nnx.Module):
                 layer.attn.add_adapters(lora, rngs)
                 layer.mlp.add_adapters(lora, rngs)
 
-    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None, lora_dropout=None):
+    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None, lora_dropout=None,
+                      window=None):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache (None without a cache).
 
         input_ids: [B, T] int; attention_mask: [B, T] (1 = token, 0 = left pad), default all ones;
         positions: [B, T] int, default `default_positions`; cache: `KVCache` whose slots
         ``[cache.index, cache.index + T)`` receive this call's keys and values; lora_dropout: None,
         or ``(key, rate)``: PEFT's ``lora_dropout`` on the adapters' inputs (`lora_delta`; the
-        update's forward, never sampling), a mask per layer and adapter drawn from ``key``.
+        update's forward, never sampling), a mask per layer and adapter drawn from ``key``;
+        window: None, or ``(a, n)`` (static ints, no cache): only positions ``a..a+n-1`` are
+        returned, ``[B, n, D]``, and the last layer computes its queries, attention output and MLP at
+        them alone: the same values as ``hidden[:, a:a+n]`` up to float sums (with LoRA dropout, the
+        last layer's masks are drawn over the window's shape).
         """
         b, t = input_ids.shape
+        if window is not None:
+            window = (int(window[0]), int(window[1]))
+            if cache is not None or not (0 <= window[0] and window[1] >= 1 and window[0] + window[1] <= t):
+                raise ValueError(f"window={window}: needs no cache and 0 <= a, 1 <= n, a + n <= T = {t}")
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         if cache is None:
             key_valid, index = mask, jnp.zeros((), jnp.int32)
@@ -486,23 +556,32 @@ class Decoder(nnx.Module):
         if lora_dropout is not None and self.lora is not None and lora_dropout[1] > 0:
             rate = float(lora_dropout[1])  # static: in the layer's program, not an argument of remat
 
-            def run(layer, h, cos, sin, mask, kv_cache, index, key):
-                return _run_layer(layer, h, cos, sin, mask, kv_cache, index, key, rate)
+            def run(layer, h, cos, sin, mask, kv_cache, index, key, window=None):
+                return _run_layer(layer, h, cos, sin, mask, kv_cache, index, key, rate, window)
         else:
             lora_dropout = None
         h = jnp.take(self.embed[...], input_ids, axis=0)
-        if cache is None and self.remat and len(self.layers) > 1:
-            h = _remat_scan(self.layers, h, cos, sin, attn_mask, index,
+        # The layers before the last one as a scan (remat), or all of them (no window); then the rest.
+        scanned = len(self.layers) - (window is not None) if cache is None and self.remat else 0
+        if scanned > 1 or (scanned == 1 and window is not None):
+            h = _remat_scan(self.layers[:scanned], h, cos, sin, attn_mask, index,
                             None if lora_dropout is None else (lora_dropout[0], rate))
-            return self.final_norm(h), None
-        run = nnx.remat(run) if self.remat and cache is None else run
+        else:
+            scanned = 0
+        rematted = nnx.remat(run) if self.remat and cache is None else run
         keys, values = [], []
         for i, layer in enumerate(self.layers):
+            if i < scanned:
+                continue
             kv = None if cache is None else (cache.keys[i], cache.values[i])
+            layer_run = rematted
+            if window is not None and i == len(self.layers) - 1:
+                layer_run = _with_window(run, window)
+                layer_run = nnx.remat(layer_run) if self.remat else layer_run
             if lora_dropout is None:
-                h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index)
+                h, (k, v) = layer_run(layer, h, cos, sin, attn_mask, kv, index)
             else:
-                h, (k, v) = run(layer, h, cos, sin, attn_mask, kv, index, jax.random.fold_in(lora_dropout[0], i))
+                h, (k, v) = layer_run(layer, h, cos, sin, attn_mask, kv, index, jax.random.fold_in(lora_dropout[0], i))
             keys.append(k)
             values.append(v)
         h = self.final_norm(h)

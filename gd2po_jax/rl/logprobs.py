@@ -154,13 +154,15 @@ def completion_logprobs(
     Returns:
       logp [B, M] float32 and entropy [B, M] float32 (None unless ``with_entropy``).
     """
-    if lora_dropout is None:
-        hidden, _ = model.hidden_states(input_ids, attention_mask)
-    else:
-        hidden, _ = model.hidden_states(input_ids, attention_mask, lora_dropout=lora_dropout)
     start = input_ids.shape[1] - num_completion
+    # The hidden states that predict the completion: positions start-1 .. S-2 (the last layer at them alone).
+    window = (start - 1, num_completion)
+    if lora_dropout is None:
+        hidden, _ = model.hidden_states(input_ids, attention_mask, window=window)
+    else:
+        hidden, _ = model.hidden_states(input_ids, attention_mask, lora_dropout=lora_dropout, window=window)
     return chunked_token_logprobs(
-        hidden[:, start - 1 : -1], unembedding(model), input_ids[:, start:],
+        hidden, unembedding(model), input_ids[:, start:],
         chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature,
     )
 

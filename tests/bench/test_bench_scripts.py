@@ -334,9 +334,9 @@ def test_lora_memory_counts_the_decoders_parameters_and_adapters():
         assert lora_memory.estimate(shape, 16, **sizes)["peak"] < lora_memory.estimate(shape, 0, **sizes)["peak"] / 2
 
 
-def test_bench_sft_times_each_shape():
+def test_bench_sft_times_each_shape(tmp_path):
     out = run_bench("bench_sft", "--config=configs/tiny.py", "--shapes=24x16,32x8", "--rounds=2", "--steps=1",
-                    "--vocab_size=64")
+                    "--vocab_size=64", f"--profile={tmp_path}")
     config = tiny_config()
     line(rf"compiled 24x16: {NUMBER} s", out)
     line(rf"SFT step, {config.sft.batch_size} examples, median of 2 rounds of 1 steps:", out)
@@ -345,6 +345,14 @@ def test_bench_sft_times_each_shape():
                                         rf"{NUMBER} us/token", out)
         assert low <= ms <= high and per_token == pytest.approx(ms * 1e3 / (config.sft.batch_size * 40), rel=0.06,
                                                                 abs=0.01)
+        # --profile: one more step traced per shape; the step program's operations by kind and by source,
+        # read from that shape's own program (its sequence length is in the operations' shapes).
+        assert list((tmp_path / f"{prompt}x{completion}").glob("**/*.trace.json.gz"))
+        head = rf"^{prompt}x{completion} profile:"
+        program = f"jit_sft_step_{prompt}x{completion}"
+        assert re.search(rf"{head} {program} [\d,]+ ms of operations in [\d,]+ ms: \S+ \d+%", out, re.MULTILINE), out
+        assert re.search(rf"{head}   {program} +\d+% +[\d,.]+ ms  \S+ f32\[", out, re.MULTILINE), out
+        assert re.search(rf"{head}   \S+ .* f32\[[\d,]*\b{prompt + completion}\b", out, re.MULTILINE), out
     proc = run_bench_process("bench_sft", "--config=configs/tiny.py", "--shapes=24x", "--vocab_size=64")
     assert proc.returncode != 0 and "--shapes: '24x' is not PROMPTxCOMPLETION" in proc.stderr
 

@@ -1,6 +1,7 @@
 """gd2po_jax.models: parity with transformers, checkpoint round trips, KV cache, errors."""
 
 import dataclasses
+import functools
 import json
 import shutil
 
@@ -20,7 +21,7 @@ from gd2po_jax.models import (
     load_pretrained,
     save_pretrained,
 )
-from gd2po_jax.models.decoder import linear
+from gd2po_jax.models.decoder import MASK_VALUE, attention_mask_3d, dot_product_attention, linear
 from gd2po_jax.models.pretrained import get_variable, ours_to_hf, tensor_maps
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
 from gd2po_jax.rl.logprobs import completion_logprobs
@@ -89,6 +90,94 @@ def test_logits_of_a_slice_of_hidden_states_equal_the_full_forward():
     logits = logits_of(model, ids, mask)
     hidden, _ = model.hidden_states(jnp.asarray(ids), jnp.asarray(mask))
     np.testing.assert_allclose(np.asarray(model.logits(hidden[:, 3:6])), logits[:, 3:6], atol=1e-5)
+
+
+WINDOW_CASES = [(1, False), (2, False), (2, True), (3, True)]
+
+
+@pytest.mark.parametrize("layers,remat", WINDOW_CASES,
+                         ids=[f"{n}-layers{'-remat' if r else ''}" for n, r in WINDOW_CASES])
+def test_a_window_of_hidden_states_is_the_full_forwards_slice_for_less_work(layers, remat):
+    """hidden_states(window=(a, n)): the last layer at positions a..a+n-1 alone gives those rows of the
+    full forward and the same gradients, in a program of fewer operations."""
+    config = tiny_model_config(model_type="qwen3", qkv_bias=False, qk_norm=True, num_layers=layers)
+    ids, mask = ragged_batch(lengths=(9, 4, 12, 1), width=12)
+    ids = jnp.asarray(ids % 64)
+    first, count = 5, 6
+    weights = jnp.asarray(np.random.RandomState(2).normal(size=(4, count, config.hidden_size)), jnp.float32)
+    graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(3), remat=remat), nnx.Param)
+
+    def loss(params, window):
+        model = nnx.merge(graphdef, params)
+        if window:
+            hidden = model.hidden_states(ids, mask, window=(first, count))[0]
+        else:
+            hidden = model.hidden_states(ids, mask)[0][:, first : first + count]
+        return jnp.sum(hidden * weights), hidden
+
+    def run(window):
+        fn = jax.jit(jax.value_and_grad(functools.partial(loss, window=window), has_aux=True))
+        flops = jax.jit(functools.partial(loss, window=window)).lower(params).compile().cost_analysis()["flops"]
+        return fn(params), flops
+
+    ((want_loss, want_hidden), want), full_flops = run(False)
+    ((got_loss, got_hidden), got), window_flops = run(True)
+    assert got_hidden.shape == (4, count, config.hidden_size)
+    np.testing.assert_allclose(np.asarray(got_hidden), np.asarray(want_hidden), rtol=1e-5, atol=ulps(want_hidden, 8))
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=ulps(b, 16))
+    # The last layer's queries, attention output and MLP at 6 of 12 positions. (With remat XLA's
+    # cost analysis counts a scan's body once, whatever its length: no comparison.)
+    if not remat:
+        assert window_flops < (1 - 0.3 / layers) * full_flops, (window_flops, full_flops)
+
+
+def test_a_window_is_refused_with_a_cache_or_outside_the_sequence():
+    model = Decoder(tiny_model_config(), rngs=nnx.Rngs(0))
+    ids, mask = ragged_batch(lengths=(3, 2), width=4)
+    for window in [(0, 0), (-1, 2), (2, 3)]:
+        with pytest.raises(ValueError, match="window"):
+            model.hidden_states(jnp.asarray(ids), jnp.asarray(mask), window=window)
+    with pytest.raises(ValueError, match="no cache"):
+        model.hidden_states(jnp.asarray(ids), jnp.asarray(mask), cache=init_cache(model.config, 2, 8), window=(0, 2))
+
+
+def _softmax_attention(q, k, v, mask):
+    """The attention of `dot_product_attention` written out, for autodiff: q [B, T, H, hd], k, v [B, KV, S, hd]."""
+    b, t, h, hd = q.shape
+    kv = k.shape[1]
+    scores = jnp.einsum("btkgd,bksd->bkgts", q.reshape(b, t, kv, h // kv, hd), k,
+                        preferred_element_type=jnp.float32) * hd**-0.5
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, MASK_VALUE), axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, h, hd)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attentions_backward_is_the_softmaxs_autodiff(dtype):
+    """`dot_product_attention`'s own backward (row sums from the output) gives autodiff's gradients:
+    grouped queries (2 per key head), left padding, and query rows that see no key (uniform weights,
+    no gradient through the masked scores)."""
+    rs = np.random.RandomState(0)
+    b, t, h, kv, hd = 3, 7, 4, 2, 8
+    q, k, v, cotangent = (jnp.asarray(rs.normal(size=shape), dtype) for shape in
+                          [(b, t, h, hd), (b, kv, t, hd), (b, kv, t, hd), (b, t, h, hd)])
+    key_valid = jnp.asarray(np.arange(t)[None, :] >= np.array([[0], [3], [6]]))
+    mask = attention_mask_3d(key_valid, jnp.zeros((), jnp.int32), t)
+    assert not bool(mask[1, 0].any())  # row 1's first query sees no key
+
+    def value_and_vjp(fn):
+        value, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, mask), q, k, v)
+        return (value, *vjp(cotangent))
+
+    got = jax.jit(lambda: value_and_vjp(dot_product_attention))()
+    want = jax.jit(lambda: value_and_vjp(_softmax_attention))()
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        bound = (1e-5 if dtype == "float32" else 3e-2) * np.abs(w).max()
+        np.testing.assert_allclose(g, w, rtol=0, atol=bound)
+    assert float(np.abs(np.asarray(want[1], np.float32)).max()) > 0
 
 
 def test_cached_prefill_then_decode_matches_full_forward():
