@@ -52,6 +52,11 @@ def subprocess_env(**changes: str) -> dict[str, str]:
     }
 
 
+def bench_env(**changes: str) -> dict[str, str]:
+    """`subprocess_env` for a bench script's subprocess: its code compiled unoptimized (tests/xla_env.py)."""
+    return subprocess_env(XLA_FLAGS=xla_flags(SUBPROCESS_DEVICES, optimized=False), **changes)
+
+
 # ----------------------------------------------------------------------------------------------
 # Fake tokenizers: the few methods each test needs, over a trivial vocabulary.
 # ----------------------------------------------------------------------------------------------

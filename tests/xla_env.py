@@ -12,6 +12,11 @@ tests/conftest.py can set them before jax starts.
   devices beyond the cores multiply it when the run has the machine to itself (configs/tiny.py's
   whole run on 1, 2, 4, 8 devices: 69, 68, 95, 139 s; unoptimized on 2: 81 s); in the full suite,
   where two workers share the cores, the subprocess tests took about as long as with 8.
+- The bench scripts' subprocesses (tests/bench) compile unoptimized, as pytest's own processes do:
+  their runs are a step or two of tiny programs, so compiling is their time, and their tests check
+  what the scripts print, not how fast (tests/bench/test_bench_scripts.py and
+  test_accelerator_check.py together 117 s to 85 s; the accelerator check's CPU smoke alone 56 s to
+  48 s, 79 s to 59 s of CPU time).
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ UNOPTIMIZED = "--xla_backend_optimization_level=0"
 _DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
-def xla_flags(num_devices: int = SUBPROCESS_DEVICES) -> str:
-    """XLA_FLAGS for a subprocess with ``num_devices`` simulated CPU devices (optimized code)."""
-    return f"{_DEVICE_COUNT}={num_devices}"
+def xla_flags(num_devices: int = SUBPROCESS_DEVICES, optimized: bool = True) -> str:
+    """XLA_FLAGS for a subprocess with ``num_devices`` simulated CPU devices, optimized code unless
+    ``optimized`` is False (a subprocess that mostly compiles: the bench scripts' short runs)."""
+    flags = f"{_DEVICE_COUNT}={num_devices}"
+    return flags if optimized else f"{flags} {UNOPTIMIZED}"
 
 
 def set_in_process_flags(environ=os.environ) -> None:

@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from tests.fakes import REPO, load_bench_script, subprocess_env
+from tests.fakes import REPO, bench_env, load_bench_script, subprocess_env
 from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 PARTS = ["correctness", "speed", "compilation", "end_to_end"]
@@ -31,7 +31,7 @@ def positive(value, where: str) -> None:
 def test_cpu_smoke_runs_every_part_and_passes(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "bench.accelerator_check", "--cpu-smoke", f"--out={out}"],
-                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu-smoke" and report["passed"] is True

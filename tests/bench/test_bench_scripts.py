@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.fakes import REPO, load_bench_script, subprocess_env, tiny_checkpoint, tiny_config
+from tests.fakes import REPO, bench_env, load_bench_script, tiny_checkpoint, tiny_config
 from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 NUMBER = r"([\d,]+(?:\.\d+)?)"
@@ -19,8 +19,8 @@ NUMBER = r"([\d,]+(?:\.\d+)?)"
 
 def run_bench_process(name: str, *args: str) -> subprocess.CompletedProcess:
     """``python -m bench.<name> <args>`` run from the repository root (the suite's subprocess devices:
-    `SUBPROCESS_DEVICES`, tests/xla_env.py), its output captured as text."""
-    return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=REPO, env=subprocess_env(),
+    `SUBPROCESS_DEVICES`, compiled unoptimized: tests/xla_env.py), its output captured as text."""
+    return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=REPO, env=bench_env(),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -277,7 +277,7 @@ def test_the_shared_harness_drives_the_project(tmp_path):
     models = tmp_path / "models"
     models.mkdir()
     (models / "tiny-qwen2").symlink_to(directory)
-    env = subprocess_env(PROJECT_DIR=str(REPO), BENCH_MODELS=str(models), BENCH_OUT=str(tmp_path / "out"))
+    env = bench_env(PROJECT_DIR=str(REPO), BENCH_MODELS=str(models), BENCH_OUT=str(tmp_path / "out"))
     proc = subprocess.run([sys.executable, str(harness), "tiny"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
