@@ -561,23 +561,21 @@ class Decoder(nnx.Module):
         else:
             lora_dropout = None
         h = jnp.take(self.embed[...], input_ids, axis=0)
+        remat = self.remat and cache is None
+        wrap = nnx.remat if remat else (lambda fn: fn)
         # The layers before the last one as a scan (remat), or all of them (no window); then the rest.
-        scanned = len(self.layers) - (window is not None) if cache is None and self.remat else 0
+        scanned = len(self.layers) - (window is not None) if remat else 0
         if scanned > 1 or (scanned == 1 and window is not None):
             h = _remat_scan(self.layers[:scanned], h, cos, sin, attn_mask, index,
                             None if lora_dropout is None else (lora_dropout[0], rate))
         else:
             scanned = 0
-        rematted = nnx.remat(run) if self.remat and cache is None else run
+        rematted = wrap(run)
         keys, values = [], []
-        for i, layer in enumerate(self.layers):
-            if i < scanned:
-                continue
+        for i, layer in enumerate(self.layers[scanned:], start=scanned):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            layer_run = rematted
-            if window is not None and i == len(self.layers) - 1:
-                layer_run = _with_window(run, window)
-                layer_run = nnx.remat(layer_run) if self.remat else layer_run
+            windowed = window is not None and i == len(self.layers) - 1
+            layer_run = wrap(_with_window(run, window)) if windowed else rematted
             if lora_dropout is None:
                 h, (k, v) = layer_run(layer, h, cos, sin, attn_mask, kv, index)
             else:
