@@ -1,9 +1,9 @@
 """Test configuration shared by the whole suite.
 
 Eight host CPU devices are simulated so that mesh/sharding paths are exercised on a laptop, and
-XLA:CPU skips LLVM's optimizations (tests/xla_env.py says why). The flags must be set before jax is
-first imported, hence here at the top of conftest.
-"""
+XLA:CPU skips LLVM's optimizations and its MLIR fusion emitters (tests/xla_env.py says why). The
+flags must be set before jax is first imported, hence here at the top of conftest. Three files that
+run ``train.py`` processes share one xdist worker (`SHARED_WORKER`, at the end)."""
 
 import os
 
@@ -80,3 +80,26 @@ def release_compiled_programs():
 
         jax.clear_caches()
         gc.collect()
+
+
+SHARED_WORKER = {"tests/runtime/test_distributed.py": "tests/rl/test_trainer.py",
+                 "tests/experiments/test_sweeps.py": "tests/rl/test_trainer.py"}
+"""Test files that run one after another on the same pytest-xdist worker (``--dist loadfile``, as
+pyproject.toml's addopts): file -> the file whose work unit it joins. tests/runtime/test_distributed.py
+runs three ``train.py`` processes at once; beside it on 2 cores (2026-12-06, Xeon model 167)
+tests/rl/test_trainer.py took 336-348 s instead of 197-207 s (its kill-and-resume tests 2.4x) and
+tests/experiments/test_sweeps.py 167 s instead of 113-124 s."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`SHARED_WORKER`'s files in one work unit; any other ``--dist`` mode keeps xdist's scheduler."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415  (only with xdist)
+
+    class SharedWorkerScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_WORKER.get(scope, scope)
+
+    return SharedWorkerScheduling(config, log)

@@ -53,7 +53,8 @@ def subprocess_env(**changes: str) -> dict[str, str]:
 
 
 def bench_env(**changes: str) -> dict[str, str]:
-    """`subprocess_env` for a bench script's subprocess: its code compiled unoptimized (tests/xla_env.py)."""
+    """`subprocess_env` for a bench script's subprocess: its code compiled unoptimized, without the fusion
+    emitters (tests/xla_env.py)."""
     return subprocess_env(XLA_FLAGS=xla_flags(SUBPROCESS_DEVICES, optimized=False), **changes)
 
 
