@@ -37,18 +37,28 @@ def load_bench_script(name: str):
 _SCRATCH = tempfile.TemporaryDirectory(prefix="gd2po_fakes_")  # checkpoints built here; removed at exit
 
 
-RUNTIME_INSTALL = REPO / "tests" / "runtime_install"  # its sitecustomize.py hides torch from subprocesses
+RUNTIME_INSTALL = REPO / "tests" / "runtime_install"  # its sitecustomize.py hides test-only modules
+
+
+@functools.cache
+def hidden_modules() -> str:
+    """The top-level modules a venv of requirements.txt alone would lack (tests/runtime_closure.py), as
+    tests/runtime_install/sitecustomize.py reads them from ``GD2PO_JAX_HIDDEN_MODULES``."""
+    from tests.runtime_closure import test_only_modules
+
+    return ",".join(test_only_modules())
 
 
 def subprocess_env(**changes: str) -> dict[str, str]:
     """The environment of a ``train.py`` / bench subprocess: this one's, with 2 simulated CPU devices
     and optimized code (tests/xla_env.py says why), offline Hugging Face libraries, unbuffered output,
-    torch unimportable as in an install from requirements.txt (tests/runtime_install), and ``changes``."""
+    torch, pytest, peft ... unimportable as in an install from requirements.txt alone (tests/runtime_install),
+    and ``changes``."""
     python_path = os.pathsep.join(filter(None, [str(RUNTIME_INSTALL), os.environ.get("PYTHONPATH")]))
     return {
         **os.environ, "XLA_FLAGS": xla_flags(SUBPROCESS_DEVICES), "JAX_PLATFORMS": "cpu",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": python_path, **changes,
+        "PYTHONPATH": python_path, "GD2PO_JAX_HIDDEN_MODULES": hidden_modules(), **changes,
     }
 
 
