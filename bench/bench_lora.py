@@ -34,8 +34,8 @@ from gd2po_jax.models import Decoder
 from gd2po_jax.models.decoder import LoRASpec
 from gd2po_jax.models.lora import split_lora
 from gd2po_jax.models.sampling import SamplingParams, decode_fn, left_pad, prefill_fn
-from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.training.optimizer import make_optimizer
+from gd2po_jax.training.records import RolloutBatch, TrainState
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step
 
 

@@ -37,8 +37,8 @@ from bench import anchor_workloads, harness
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
 from gd2po_jax.models.config import tiny_qwen2_config
-from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.rl.records import TrainState
+from gd2po_jax.training.optimizer import make_optimizer
+from gd2po_jax.training.records import TrainState
 from gd2po_jax.sft.step import make_sft_step
 
 cli.define_config_flag("config", "configs/default.py", "Config whose model.tiny, sft and train sections are used.")

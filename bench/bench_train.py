@@ -36,10 +36,10 @@ from bench.anchor_workloads import update_workload
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
 from gd2po_jax.models import load_pretrained
-from gd2po_jax.rl.logprobs import merge_model
-from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
-from gd2po_jax.rl.records import TrainState
-from gd2po_jax.rl.setup import build_setup
+from gd2po_jax.models.logprobs import merge_model
+from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
+from gd2po_jax.training.records import TrainState
+from gd2po_jax.tasks.setup import build_setup
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step, run_step_config
 
 cli.define_config_flag("config", "configs/default.py", "Training config file (configs/*.py[:ARG]).")

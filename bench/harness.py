@@ -154,7 +154,7 @@ def random_model(config: ModelConfig, dtype=jnp.float32) -> Decoder:
 def step_rollouts(config, setup, policy, step: int):
     """The `gd2po_jax.rl.rollout.Rollouts` of RL step ``step`` (from 0) of a run, collected as the
     trainer's loop collects them (``config``'s sampling, reward and chunking settings, log-probs at
-    `logprob_temperature`) by ``policy`` (a `Decoder`) from ``setup`` (`gd2po_jax.rl.setup.build_setup`),
+    `logprob_temperature`) by ``policy`` (a `Decoder`) from ``setup`` (`gd2po_jax.tasks.setup.build_setup`),
     except that the prompts are the training set's next ``train.prompts_per_step`` in order (wrapping
     around) rather than a shuffled epoch's, and the sampling key is ``jax.random.key(step)``, so that
     a measurement is the same in every run."""

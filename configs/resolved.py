@@ -9,7 +9,7 @@ launches each of its runs this way, from the config it resolved into the run's w
 import ml_collections
 
 from gd2po_jax.config import DistributedConfig
-from gd2po_jax.runtime.workdir import load_run_config
+from gd2po_jax.runtime.run_dir import load_run_config
 
 
 def get_config(path: str) -> ml_collections.ConfigDict:

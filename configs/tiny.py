@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.update(prompts_per_step=8, num_steps=6, learning_rate=1e-3)
     config.rl.num_generations = 4
     # One compiled update branch, as before length buckets: the tests that run the trainer stay quick
-    # (tests/rl/test_train_step.py and tests/rl/test_trainer.py turn the buckets on where they test them).
+    # (tests/rl/test_train_step.py and tests/jobs/test_train.py turn the buckets on where they test them).
     config.rl.update(micro_batch_size=0, length_bucket=0)
     config.sampling.max_new_tokens = 48
     config.eval.update(max_examples=16, batch_size=8)

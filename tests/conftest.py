@@ -82,12 +82,12 @@ def release_compiled_programs():
         gc.collect()
 
 
-SHARED_WORKER = {"tests/runtime/test_distributed.py": "tests/rl/test_trainer.py",
-                 "tests/experiments/test_sweeps.py": "tests/rl/test_trainer.py"}
+SHARED_WORKER = {"tests/runtime/test_distributed.py": "tests/jobs/test_train.py",
+                 "tests/experiments/test_sweeps.py": "tests/jobs/test_train.py"}
 """Test files that run one after another on the same pytest-xdist worker (``--dist loadfile``, as
 pyproject.toml's addopts): file -> the file whose work unit it joins. tests/runtime/test_distributed.py
 runs three ``train.py`` processes at once; beside it on 2 cores (2026-12-06, Xeon model 167)
-tests/rl/test_trainer.py took 336-348 s instead of 197-207 s (its kill-and-resume tests 2.4x) and
+tests/jobs/test_train.py took 336-348 s instead of 197-207 s (its kill-and-resume tests 2.4x) and
 tests/experiments/test_sweeps.py 167 s instead of 113-124 s."""
 
 

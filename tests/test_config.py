@@ -470,7 +470,7 @@ def _rlla() -> str:
 
 
 def test_missing_model_path_names_the_field(tmp_path):
-    from gd2po_jax.rl.setup import build_setup
+    from gd2po_jax.tasks.setup import build_setup
 
     source = toolrl.get_config("qwen2.5-1.5b")
     source.data.train = source.data.validation = _rlla()
@@ -508,7 +508,7 @@ def test_an_empty_data_path_is_one_line_from_train_py(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_run_with_a_tiny_model_on_rlla(tmp_path):
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     config = toolrl.get_config("qwen2.5-1.5b,correctness_length")
     config.model.path = str(tiny_policy())
@@ -591,7 +591,7 @@ def test_safety_builds_validates_converts_back_and_holds_the_official_values():
 
 
 def test_safety_fields_users_fill_are_named_when_empty(tmp_path):
-    from gd2po_jax.rl.setup import build_setup
+    from gd2po_jax.tasks.setup import build_setup
 
     assert error_of(safety.get_config().to_dict()).startswith("config.data.train: the files task needs")
     with pytest.raises(ValueError, match=r"^config\.model\.path"):

@@ -14,8 +14,8 @@ import pytest
 
 from gd2po_jax.cli.export import ExportError, export_checkpoint
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDir, WorkdirBusyError
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDir, WorkdirBusyError
 from tests.fakes import REPO, subprocess_env, tiny_run_config
 from tests.xla_env import xla_flags
 
@@ -103,7 +103,7 @@ def test_a_run_without_checkpoints_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> pathlib.Path:
     """A tiny run (no warm start, no evaluation) with checkpoints at steps 1, 2 and 3."""
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     workdir = tmp_path_factory.mktemp("export") / "run"
     config = tiny_run_config(sft__enabled=False, train__num_steps=3, checkpoint__every_steps=1,
@@ -115,7 +115,7 @@ def run(tmp_path_factory) -> pathlib.Path:
 def checkpoint_logits(workdir: pathlib.Path, step: int, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The logits of checkpoint ``step``'s master weights, with the project's model (float32)."""
     from gd2po_jax.evaluation.run import abstract_params
-    from gd2po_jax.rl.logprobs import merge_model
+    from gd2po_jax.models.logprobs import merge_model
     from gd2po_jax.runtime.checkpoints import Checkpoints
     from gd2po_jax.runtime.sharding import make_mesh
     from tests.fakes import logits_of

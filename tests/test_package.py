@@ -89,3 +89,75 @@ def test_only_the_tasks_know_task_names():
                 if names_task and has_text:
                     offenders.append(f"{name}:{node.lineno}")
     assert not offenders
+
+
+# The layer contract (docs/architecture.md): a package may import only packages on its own layer's left,
+# or on the same layer when listed as such below. `gd2po_jax/__init__.py` imports nothing.
+LAYERS = [
+    ["errors"],
+    ["config"],
+    ["runtime"],
+    ["models", "data"],
+    ["rewards"],
+    ["training"],
+    ["tasks"],
+    ["rl"],
+    ["sft", "evaluation"],
+    ["jobs", "experiments"],
+    ["cli"],
+]
+"""Bottom to top. Packages on one layer do not import each other."""
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if module.count(".") else ""
+    for index, layer in enumerate(LAYERS):
+        if top in layer:
+            return index
+    raise AssertionError(f"{module}: its package {top!r} has no layer in tests/test_package.py LAYERS")
+
+
+def upward_imports(modules: dict[str, ast.Module]) -> list[str]:
+    """'a -> b' for each import of a module on a higher layer, or of another package on the same layer."""
+    found = []
+    for name, tree in modules.items():
+        if name == "gd2po_jax":
+            continue
+        for target in sorted(imported_modules(tree, modules)):
+            if target == "gd2po_jax" or target.split(".")[:2] == name.split(".")[:2]:
+                continue
+            if layer_of(target) >= layer_of(name):
+                found.append(f"{name} -> {target}")
+    return found
+
+
+def test_every_package_has_a_layer():
+    for name in package_modules():
+        if name != "gd2po_jax":
+            layer_of(name)
+
+
+def test_no_import_runs_up_the_layers():
+    assert upward_imports(package_modules()) == []
+
+
+def test_the_layer_rule_finds_an_upward_import():
+    modules = {"gd2po_jax.rl.step": ast.parse("from gd2po_jax.jobs.train import run"),
+               "gd2po_jax.jobs.train": ast.parse("from gd2po_jax.rl.step import x"),
+               "gd2po_jax.sft.a": ast.parse("from gd2po_jax.evaluation import b"),
+               "gd2po_jax.evaluation": ast.parse("")}
+    assert upward_imports(modules) == ["gd2po_jax.rl.step -> gd2po_jax.jobs.train",
+                                       "gd2po_jax.sft.a -> gd2po_jax.evaluation"]
+
+
+def test_each_package_docstring_names_what_it_may_import():
+    """Each package's docstring has a line 'May import: ...' naming exactly the packages below its layer."""
+    for name, tree in package_modules().items():
+        if name.count(".") != 1 or not (PACKAGE / name.split(".")[1]).is_dir():
+            continue
+        doc = ast.get_docstring(tree) or ""
+        lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+        assert lines, f"{name}/__init__.py: its docstring has no 'May import:' line"
+        named = {word.strip(" .,") for word in lines[0].removeprefix("May import:").split()}
+        below = {package for layer in LAYERS[:layer_of(name)] for package in layer}
+        assert named - {"nothing", "and"} == below, f"{name}: 'May import:' names {sorted(named)}, the layers below are {sorted(below)}"

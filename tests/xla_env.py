@@ -14,7 +14,7 @@ tests/conftest.py can set them before jax starts.
   or micro_batches`` tests 160 s to 90 s alone, the file 411 s to 212 s in the suite (2026-12-06,
   Xeon model 167). Not for the ``train.py`` subprocesses: at full optimization the fusion emitters'
   code runs faster (the default's warm-start step 150 ms against 176 ms, `bench.bench_sft`), and
-  tests/rl/test_trainer.py took as long either way (188 s, 187 s).
+  tests/jobs/test_train.py took as long either way (188 s, 187 s).
 - The ``train.py`` / ``eval.py`` / bench subprocesses simulate 2 devices (`SUBPROCESS_DEVICES`,
   the cores of a CI machine) with optimized code: their time is spent running steps, and simulated
   devices beyond the cores multiply it when the run has the machine to itself (configs/tiny.py's

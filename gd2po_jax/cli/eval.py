@@ -32,7 +32,7 @@ from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.scoring import RewardError
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime.workdir import RunDirError
+from gd2po_jax.runtime.run_dir import RunDirError
 
 _DEFAULTS = EvalOptions()
 FLAGS = flags.FLAGS

@@ -27,11 +27,11 @@ from gd2po_jax.config import DTYPES, ConfigError
 from gd2po_jax.evaluation.run import abstract_params, lora_from_checkpoint
 from gd2po_jax.models import save_pretrained
 from gd2po_jax.models.lora import merged_decoder
-from gd2po_jax.rl.logprobs import merge_model
-from gd2po_jax.rl.setup import build_setup
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.models.logprobs import merge_model
+from gd2po_jax.tasks.setup import build_setup
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, NonFiniteError
-from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 
 FLAGS = flags.FLAGS
 
@@ -67,7 +67,7 @@ def export_checkpoint(workdir: str | pathlib.Path, out: str | pathlib.Path, *, s
     Hugging Face model directory, as the trainer exports its final policy (`save_pretrained` of the
     master weights cast to ``dtype``, with the run's tokenizer and the base model's tokenizer /
     chat template / generation files). The run's data, tokenizer and mesh are rebuilt from its
-    config.json as eval.py does (`gd2po_jax.rl.setup.build_setup`).
+    config.json as eval.py does (`gd2po_jax.tasks.setup.build_setup`).
 
     Args:
       dtype: float32 | bfloat16; None or empty: the run's ``config.export.dtype`` (empty there:

@@ -6,7 +6,7 @@
     python train.py --config=configs/resolved.py:DIR/config.json --workdir=NEW_DIR  # rerun a run's config
 
 Rerunning the same command resumes from the latest intact checkpoint in the workdir (a rerun with
-another config is refused, naming the fields: see gd2po_jax/runtime/workdir.py's RESUMABLE_FIELDS); a
+another config is refused, naming the fields: see gd2po_jax/runtime/run_dir.py's RESUMABLE_FIELDS); a
 second process on a busy workdir stops at once, naming the holder of WORKDIR/.lock. With
 --warm_start_only it builds the supervised warm start (WORKDIR/warm_start, or the shared one in
 config.sft.cache_dir) and stops; sweep.py does this once before its runs.
@@ -26,10 +26,10 @@ from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import DataFormatError
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.scoring import RewardError
-from gd2po_jax.rl.trainer import train_and_evaluate
+from gd2po_jax.jobs.train import train_and_evaluate
 from gd2po_jax.runtime import distributed, preemption
 from gd2po_jax.runtime.checkpoints import NonFiniteError
-from gd2po_jax.runtime.workdir import RunDirError
+from gd2po_jax.runtime.run_dir import RunDirError
 from gd2po_jax.sft.warm_start import build_warm_start
 
 FLAGS = flags.FLAGS

@@ -22,39 +22,9 @@ from gd2po_jax.data.prompts import PromptSet, padded_batches
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.models.sampling import generate
 from gd2po_jax.rewards.base import RESPONSE_IDS
-from gd2po_jax.rewards.tool_calling import is_correct, score_tool_call
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.rewards.scorers import BatchScorer, Scorer
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.distributed import host_value, is_primary
-
-Scorer = Callable[[str, dict[str, Any]], dict[str, float]]
-"""Scores one response against its data row (the row's columns, and `RESPONSE_IDS`)."""
-
-
-class BatchScorer(Protocol):
-    """Scores a generation batch at once (a reward model): ``score_rows(prompts, responses, rows)``
-    with the rendered prompts, the responses and their rows (as `Scorer`'s) -> one dict per row."""
-
-    def score_rows(self, prompts: list[str], responses: list[str],
-                   rows: list[dict[str, Any]]) -> list[dict[str, float]]: ...
-
-
-def tool_calling_scorer(max_think_words: int) -> Scorer:
-    """Scores a response against a ToolRL ground truth (``row["ground_truth"]``):
-
-    correct  `gd2po_jax.rewards.tool_calling.is_correct` as 0/1 (the calls exactly right, or a
-             plain response where no call is wanted; format not required)
-    format   the format reward (0/1); length: the length reward (Lmax = ``max_think_words``);
-    correctness: the raw correctness reward in [-3, 3].
-    """
-
-    def score(response: str, row: dict[str, Any]) -> dict[str, float]:
-        ground_truth = row["ground_truth"]
-        s = score_tool_call(response, ground_truth, max_think_words)
-        correct = is_correct(response, ground_truth, s.correctness)
-        return {"correct": float(correct), "format": s.format, "length": s.length, "correctness": s.correctness}
-
-    return score
-
 
 def response_budgets(prompt_lengths: Sequence[int], max_new_tokens: int, max_total_tokens: int,
                      where: str = "eval") -> np.ndarray:

@@ -73,14 +73,14 @@ from gd2po_jax.models.lora import (
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import build_reward_function
 from gd2po_jax.rewards.reward_model import RewardModelReward
-from gd2po_jax.rl.logprobs import merge_model
-from gd2po_jax.rl.setup import RunSetup, build_setup, eval_split, reward_spec
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.models.logprobs import merge_model
+from gd2po_jax.tasks.setup import RunSetup, build_setup, eval_split, reward_spec
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.distributed import is_primary
 from gd2po_jax.runtime.hub import resolve_model_dir
 from gd2po_jax.runtime.sharding import make_mesh, mesh_of, variable_sharding
-from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 from gd2po_jax.tasks import task_of
 from gd2po_jax.tasks.safety import task as safety_embedded
 from gd2po_jax.tasks.synthetic_tools.habits import habits_of_run, habits_table
@@ -338,7 +338,7 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
 
 def eval_target(config: RunConfig, setup: RunSetup) -> str | None:
     """What a training run evaluates before RL, every ``eval.every_steps`` and after RL: `SETS` when
-    ``config.eval.sets`` names helpfulness-safety sets, else the split (`gd2po_jax.rl.setup.eval_split`;
+    ``config.eval.sets`` names helpfulness-safety sets, else the split (`gd2po_jax.tasks.setup.eval_split`;
     None: nothing). Called when the run starts, before anything is computed.
 
     Raises:

@@ -42,6 +42,7 @@ from gd2po_jax.evaluation.generation import evaluate, write_report
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.reward_model import RewardModelReward
+from gd2po_jax.rewards.scorers import REWARD_SUM, RewardModelScorer
 
 SAFE_ALIGNMENT = "safe_alignment"
 """The name of the report. As ``--data=``, it names no directory: an error asks for ``--data=DIR``."""
@@ -49,47 +50,6 @@ SETS_ORIGIN = ("alpaca_test.parquet, hh_rlhf_test.parquet and pku_saferlhf_test.
                "safe-alignment/dataset/{alpaca_prompt_only,anthropic_hh_rlhf,pku-saferlhf}/ in "
                "github.com/Qwen-Applications/GD2PO, renamed")
 """The paper's helpfulness-safety test sets and where they are published (for errors that ask for them)."""
-REWARD_SUM = "reward_sum"
-"""The report's name of a response's summed reward-model scores (and of their mean)."""
-
-
-class RewardModelScorer:
-    """Scores generation batches with a `RewardModelReward` (a `gd2po_jax.evaluation.generation.BatchScorer`):
-    per response, each reward's score, their sum (`REWARD_SUM`) and ``reward_truncated/<name>`` (1.0
-    where that model's conversation was cut to its max_length)."""
-
-    def __init__(self, reward_fn: RewardModelReward):
-        if not isinstance(reward_fn, RewardModelReward):
-            raise TypeError(f"RewardModelScorer needs the reward_model reward, got {type(reward_fn).__name__}")
-        self.reward_fn = reward_fn
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.reward_fn.names
-
-    def score_rows(self, prompts: list[str], responses: list[str],
-                   rows: list[dict[str, Any]]) -> list[dict[str, float]]:
-        """One dict of scores per response (``rows``: each response's data row, with its token ids).
-
-        Raises:
-          ValueError: a reward model cannot score a response (NaN, a prompt that does not fit),
-            naming the data row.
-        """
-        columns = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        try:
-            scored = self.reward_fn.score(prompts, responses, columns)
-        except RewardOutputError as err:
-            row = rows[err.rollout].get("row", err.rollout) if err.rollout is not None else None
-            raise ValueError(f"data row {row} (0-based): {err}") from err
-        out = []
-        for values, cut in zip(scored.values, scored.truncated):
-            scores = {name: float(v) for name, v in zip(self.names, values)}
-            scores[REWARD_SUM] = float(np.sum(values))
-            scores.update({f"reward_truncated/{name}": float(c) for name, c in zip(self.names, cut)})
-            out.append(scores)
-        return out
-
-
 def is_safe_alignment_data(data: str) -> bool:
     """Whether ``--data`` names helpfulness-safety sets: a ``.parquet`` file, a directory holding
     ``.parquet`` files (API-Bank's hold ``.json`` files), or ``safe_alignment`` (which `resolve_sets`

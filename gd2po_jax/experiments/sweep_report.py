@@ -45,9 +45,9 @@ from gd2po_jax.experiments.sweeps import (
     parse_method,
     run_status,
 )
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
-from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 
 BASELINE = "gdpo"
 CONFIDENCE = 0.95

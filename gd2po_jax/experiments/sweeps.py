@@ -44,8 +44,8 @@ import tqdm
 
 from gd2po_jax.config import ALGORITHMS as METHODS
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SNR_ALGORITHM = "gd2po_snr"  # the only algorithm with a threshold to sweep

@@ -173,7 +173,7 @@ def config_from_hf_dict(hf: dict, where: str = "config.json") -> ModelConfig:
 
 def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     """The `ModelConfig` of a Hugging Face model directory: reads ``<path>/config.json`` (or ``path``
-    itself if it is the json file). Not a run's config.json (`gd2po_jax.runtime.workdir.load_run_config`)."""
+    itself if it is the json file). Not a run's config.json (`gd2po_jax.runtime.run_dir.load_run_config`)."""
     path = pathlib.Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():

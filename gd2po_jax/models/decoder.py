@@ -8,7 +8,7 @@ One module serves training forward passes, prefill and decode:
     logits = model.logits(hidden[:, a:b])                          # logits for a slice of positions
     hidden, _ = model.hidden_states(input_ids, mask, window=(a, n))  # [B, n, D]: positions a..a+n-1 only
 
-Log-probs of tokens are computed from ``hidden_states`` by `gd2po_jax.rl.logprobs`.
+Log-probs of tokens are computed from ``hidden_states`` by `gd2po_jax.models.logprobs`.
 
 With ``window=(a, n)`` (training forwards, no cache) the last layer computes its queries, attention
 output and MLP only at the ``n`` positions whose hidden states are returned (every layer still

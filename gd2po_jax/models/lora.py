@@ -4,7 +4,7 @@ The adapters themselves are Flax's `nnx.LoRA` modules on the projections (`gd2po
 ``Decoder(..., lora=LoRASpec)``); their variables are `nnx.LoRAParam`, so one split separates them::
 
     graphdef, adapters, base = split_lora(model)        # nnx.split(model, nnx.LoRAParam, nnx.Param)
-    model = nnx.merge(graphdef, base, adapters)          # `gd2po_jax.rl.logprobs.merge_model(..., frozen=base)`
+    model = nnx.merge(graphdef, base, adapters)          # `gd2po_jax.models.logprobs.merge_model(..., frozen=base)`
     plain = merged_decoder(model)                        # a Decoder without adapters: W + (alpha/r) A @ B
 
 ``base`` has the state of the same `Decoder` without adapters, so ``nnx.merge(plain_graphdef(model),
@@ -35,7 +35,7 @@ from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_file
 from gd2po_jax.runtime.checkpoints import state_integrity
 from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
-from gd2po_jax.runtime.workdir import writing
+from gd2po_jax.runtime.run_dir import writing
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

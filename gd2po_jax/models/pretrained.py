@@ -26,7 +26,7 @@ from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource,
 from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.runtime.hub import resolve_model_dir
 from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
-from gd2po_jax.runtime.workdir import writing
+from gd2po_jax.runtime.run_dir import writing
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
 AUXILIARY_FILES = (

@@ -265,7 +265,7 @@ def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...],
 
 def activation_dtype(model: Decoder) -> jnp.dtype:
     """The dtype the model computes its activations (hence keys and values) in: that of its
-    parameters. After `gd2po_jax.rl.logprobs.merge_model` it is the compute dtype, while ``model.dtype``
+    parameters. After `gd2po_jax.models.logprobs.merge_model` it is the compute dtype, while ``model.dtype``
     still names the dtype the module was built with (the master weights')."""
     return model.embed[...].dtype
 

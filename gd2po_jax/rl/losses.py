@@ -7,7 +7,7 @@ The objective is PPO's clipped surrogate as verl computes it for GRPO / GDPO / G
     l   = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
     l   = min(l, -A c)          where A < 0             (dual clip, Ye et al. 2020; c = 3)
 
-Shapes: ``B`` sequences, ``T`` response tokens. The log-probs come from `gd2po_jax.rl.logprobs`.
+Shapes: ``B`` sequences, ``T`` response tokens. The log-probs come from `gd2po_jax.models.logprobs`.
 
 Aggregation returns ``(numerator, denominator)`` instead of a mean, so gradient accumulation over
 micro-batches sums both and divides once: the result equals one big batch exactly. verl's dynamic
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from gd2po_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES
-from gd2po_jax.rl.logprobs import at_least_f32
+from gd2po_jax.models.logprobs import at_least_f32
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -328,7 +328,7 @@ def policy_loss(
       agg_mode, norm_length: see `aggregate_loss`.
       ref_logp: [B, T] reference-policy log-probs, required when ``kl_coef`` is not 0.
       kl_coef, kl_estimator: KL-to-reference term.
-      entropy: [B, T] per-token entropy (e.g. from `gd2po_jax.rl.logprobs.completion_logprobs`), required when
+      entropy: [B, T] per-token entropy (e.g. from `gd2po_jax.models.logprobs.completion_logprobs`), required when
         ``entropy_coef`` is not 0; when given it is also reported.
       entropy_coef: entropy bonus.
       is_weights: [B, T] truncated importance weights ``min(exp(old_logp - sampler_logp), cap)``

@@ -21,7 +21,7 @@ reproducing verl's partition. verl lays a step of B rows out in three moves:
 A row's token count is its attention mask's sum: prompt tokens plus response tokens (EOS
 included). The budget is per rank (``ppo_max_token_len_per_gpu``). The layout is plain NumPy, from
 the lengths the host already holds (`gd2po_jax.rl.rollout.collect_rollouts`); the update receives
-it as two [B] int32 arrays of the batch (`gd2po_jax.rl.records.RolloutBatch`): the rows in
+it as two [B] int32 arrays of the batch (`gd2po_jax.training.records.RolloutBatch`): the rows in
 minibatch order and each row's micro-batch within its minibatch.
 
 `balanced_partitions` reproduces verl's ``get_seqlen_balanced_partitions`` part for part, ties

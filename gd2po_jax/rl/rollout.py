@@ -17,6 +17,7 @@ import numpy as np
 from gd2po_jax.config import RunConfig, SamplingConfig
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
+from gd2po_jax.models.logprobs import logprob_temperature
 from gd2po_jax.models.sampling import GenerateOutput, completion_mask, generate
 from gd2po_jax.rewards.base import (
     RESPONSE_IDS,
@@ -28,8 +29,7 @@ from gd2po_jax.rewards.base import (
 )
 from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
 from gd2po_jax.rl.micro_batches import verl_update_layout
-from gd2po_jax.rl.records import RolloutBatch
-from gd2po_jax.rl.train_step import logprob_temperature
+from gd2po_jax.training.records import RolloutBatch
 from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
 from gd2po_jax.runtime.sharding import mesh_of
 
@@ -69,7 +69,7 @@ class RolloutSettings:
     prompts_per_call: sample this many prompts (x G rollouts) per sampler call, to bound the KV
       cache of large steps; 0 (or at least P) samples the whole step at once.
     logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
-      (`gd2po_jax.rl.train_step.logprob_temperature`).
+      (`gd2po_jax.models.logprobs.logprob_temperature`).
     on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
     micro_batch_max_tokens, micro_batch_ranks, num_minibatches: > 0: the batch carries verl's
       minibatch order and micro-batches of the update (``rl.micro_batch_max_tokens``,
@@ -92,7 +92,7 @@ class RolloutSettings:
 
     @classmethod
     def of_run(cls, config: RunConfig, *, eos_token_ids, pad_token_id: int, prompt_length: int) -> RolloutSettings:
-        """The settings of a run: its config and its tokenizer's ids (`gd2po_jax.rl.setup.RunSetup`)."""
+        """The settings of a run: its config and its tokenizer's ids (`gd2po_jax.tasks.setup.RunSetup`)."""
         return cls(num_generations=config.rl.num_generations, sampling=config.sampling,
                    eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id, prompt_length=prompt_length,
                    prompts_per_call=config.sampling.prompts_per_call, logprob_temperature=logprob_temperature(config),

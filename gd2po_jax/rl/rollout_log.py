@@ -36,7 +36,7 @@ reads back, keeps ``NaN`` instead). Floats are written as their float32 values' 
 Several processes: the host arrays of `Rollouts` are whole on every process, but the decoded
 responses only those of a process's rows; every process calls `save_step_rollouts` (it gathers the
 completion tokens and the reward functions' extras), process 0 decodes what it lacks and writes
-the file, atomically (`gd2po_jax.runtime.workdir.write_text`): a kill leaves the old file or the
+the file, atomically (`gd2po_jax.runtime.run_dir.write_text`): a kill leaves the old file or the
 new one, and a resumed run's step overwrites it.
 """
 
@@ -61,8 +61,8 @@ from gd2po_jax.rl.advantages import AdvantageOutput
 from gd2po_jax.rl.rollout import Rollouts
 from gd2po_jax.rl.train_step import StepConfig, step_advantages
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDir
 
 logger = logging.getLogger(__name__)
 

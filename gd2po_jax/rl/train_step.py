@@ -32,8 +32,8 @@ skipped, as verl skips it: parameters and optimizer state stay as they were, and
 (`count_skipped_steps`, ``train.max_consecutive_skipped_steps``).
 
 The batch is a `gd2po_jax.rl.rollout.RolloutBatch`; advantages come from `gd2po_jax.rl.advantages`,
-log-probs from `gd2po_jax.rl.logprobs`, the loss from `gd2po_jax.rl.losses` and the optimizer from
-`gd2po_jax.rl.optimizer`. The step's metrics carry their final names (``reward/<name>`` ...).
+log-probs from `gd2po_jax.models.logprobs`, the loss from `gd2po_jax.rl.losses` and the optimizer from
+`gd2po_jax.training.optimizer`. The step's metrics carry their final names (``reward/<name>`` ...).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from jax.sharding import Mesh
 from gd2po_jax.config import OLD_LOGPROBS, RunConfig, check_batch_layout
 from gd2po_jax.rl import losses
 from gd2po_jax.rl.advantages import AdvantageOutput, advantage_diagnostics, compute_advantages
-from gd2po_jax.rl.logprobs import at_least_f32, completion_logprobs, merge_model
-from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.models.logprobs import at_least_f32, completion_logprobs, logprob_temperature, merge_model
+from gd2po_jax.training.records import RolloutBatch, TrainState
 from gd2po_jax.runtime.sharding import batch_sharding
 
 
@@ -109,7 +109,7 @@ class StepConfig:
         (exact: those slots are masked out). One compiled branch per window (`jax.lax.switch`);
         empty: every micro-batch at ``Lp``. Set by the trainer from ``rl.length_bucket``.
       logit_chunk_size: positions per chunk of the vocabulary projection
-        (``train.logit_chunk_size``; see `gd2po_jax.rl.logprobs.chunked_token_logprobs`).
+        (``train.logit_chunk_size``; see `gd2po_jax.models.logprobs.chunked_token_logprobs`).
       compute_dtype: dtype of the forward pass, "float32" | "bfloat16" (``model.dtype``); the
         master weights keep theirs.
       logprob_temperature: the log-probs of the loss are those of ``softmax(logits / T)`` (1: the
@@ -224,12 +224,6 @@ class StepConfig:
         return cls(**(values | changes))
 
 
-def logprob_temperature(config: RunConfig) -> float:
-    """T of the policy whose log-probs enter the loss (old, new and reference), from a run config:
-    ``sampling.temperature`` with ``rl.tempered_logprobs`` (verl), else 1 (the raw logits)."""
-    return float(config.sampling.temperature) if config.rl.tempered_logprobs else 1.0
-
-
 def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_length: int) -> tuple[int, ...]:
     """`StepConfig.prompt_windows` for a run: the multiples of ``length_bucket`` from the first
     that holds ``shortest_prompt`` up to, not including, the padded ``prompt_length`` (Lp).
@@ -263,7 +257,7 @@ def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int,
     """The `StepConfig` of a run: `StepConfig.from_config`, with the prompt windows of
     ``rl.length_bucket`` for its training prompts (``shortest_prompt`` tokens at least, padded to
     ``prompt_length``; `prompt_window_lengths`) and the run's reward columns and weights
-    (`gd2po_jax.rl.setup.RunSetup.reward_names`, ``reward_weights``: the family's and
+    (`gd2po_jax.tasks.setup.RunSetup.reward_names`, ``reward_weights``: the family's and
     ``rewards.functions``'; None: ``rewards.names`` and ``rewards.weights``).
 
     Raises:

@@ -7,7 +7,7 @@ NaN or infinite parameters are never written: `Checkpoints.save` refuses them, a
 is the same check for the other writers of parameters (the exported policy, the warm start, a
 trained reward model), all raising `NonFiniteError`.
 
-The paths, the lock and the other files of a workdir are `gd2po_jax.runtime.workdir`'s.
+The paths, the lock and the other files of a workdir are `gd2po_jax.runtime.run_dir`'s.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDirError
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDirError
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDir
 
 
 def _plain(value: Any) -> Any:

@@ -25,8 +25,8 @@ from typing import Any
 
 from gd2po_jax.config import ConfigError, RunConfig, WandbConfig
 from gd2po_jax.runtime import preemption
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDir
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from gd2po_jax.data.chat import check_template_kwargs, column_tools, render_sft_
 from gd2po_jax.data.loaders import dataset_columns
 from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
 from gd2po_jax.rl import losses
-from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
-from gd2po_jax.rl.records import TrainState
+from gd2po_jax.models.logprobs import completion_logprobs, merge_model
+from gd2po_jax.training.records import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,15 +149,3 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_
         return state.apply_gradients(optimizer, grads), metrics
 
     return step
-
-
-def sft_batches(num_examples: int, batch_size: int, num_steps: int, seed: int):
-    """Row indices of ``num_steps`` batches: epochs of seeded permutations, concatenated."""
-    needed = num_steps * batch_size
-    orders = []
-    epoch = 0
-    while sum(len(o) for o in orders) < needed:
-        orders.append(np.random.default_rng([seed, 10_000 + epoch]).permutation(num_examples))
-        epoch += 1
-    flat = np.concatenate(orders)[:needed] if orders else np.zeros((0,), np.int64)
-    return flat.reshape(num_steps, batch_size)

@@ -50,14 +50,12 @@ from flax import nnx
 from gd2po_jax.config import ConfigError, RunConfig, TinyModelConfig
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from gd2po_jax.data.loaders import EXTRA_COLUMNS, FEATURES, PROMPT_TEXT
-from gd2po_jax.evaluation.generation import tool_calling_scorer
-from gd2po_jax.evaluation.reward_scorer import RewardFunctionScorer
-from gd2po_jax.evaluation.safe_alignment import RewardModelScorer
+from gd2po_jax.rewards.scorers import RewardFunctionScorer, RewardModelScorer, tool_calling_scorer
 from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.models.config import tiny_qwen2_config
 from gd2po_jax.rewards.user_functions import load_function, run_reward_weights
 from gd2po_jax.runtime.imports import import_object, is_import_path
-from gd2po_jax.runtime.workdir import publish_dir, staging_name
+from gd2po_jax.runtime.run_dir import publish_dir, staging_name
 
 SPLITS = ("train", "validation", "test")
 """The split names a task may give (`Task.load_splits`); train is required."""
@@ -111,7 +109,7 @@ class Task(abc.ABC):
 
     def eval_scorer(self, config: RunConfig, reward_fn):
         """How evaluation scores a split's greedy responses
-        (`gd2po_jax.evaluation.generation.Scorer`): with ``rewards.functions``, the run's reward
+        (`gd2po_jax.rewards.scorers.Scorer`): with ``rewards.functions``, the run's reward
         functions (each reward and their weighted sum); the run's reward models (each reward's score
         and their sum) with ``rewards.kind='reward_model'``; else the tool-calling metrics."""
         if config.rewards.functions:

@@ -12,10 +12,10 @@ import pytest
 
 from configs import safety
 from gd2po_jax.evaluation.run import EvalOptions, run
-from gd2po_jax.rl.trainer import train_and_evaluate
+from gd2po_jax.jobs.train import train_and_evaluate
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.metrics_logging import read_metrics
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime.run_dir import RunDir
 from tests.fakes import REPO, alpaca_path, as_run_config, data_files, tiny_safety_policy, tiny_score_model_dir
 
 pytestmark = pytest.mark.slow

@@ -20,8 +20,8 @@ from gd2po_jax.evaluation import run as eval_run
 from gd2po_jax.evaluation.run import EvalError, EvalOptions
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.rewards.reward_model import RewardModelReward
-from gd2po_jax.rl.setup import build_setup
-from gd2po_jax.rl.trainer import train_and_evaluate
+from gd2po_jax.tasks.setup import build_setup
+from gd2po_jax.jobs.train import train_and_evaluate
 from tests.fakes import REPO, as_run_config, data_files, subprocess_env, tiny_policy
 
 LEVELS = ("level_1", "level_2", "level_3")
@@ -206,7 +206,7 @@ def test_split_eval_restores_the_latest_checkpoint(trained_run):
 def test_a_report_is_written_once_whole_while_the_workdir_is_locked(trained_run, monkeypatch):
     """eval/<split>.json is the sweep's sign that a run is evaluated: it is written once, atomically,
     with every field; and while train.py (or another eval.py) holds the workdir, eval.py stops."""
-    from gd2po_jax.runtime import workdir as run_dir
+    from gd2po_jax.runtime import run_dir
 
     writes = []
     write_text = run_dir.write_text

@@ -17,7 +17,7 @@ import datasets
 import pytest
 
 from configs import files
-from gd2po_jax.rl.trainer import train_and_evaluate
+from gd2po_jax.jobs.train import train_and_evaluate
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from tests.fakes import REPO, as_run_config, subprocess_env, with_changes
 from tests.runtime.test_hub import offline_cache, write_cached_repo  # noqa: F401 - a fixture

@@ -18,7 +18,7 @@ from configs import default
 from gd2po_jax.config import RunConfig
 from gd2po_jax.experiments import sweep_report as report
 from gd2po_jax.experiments.sweep_report import Paired, curve_area, mean_ci, method_order, paired_test
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from tests.fakes import REPO, subprocess_env
 
 REWARDS = ("correctness", "format", "length")

@@ -145,7 +145,7 @@ def test_plan_shares_the_warm_start_and_resolves_each_run_config(tmp_path):
 def test_configs_resolved_py_loads_a_run_config(tmp_path):
     import importlib.util
 
-    from gd2po_jax.runtime import workdir as run_dir
+    from gd2po_jax.runtime import run_dir
 
     run_dir.write_config(tmp_path, tiny_config(rl__algorithm="gdpo", train__seed=4))
     spec = importlib.util.spec_from_file_location("resolved", REPO / "configs" / "resolved.py")
@@ -192,7 +192,7 @@ def test_plan_names_the_field_a_sweep_needs(tmp_path):
 
 
 def test_plan_refuses_to_continue_runs_started_with_another_config(tmp_path):
-    from gd2po_jax.runtime import workdir as run_dir
+    from gd2po_jax.runtime import run_dir
 
     sweep = plan(tmp_path, config=tiny_config(train__num_steps=3))
     workdir = sweep.workdir(sweep.specs[0])

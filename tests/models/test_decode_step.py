@@ -11,7 +11,7 @@ from flax import nnx
 
 from gd2po_jax.models import Decoder, init_cache, load_pretrained
 from gd2po_jax.models.decode_step import decode_step, decode_weights
-from gd2po_jax.rl.logprobs import merge_model
+from gd2po_jax.models.logprobs import merge_model
 from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import ragged_batch, tiny_checkpoint, tiny_model_config
 from tests.tolerances import ulps

@@ -24,7 +24,7 @@ from gd2po_jax.models import (
 from gd2po_jax.models.decoder import MASK_VALUE, attention_mask_3d, dot_product_attention, linear
 from gd2po_jax.models.pretrained import get_variable, ours_to_hf, tensor_maps
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
-from gd2po_jax.rl.logprobs import completion_logprobs
+from gd2po_jax.models.logprobs import completion_logprobs
 from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import (
     VOCAB,

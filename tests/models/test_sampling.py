@@ -19,7 +19,7 @@ from gd2po_jax.models.sampling import (
     left_pad,
     prefill_fn,
 )
-from gd2po_jax.rl.logprobs import merge_model
+from gd2po_jax.models.logprobs import merge_model
 from tests.fakes import VOCAB, logits_of, tiny_checkpoint, tiny_model_config
 
 PROMPT_LENGTHS = (3, 7, 5, 9, 1)

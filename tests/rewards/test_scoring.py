@@ -30,7 +30,7 @@ from gd2po_jax.rewards.scoring import (
 )
 from gd2po_jax.rl.advantages import compute_advantages
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
-from gd2po_jax.rl.trainer import host_metrics
+from gd2po_jax.jobs.train import host_metrics
 from tests.fakes import DigitTokenizer, as_run_config, tiny_model_config
 
 CONFIG = tiny_model_config(vocab_size=48)
@@ -326,7 +326,7 @@ def test_a_run_whose_reward_backend_is_down_stops_at_the_first_step(tmp_path, mo
     step's rollouts failed, so the run stops before the update, naming the step, the rewards, the
     limit and the first error."""
     from gd2po_jax.rewards import base
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
     from tests.fakes import tiny_config
 
     monkeypatch.setattr(base, "_REWARD_KINDS", dict(base._REWARD_KINDS))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gd2po_jax.data import load_verl_parquet
-from gd2po_jax.evaluation.generation import tool_calling_scorer
+from gd2po_jax.rewards.scorers import tool_calling_scorer
 from gd2po_jax.rewards import (
     TOOL_CALLING_SETTINGS,
     RewardFunction,

@@ -27,7 +27,7 @@ from gd2po_jax.rewards.user_functions import (
     run_reward_weights,
     trial_call,
 )
-from gd2po_jax.rl.setup import build_run_reward, load_user_functions
+from gd2po_jax.tasks.setup import build_run_reward, load_user_functions
 from tests.fakes import tiny_run_config
 
 # ---------------------------------------------------------------- TRL's documented examples, verbatim in form

@@ -12,9 +12,9 @@ from bench.harness import step_config
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.rl import rollout_log
 from gd2po_jax.rl.advantages import compute_advantages
-from gd2po_jax.rl.records import RolloutBatch
+from gd2po_jax.training.records import RolloutBatch
 from gd2po_jax.rl.rollout import Rollouts
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime.run_dir import RunDir
 from tests.fakes import DigitTokenizer
 
 NAMES = ("correctness", "format")

@@ -23,17 +23,17 @@ from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
 from gd2po_jax.models.decoder import LoRASpec
 from gd2po_jax.models.lora import adapters_of, split_lora
 from gd2po_jax.models.sampling import generate
-from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
+from gd2po_jax.models.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.losses import LOSS_AGG_MODES
 from gd2po_jax.rl.micro_batches import verl_update_layout
-from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.rl.records import RolloutBatch, TrainState
+from gd2po_jax.training.optimizer import make_optimizer
+from gd2po_jax.training.records import RolloutBatch, TrainState
 from gd2po_jax.rl.rollout import rollout_batch
+from gd2po_jax.models.logprobs import logprob_temperature
 from gd2po_jax.rl.train_step import (
     StepConfig,
     count_skipped_steps,
     jit_train_step,
-    logprob_temperature,
     make_train_step,
     prompt_window_lengths,
     run_step_config,
@@ -1024,7 +1024,7 @@ def test_lora_kl_reference_is_the_base_without_a_copy(setup, lora_setup):
     """The KL reference of a LoRA run (rl.kl_coef > 0): the base's own arrays on the graph without
     adapters (`plain_graphdef`) give the full model's reference log-probs, bit for bit."""
     from gd2po_jax.models.lora import plain_graphdef
-    from gd2po_jax.rl.logprobs import reference_logprobs_fn
+    from gd2po_jax.models.logprobs import reference_logprobs_fn
 
     full_graphdef, full_params, batch = setup
     graphdef, adapters, base, _ = lora_setup

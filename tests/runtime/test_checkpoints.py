@@ -11,7 +11,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gd2po_jax.rl.records import TrainState
+from gd2po_jax.training.records import TrainState
 from gd2po_jax.runtime.checkpoints import (
     Checkpoints,
     CorruptCheckpointError,

@@ -28,7 +28,7 @@ import pytest
 
 from gd2po_jax.config import ConfigError, DistributedConfig
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import REPO, subprocess_env, write_config_file

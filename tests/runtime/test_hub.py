@@ -13,7 +13,7 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError
 from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
-from gd2po_jax.rl.setup import with_local_models
+from gd2po_jax.tasks.setup import with_local_models
 from gd2po_jax.runtime.hub import MODEL_FILES, HubId, resolve_model_dir
 from tests.fakes import tiny_model_config, tiny_run_config
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gd2po_jax.runtime.metrics_logging import MetricsWriter, read_metrics
-from gd2po_jax.runtime.workdir import RunDirError
+from gd2po_jax.runtime.run_dir import RunDirError
 from tests.fakes import tensorboard_scalars
 
 

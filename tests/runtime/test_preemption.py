@@ -17,12 +17,12 @@ import pytest
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.runtime import preemption
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.metrics_logging import MetricsWriter, read_metrics
 from gd2po_jax.runtime.preemption import Preempted, PreemptionWatch
-from gd2po_jax.runtime.workdir import WriteFailedError
+from gd2po_jax.runtime.run_dir import WriteFailedError
 from tests.fakes import REPO, tiny_run_config, write_config_file
-from tests.rl.test_trainer import copy_warm_start, stable_metrics, train_command, train_env  # noqa: F401
+from tests.jobs.test_train import copy_warm_start, stable_metrics, train_command, train_env  # noqa: F401
 
 # configs/tiny.py shrunk: a 2-step warm start, no evaluation, 10 RL steps, a checkpoint every 5.
 RUN = dict(sft__num_steps=2, eval__split="none", train__num_steps=10, checkpoint__every_steps=5, train__log_every=1)
@@ -269,7 +269,7 @@ def faulty_config_file(directory: pathlib.Path, site: str) -> pathlib.Path:
         "if site == 'checkpoint':\n"
         "    ocp.CheckpointManager.save = save\n"
         "elif site == 'metrics':\n"
-        "    from gd2po_jax.runtime import workdir\n"
+        "    from gd2po_jax.runtime import run_dir as workdir\n"
         "    def write_guarded(self, step, metrics):\n"
         "        with workdir.writing(self.path):\n"
         "            return write(self, step, metrics)\n"
@@ -299,7 +299,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes(uninterru
     assert f"resumed from step {kept}" in log
     assert stable_metrics(workdir) == stable_metrics(uninterrupted)
     assert not list(workdir.glob("*.tmp-*"))
-    from tests.rl.test_trainer import policy_tensors
+    from tests.jobs.test_train import policy_tensors
 
     expected, got = policy_tensors(uninterrupted), policy_tensors(workdir)
     for key in expected:

@@ -14,7 +14,7 @@ from gd2po_jax.config import ConfigError
 from gd2po_jax.runtime import wandb_logging
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
 from gd2po_jax.runtime.preemption import Preempted
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime.run_dir import RunDir
 from tests.fakes import REPO, tiny_run_config
 
 

@@ -11,9 +11,9 @@ import pytest
 from flax import nnx
 
 from gd2po_jax.models import Decoder
-from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.rl.records import TrainState
-from gd2po_jax.sft.step import batch_window, build_sft_data, make_sft_step, padding_share, sft_batches
+from gd2po_jax.training.optimizer import make_optimizer
+from gd2po_jax.training.records import TrainState
+from gd2po_jax.sft.step import batch_window, build_sft_data, make_sft_step, padding_share
 from tests.data.test_chat import CLOCK, TOOLS_TEMPLATE, WEATHER, chat_tokenizer
 from tests.fakes import TagTokenizer, tiny_model_config
 
@@ -54,12 +54,6 @@ def test_examples_render_with_the_template_kwargs_and_each_rows_tools():
     assert texts[1].startswith("NOTHINK [UNK]")
     with pytest.raises(ValueError, match=r"^sft.jsonl: config.data.tools_column='functions' is not a column"):
         build_sft_data(dataset, tokenizer, max_length=64, where="sft.jsonl", tools_column="functions")
-
-
-def test_sft_batches_are_epochs_of_permutations():
-    order = sft_batches(num_examples=6, batch_size=4, num_steps=3, seed=0)
-    assert order.shape == (3, 4)
-    assert sorted(order.reshape(-1)[:6].tolist()) == list(range(6))
 
 
 def test_sft_step_fits_a_small_batch():

@@ -100,7 +100,7 @@ def test_a_killed_warm_start_save_leaves_nothing_behind_for_good(tmp_path):
     import subprocess
     import sys
 
-    from gd2po_jax.runtime import workdir as run_dir
+    from gd2po_jax.runtime import run_dir
 
     config = as_run_config(tiny_config(sft__cache_dir=str(tmp_path / "cache")))
     published = warm_start_dir(config, tmp_path / "run")

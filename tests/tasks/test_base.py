@@ -116,7 +116,7 @@ def test_generated_rows_may_leave_out_the_prompt_text_and_extra_columns():
 
 @pytest.mark.slow
 def test_a_task_defined_outside_the_package_trains_for_two_steps(tmp_path):
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     register_task("echo")(EchoTask)
     EchoTask.calls.clear()

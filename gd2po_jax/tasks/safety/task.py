@@ -2,14 +2,14 @@
 helpfulness-safety world's data, a tokenizer trained on it, a tiny random Qwen2 policy, and two
 reward models trained here on the world's preference pairs.
 
-In a run's setup (`gd2po_jax.rl.setup.build_setup`), `SafetyTask`:
+In a run's setup (`gd2po_jax.tasks.setup.build_setup`), `SafetyTask`:
 
 1. `safety_splits`: the world's train / validation / test prompts (`gd2po_jax.tasks.safety.world`);
 2. `build_base_model` (`SafetyTask.load_splits`): ``WORKDIR/base_model``, the tokenizer (ChatML
    template) and the random policy;
 3. `build_reward_models`: one score model per reward name (``useful``: the helpfulness annotator's
    ``better_response_id``; ``harmless``: the harmlessness annotator's ``safer_response_id``),
-   Bradley–Terry + 0.001 score² training as align-anything's (`gd2po_jax.rewards.training`) on the
+   Bradley–Terry + 0.001 score² training as align-anything's (`gd2po_jax.training.reward_models`) on the
    train prompts' pairs, saved in the align-anything layout (`gd2po_jax.models.save_score_model`,
    ``score_head.weight``, no ``lm_head``) with the task's tokenizer, then loaded back and measured on
    the test prompts' pairs. They are trained once and reused: in ``WORKDIR/reward_models/<name>``,
@@ -49,14 +49,14 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RewardTrainingConfig, RunConfig, SafetyDataConfig
 from gd2po_jax.data.tokenization import load_tokenizer
-from gd2po_jax.evaluation.safe_alignment import RewardModelScorer
+from gd2po_jax.rewards.scorers import RewardModelScorer
 from gd2po_jax.models import ModelConfig, ScoreModel, load_score_model, save_score_model
 from gd2po_jax.models.config import tiny_qwen2_config
-from gd2po_jax.rewards.training import build_pair_data, pair_scores, train_reward_model
+from gd2po_jax.training.reward_models import build_pair_data, pair_scores, train_reward_model
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.checkpoints import check_finite
-from gd2po_jax.runtime.workdir import RunDir, publish_dir
+from gd2po_jax.runtime.run_dir import RunDir, publish_dir
 from gd2po_jax.tasks.base import Task, build_tiny_model, register_task
 from gd2po_jax.tasks.safety import world as safety_world
 

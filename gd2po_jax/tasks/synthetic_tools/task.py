@@ -13,7 +13,7 @@ import datasets
 
 from gd2po_jax.config import ConfigError, RunConfig, SyntheticDataConfig
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime.run_dir import RunDir
 from gd2po_jax.tasks.base import Task, build_tiny_model, register_task
 from gd2po_jax.tasks.synthetic_tools import data as synthetic_tools
 from gd2po_jax.tasks.synthetic_tools.data import SyntheticToolsConfig

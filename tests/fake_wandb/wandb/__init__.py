@@ -1,6 +1,6 @@
 """A stand-in for the ``wandb`` package that records what the trainer asks of it, for the tests of
 `gd2po_jax.runtime.wandb_logging` and the trainer (tests/runtime/test_wandb_logging.py,
-tests/rl/test_trainer.py). Nothing leaves the process.
+tests/jobs/test_train.py). Nothing leaves the process.
 
 Every call (``init``, ``Run.log``, ``Run.mark_preempting``, ``Run.finish``) is appended to the
 module's ``calls`` as ``{"call": name, ...its arguments}``, and, when the environment variable

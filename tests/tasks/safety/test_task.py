@@ -18,13 +18,13 @@ from safetensors.numpy import load_file
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.models import load_score_model
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.tasks import task_of
 from gd2po_jax.tasks.safety import task as safety_embedded
 from gd2po_jax.tasks.safety import world as sw
 from tests.fakes import subprocess_env, tiny_safety_config, write_config_file
-from tests.rl.test_trainer import policy_tensors, run_train, stable_metrics
+from tests.jobs.test_train import policy_tensors, run_train, stable_metrics
 from tests.xla_env import xla_flags
 
 ONE_DEVICE = xla_flags(1)

@@ -25,11 +25,11 @@ import numpy as np
 from absl import app, flags
 
 from gd2po_jax.rl.advantages import compute_advantages
-from gd2po_jax.rl.logprobs import merge_model
+from gd2po_jax.models.logprobs import merge_model
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
-from gd2po_jax.rl.setup import build_setup
-from gd2po_jax.rl.trainer import load_policy
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.tasks.setup import build_setup
+from gd2po_jax.jobs.train import load_policy
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.sft.warm_start import warm_start_dir
 from gd2po_jax.tasks.safety.world import label_response, parse_ground_truth
 

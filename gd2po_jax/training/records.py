@@ -27,7 +27,7 @@ class RolloutBatch:
     attention_mask: [B, S] bool, False on left padding.
     response_mask: [B, M] bool, completion tokens that count (EOS included).
     old_logp: [B, M] float32, log-probs of the sampling policy (at the update's log-prob
-      temperature, `gd2po_jax.rl.train_step.logprob_temperature`).
+      temperature, `gd2po_jax.models.logprobs.logprob_temperature`).
     ref_logp: [B, M] float32, reference-policy log-probs (zeros when no KL is used).
     rewards: [P, G, K] float32 raw rewards (NaN = missing).
     valid: [P] bool, False for padded prompts.

@@ -7,7 +7,7 @@ The one path a log-prob takes through the code base::
 and, for the frozen reference policy of the KL term, `reference_logprobs_fn`. A log-prob is that
 of the policy at a temperature T: ``log softmax(logits / T)[target]``. T = 1 (the raw logits) by
 default; verl uses the rollout temperature for the old, new and reference log-probs, which
-``rl.tempered_logprobs`` selects (`gd2po_jax.rl.train_step.logprob_temperature`). The sampler's
+``rl.tempered_logprobs`` selects (`gd2po_jax.models.logprobs.logprob_temperature`). The sampler's
 old log-probs must use the same T as the update (`gd2po_jax.models.sampling.generate`).
 
 Shapes: ``B`` sequences, ``S`` tokens of a sequence (prompt + completion), ``T`` scored positions,
@@ -21,6 +21,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from gd2po_jax.config import RunConfig
 
 
 def at_least_f32(x: jax.Array) -> jax.Array:
@@ -198,3 +200,9 @@ def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128, tem
                                    temperature=temperature)[0]
 
     return jax.jit(reference_logprobs, static_argnums=(3,))
+
+
+def logprob_temperature(config: RunConfig) -> float:
+    """T of the policy whose log-probs enter the loss (old, new and reference), from a run config:
+    ``sampling.temperature`` with ``rl.tempered_logprobs`` (verl), else 1 (the raw logits)."""
+    return float(config.sampling.temperature) if config.rl.tempered_logprobs else 1.0

@@ -31,9 +31,9 @@ from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
 from gd2po_jax.models import ScoreModel
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.reward_model import render_conversation
-from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
-from gd2po_jax.rl.records import TrainState
-from gd2po_jax.sft.step import sft_batches
+from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
+from gd2po_jax.training.records import TrainState
+from gd2po_jax.training.batches import sft_batches
 
 ADAM_B2 = 0.95  # align-anything's adam_betas: [0.9, 0.95]
 WARMUP_FRACTION = 0.03  # align-anything's lr_warmup_ratio
@@ -145,7 +145,7 @@ def train_reward_model(model: ScoreModel, data: PairData, *, num_steps: int, bat
                        regularization: float, seed: int, grad_clip: float = 1.0, progress: bool = True,
                        desc: str = "reward model") -> tuple[ScoreModel, list[dict[str, float]]]:
     """Train ``model`` (in place: its parameters are replaced) for ``num_steps`` AdamW steps of
-    ``batch_size`` pairs drawn in seeded epochs (`gd2po_jax.sft.step.sft_batches`).
+    ``batch_size`` pairs drawn in seeded epochs (`gd2po_jax.training.batches.sft_batches`).
 
     Returns:
       (the model, metrics logged every 10 steps and at the last: step, loss, bt_loss, accuracy,

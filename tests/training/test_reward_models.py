@@ -1,4 +1,4 @@
-"""Bradley–Terry training of score models (`gd2po_jax.rewards.training`): the loss, the pair data and
+"""Bradley–Terry training of score models (`gd2po_jax.training.reward_models`): the loss, the pair data and
 the batched scoring of pairs."""
 
 import datasets
@@ -9,7 +9,7 @@ from flax import nnx
 
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from gd2po_jax.models import ScoreModel
-from gd2po_jax.rewards import training as rt
+from gd2po_jax.training import reward_models as rt
 from gd2po_jax.rewards.reward_model import render_conversation
 from gd2po_jax.tasks.safety import world as sw
 from tests.fakes import tiny_model_config

@@ -1,4 +1,4 @@
-"""gd2po_jax.rl.optimizer: the optimizer state is split over the mesh as its parameters are."""
+"""gd2po_jax.training.optimizer: the optimizer state is split over the mesh as its parameters are."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gd2po_jax.models import load_pretrained
-from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
+from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.runtime.sharding import make_mesh
 from tests.fakes import tiny_checkpoint
 

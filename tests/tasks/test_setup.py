@@ -1,4 +1,4 @@
-"""gd2po_jax.rl.setup: what a run is made of is checked before anything is computed — a model
+"""gd2po_jax.tasks.setup: what a run is made of is checked before anything is computed — a model
 directory that does not exist, data rows the reward could never score, an evaluation split the
 data does not have — with errors naming the field, the file and the row."""
 
@@ -15,7 +15,7 @@ from gd2po_jax.data.loaders import DataFormatError
 from gd2po_jax.models.pretrained import load_pretrained
 from gd2po_jax.rewards.base import build_reward_function
 from gd2po_jax.rewards.reward_model import RewardModelReward
-from gd2po_jax.rl.setup import build_setup, eval_split, reward_spec, with_local_models
+from gd2po_jax.tasks.setup import build_setup, eval_split, reward_spec, with_local_models
 from gd2po_jax.tasks import task_of
 from tests import fixture_data
 from tests.fakes import (
@@ -213,7 +213,7 @@ def test_eval_split_must_be_a_split_the_data_has(tmp_path):
 
 @pytest.mark.slow
 def test_the_trainer_checks_the_eval_split_before_the_warm_start(tmp_path):
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     config = tiny_config(eval__split="test", data__synthetic__num_test=0)
     with pytest.raises(ConfigError, match=r"config\.eval\.split: the data has no 'test' split"):

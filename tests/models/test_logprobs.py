@@ -1,4 +1,4 @@
-"""Tests of gd2po_jax.rl.logprobs: log-probs and entropy from logits, chunked from hidden states, of a
+"""Tests of gd2po_jax.models.logprobs: log-probs and entropy from logits, chunked from hidden states, of a
 model (tied and untied heads), the compute-dtype merge and the reference policy's function."""
 
 import jax
@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from gd2po_jax.models import load_pretrained
-from gd2po_jax.rl.logprobs import (
+from gd2po_jax.models.logprobs import (
     chunked_token_logprobs,
     completion_logprobs,
     merge_model,

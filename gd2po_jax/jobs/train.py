@@ -1,7 +1,7 @@
 """The training loop: warm start, then prompts -> rollouts -> rewards -> one jitted update per step.
 
 ``train_and_evaluate(config, workdir)`` is what ``python train.py`` runs. Everything a run needs to
-resume or be reproduced is in its workdir (`gd2po_jax.runtime.workdir`): config.json, the warm start, Orbax
+resume or be reproduced is in its workdir (`gd2po_jax.runtime.run_dir`): config.json, the warm start, Orbax
 checkpoints, metrics.jsonl, evaluations before and after RL, the exported policy and results.json.
 Rerunning in the same workdir resumes from the latest checkpoint.
 """
@@ -37,25 +37,24 @@ from gd2po_jax.models.lora import (
 )
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures
-from gd2po_jax.rl.logprobs import merge_model, reference_logprobs_fn
-from gd2po_jax.rl.optimizer import init_optimizer_state, make_optimizer
-from gd2po_jax.rl.records import TrainState
+from gd2po_jax.models.logprobs import logprob_temperature, merge_model, reference_logprobs_fn
+from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
+from gd2po_jax.training.records import TrainState
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
-from gd2po_jax.rl.setup import RunSetup, build_setup, uses_warm_start
+from gd2po_jax.tasks.setup import RunSetup, build_setup, uses_warm_start
 from gd2po_jax.rl.train_step import (
     count_skipped_steps,
     jit_train_step,
-    logprob_temperature,
     make_train_step,
     run_step_config,
 )
 from gd2po_jax.runtime import distributed, preemption
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
 from gd2po_jax.runtime.wandb_logging import WandbLogger
-from gd2po_jax.runtime.workdir import RunDir
+from gd2po_jax.runtime.run_dir import RunDir
 from gd2po_jax.sft.warm_start import warm_start
 from gd2po_jax.tasks import task_of
 

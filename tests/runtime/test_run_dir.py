@@ -1,4 +1,4 @@
-"""gd2po_jax/runtime/workdir.py: the workdir layout, atomic writes, config.json, the lock and resume checks."""
+"""gd2po_jax/runtime/run_dir.py: the workdir layout, atomic writes, config.json, the lock and resume checks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from configs.default import get_config as default_config
 from gd2po_jax.config import ConfigError
-from gd2po_jax.runtime import workdir as run_dir
-from gd2po_jax.runtime.workdir import RunDir, RunDirError
+from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 from gd2po_jax.tasks.synthetic_tools import task as synthetic_tools
 from tests.fakes import as_run_config
 

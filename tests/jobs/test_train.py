@@ -1,4 +1,4 @@
-"""The whole job (`gd2po_jax.rl.trainer.train_and_evaluate`, `python train.py`) on a tiny setting.
+"""The whole job (`gd2po_jax.jobs.train.train_and_evaluate`, `python train.py`) on a tiny setting.
 
 Every run here is the embedded synthetic tool-calling task shrunk to seconds per step: a 64-wide,
 2-layer Qwen2 with a 600-token tokenizer, short requests with one candidate tool, 8 prompts x 4
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from gd2po_jax.config import ConfigError
-from gd2po_jax.runtime import workdir as run_dir
+from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from tests.fakes import REPO, as_run_config, subprocess_env, tensorboard_scalars, tiny_config, write_config_file
 
@@ -131,7 +131,7 @@ def reference(tmp_path_factory, train_env) -> pathlib.Path:
     ],
 )
 def test_invalid_config_fails_before_any_compute_naming_the_field(tmp_path, overrides, field):
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     assert jax.device_count() == 8, "tests/conftest.py simulates 8 devices; the data axis spans them"
     with pytest.raises(ConfigError, match="^" + re.escape(field) + ":"):
@@ -427,7 +427,7 @@ def assert_tensorboard_shows_the_metrics(workdir: pathlib.Path) -> None:
 
 
 def test_a_second_process_on_a_busy_workdir_stops_at_once(tmp_path):
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     with run_dir.lock_workdir(tmp_path / "run", "train.py"):
         with pytest.raises(run_dir.WorkdirBusyError, match=rf"{tmp_path / 'run'} is in use by train.py \(pid "):
@@ -436,7 +436,7 @@ def test_a_second_process_on_a_busy_workdir_stops_at_once(tmp_path):
 
 
 def test_a_rerun_with_other_settings_is_refused_naming_them(reference):
-    from gd2po_jax.rl.trainer import train_and_evaluate
+    from gd2po_jax.jobs.train import train_and_evaluate
 
     before = (reference / "config.json").read_text()
     with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm \(was 'gd2po_snr', now 'grpo'\), "
