@@ -9,9 +9,11 @@ Rerunning in the same workdir resumes from the latest checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,6 +46,7 @@ from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
 from gd2po_jax.tasks.setup import RunSetup, build_setup, uses_warm_start
 from gd2po_jax.rl.train_step import (
+    StepConfig,
     count_skipped_steps,
     jit_train_step,
     make_train_step,
@@ -176,6 +179,41 @@ def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progre
 
 def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: bool,
                         watch: preemption.PreemptionWatch, wandb_log: WandbLogger) -> dict[str, Any]:
+    run = _open_run(config, workdir, wandb_log)
+    sampler = EpochSampler(len(run.setup.train), config.train.seed)
+    rl = _rl_start(config, run, sampler, progress=progress)
+    ref_graphdef, ref_params, initial_policy = _reference_policy(config, rl)
+    before = None
+    if run.split is not None:
+        before = run_dir.read_json(run.files.eval_report("before_rl")) if rl.evaluated_before else evaluate_run(
+            config, run.setup, initial_policy(), run.split, run.files.eval_dir, "before_rl", progress=progress)
+    rl.initial_params = initial_policy = None  # freed: only the KL reference (ref_params) stays
+
+    writer = MetricsWriter(workdir, resume_step=rl.start if rl.start else None) if run.primary else None
+    if writer and rl.start == 0 and (before_metrics := logged_before_rl(config, before)):
+        wandb_log.log(writer.write(0, before_metrics))  # eval.sets: step 0, as verl's val_before_train
+    if run.primary:
+        remove_later_rollouts(run.files, rl.start)  # as metrics.jsonl: a resumed run redoes those steps
+    loop = _rl_loop_parts(config, run.setup, rl, ref_graphdef, ref_params)
+    state = _rl_loop(config, run, rl, loop, sampler, writer, wandb_log, watch, progress=progress)
+    return _finish(config, run, rl, state, before, progress=progress)
+
+
+@dataclasses.dataclass
+class OpenRun:
+    """A run's workdir opened for training: its files, its setup (tokenizer, data, rewards, mesh), the
+    evaluation target and its checkpoints. ``primary``: this process writes the workdir."""
+
+    files: RunDir
+    primary: bool
+    setup: RunSetup
+    split: str | None
+    checkpoints: Checkpoints
+
+
+def _open_run(config: RunConfig, workdir: pathlib.Path, wandb_log: WandbLogger) -> OpenRun:
+    """Clears what killed writes left, checks the config against the run's, builds the setup and
+    writes config.json (process 0)."""
     files = RunDir(workdir)
     primary = distributed.is_primary()
     if primary:
@@ -190,143 +228,216 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     check_num_steps(config, checkpoints)
     if primary:
         run_dir.write_config(workdir, config)
+    return OpenRun(files, primary, setup, split, checkpoints)
 
-    eval_dir = files.eval_dir
-    sampler = EpochSampler(len(setup.train), config.train.seed)
-    start, state, frozen, base = 0, None, None, None
+
+@dataclasses.dataclass
+class RLStart:
+    """Where RL starts: ``start`` (0, or the step of the checkpoint resumed), the state there and how
+    to rebuild the policy from it (``graphdef``, ``frozen``: LoRA's base weights, else None; ``base``:
+    LoRA's `base_reference`), the optimizer, the warm start's path where it was needed, the policy
+    before RL where it is needed (``initial_params``), and whether the before-RL evaluation exists."""
+
+    start: int
+    graphdef: Any
+    optimizer: Any
+    state: TrainState
+    frozen: Any
+    base: dict[str, Any] | None
+    policy_path: pathlib.Path | None
+    initial_params: Any
+    evaluated_before: bool
+
+
+def _rl_start(config: RunConfig, run: OpenRun, sampler: EpochSampler, *, progress: bool) -> RLStart:
+    """The state RL starts from: the latest intact checkpoint (``sampler`` moved to its data position),
+    else the warm start (built here when the run needs one) or ``model.path``."""
+    setup = run.setup
+    start, graphdef, optimizer, state, frozen, base = 0, None, None, None, None, None
     lora = config.model.lora.enabled
+
+    def policy_before_rl() -> pathlib.Path:
+        return warm_start(config, setup, run.files.path, progress=progress) if uses_warm_start(config, setup) \
+            else setup.model_path
+
     # LoRA: the base (the warm start, or model.path without SFT) is always needed: the checkpoints
     # hold only the adapters.
-    policy_path = (warm_start(config, setup, workdir, progress=progress) if uses_warm_start(config, setup)
-                   else setup.model_path) if lora else None
-    if checkpoints.steps():
+    policy_path = policy_before_rl() if lora else None
+    if run.checkpoints.steps():
         # The checkpoint holds the whole state; the base model only gives its structure and
         # shardings, so resuming reads the warm start only if it needs the policy before RL (LoRA:
         # the state is the adapters', and the base they apply to is loaded, checked against the
         # checkpoint's record of it).
         graphdef, optimizer, state, frozen = init_state(config, setup, policy_path or setup.model_path)
         base = base_reference(policy_path, frozen) if lora else None
-        state, start = resume(checkpoints, state, sampler, base)
-    before_file = files.eval_report("before_rl")
-    evaluated_before = distributed.primary_decides(before_file.is_file())  # the same on every process
+        state, start = resume(run.checkpoints, state, sampler, base)
+    evaluated_before = distributed.primary_decides(run.files.eval_report("before_rl").is_file())  # same everywhere
     initial_params = None  # the policy before RL: the warm start (or model.path without SFT)
-    if start == 0 or (not lora and (config.rl.kl_coef or (split is not None and not evaluated_before))):
+    if start == 0 or (not lora and (config.rl.kl_coef or (run.split is not None and not evaluated_before))):
         if policy_path is None:
-            policy_path = warm_start(config, setup, workdir, progress=progress) if uses_warm_start(config, setup) \
-                else setup.model_path
+            policy_path = policy_before_rl()
         if start == 0:
             graphdef, optimizer, state, frozen = init_state(config, setup, policy_path)
             base = base_reference(policy_path, frozen) if lora else None
             initial_params = state.params
         else:
             _, initial_params, _ = load_policy(config, setup, policy_path)
-    state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    if lora:
+    return RLStart(start, graphdef, optimizer, state, frozen, base, policy_path, initial_params, evaluated_before)
+
+
+def _reference_policy(config: RunConfig, rl: RLStart) -> tuple[Any, Any, Callable[[], Any]]:
+    """(graphdef, params, policy before RL): the KL reference's graph and parameters (None without KL)
+    and a function building the policy before RL (for its evaluation)."""
+    if config.model.lora.enabled:
         # The policy before RL and the KL reference: the base without adapters, its own arrays (the
         # update does not donate them).
-        ref_graphdef = plain_graphdef(nnx.merge(graphdef, state.params, frozen))
-        ref_params = frozen if config.rl.kl_coef else None
-        initial_policy = lambda: merge_model(ref_graphdef, frozen, config.model.dtype)  # noqa: E731
-    else:
-        # A copy: the update donates the state's buffers.
-        ref_graphdef, ref_params = graphdef, None if not config.rl.kl_coef else \
-            jax.tree.map(jnp.copy, initial_params) if start == 0 else initial_params
-        initial_policy = lambda: merge_model(graphdef, initial_params, config.model.dtype)  # noqa: E731
+        ref_graphdef = plain_graphdef(nnx.merge(rl.graphdef, rl.state.params, rl.frozen))
+        ref_params = rl.frozen if config.rl.kl_coef else None
+        return ref_graphdef, ref_params, lambda: merge_model(ref_graphdef, rl.frozen, config.model.dtype)
+    # A copy: the update donates the state's buffers.
+    initial_params = rl.initial_params
+    ref_params = None if not config.rl.kl_coef else \
+        jax.tree.map(jnp.copy, initial_params) if rl.start == 0 else initial_params
+    return rl.graphdef, ref_params, lambda: merge_model(rl.graphdef, initial_params, config.model.dtype)
 
-    def policy_of(params):
-        return merge_model(graphdef, params, config.model.dtype, frozen)
 
-    before = None
-    if split is not None:
-        before = run_dir.read_json(before_file) if evaluated_before else evaluate_run(
-            config, setup, initial_policy(), split, eval_dir, "before_rl", progress=progress)
-    initial_params = initial_policy = None  # freed: only the KL reference (ref_params) stays
+@dataclasses.dataclass
+class RLLoopParts:
+    """What each RL step uses: the jitted update and its config, the KL reference (params and its
+    log-prob function; None without KL), the update's extra arguments (LoRA: the base), the
+    checkpoints' extra metadata, the rollout settings and the sampling key."""
 
-    writer = MetricsWriter(workdir, resume_step=start if start else None) if primary else None
-    if writer and start == 0 and (before_metrics := logged_before_rl(config, before)):
-        wandb_log.log(writer.write(0, before_metrics))  # eval.sets: step 0, as verl's val_before_train
-    if primary:
-        remove_later_rollouts(files, start)  # as metrics.jsonl: a resumed run redoes those steps
+    train_step: Callable[..., Any]
+    step_config: StepConfig
+    ref_params: Any
+    ref_logp_fn: Callable[..., Any]
+    step_args: tuple[Any, ...]
+    checkpoint_meta: dict[str, Any]
+    rollout_settings: RolloutSettings
+    sample_key: jax.Array
+
+    def policy(self, config: RunConfig, rl: RLStart, params) -> Any:
+        return merge_model(rl.graphdef, params, config.model.dtype, rl.frozen)
+
+
+def _rl_loop_parts(config: RunConfig, setup: RunSetup, rl: RLStart, ref_graphdef, ref_params) -> RLLoopParts:
+    state_shardings = jax.tree.map(lambda x: x.sharding, rl.state)
     step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
                                   reward_names=setup.reward_names, reward_weights=setup.reward_weights)
-    train_step = jit_train_step(make_train_step(graphdef, optimizer, step_config, setup.mesh), state_shardings)
+    train_step = jit_train_step(make_train_step(rl.graphdef, rl.optimizer, step_config, setup.mesh), state_shardings)
     ref_logp_fn = reference_logprobs_fn(ref_graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
                                         temperature=logprob_temperature(config))
-    step_args = () if frozen is None else (frozen,)  # LoRA: the base, the step's third argument
-    checkpoint_meta = {} if base is None else {LORA_BASE_KEY: base}
-    sample_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1)
-    rollout_settings = RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
-                                              prompt_length=setup.prompt_length)
+    return RLLoopParts(
+        train_step=train_step, step_config=step_config, ref_params=ref_params, ref_logp_fn=ref_logp_fn,
+        step_args=() if rl.frozen is None else (rl.frozen,),  # LoRA: the base, the step's third argument
+        checkpoint_meta={} if rl.base is None else {LORA_BASE_KEY: rl.base},
+        rollout_settings=RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
+                                                prompt_length=setup.prompt_length),
+        sample_key=jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1))
+
+
+def _rl_step(config: RunConfig, setup: RunSetup, rl: RLStart, loop: RLLoopParts, state: TrainState, prompts,
+             step: int) -> tuple[TrainState, dict[str, float], Any]:
+    """One RL step: rollouts of ``prompts`` by the policy of ``state``, their rewards, the KL reference's
+    log-probs, the update. Returns (state, metrics, rollouts)."""
+    t0 = time.perf_counter()
     reward_names = setup.reward_names  # the family's rewards, then rewards.functions'
-    bar = tqdm.tqdm(range(start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
-                    initial=start, total=config.train.num_steps, disable=not progress)
+    begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
+    rollouts = collect_rollouts(loop.policy(config, rl, state.params), prompts, setup.tokenizer, setup.reward_fn,
+                                loop.rollout_settings, rng=jax.random.fold_in(loop.sample_key, step))
+    check_failures(rollouts.failed, reward_names, config.rewards.max_failed_fraction, step=step + 1,
+                   first_error=rollouts.first_failure)
+    batch = rollouts.batch
+    if loop.ref_params is not None:
+        batch = batch.replace(ref_logp=loop.ref_logp_fn(loop.ref_params, batch.input_ids, batch.attention_mask,
+                                                        batch.old_logp.shape[1]))
+    t1 = time.perf_counter()
+    state, raw = loop.train_step(state, batch, *loop.step_args)
+    raw = jax.device_get(raw)
+    t2 = time.perf_counter()
+    timings = {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
+               "update": t2 - t1, "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds)}
+    metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
+    return state, metrics, rollouts
+
+
+def _rl_loop(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, sampler: EpochSampler,
+             writer: MetricsWriter | None, wandb_log: WandbLogger, watch: preemption.PreemptionWatch, *,
+             progress: bool) -> TrainState:
+    """Steps ``rl.start`` .. ``train.num_steps``: each logged, evaluated and checkpointed on its
+    schedule; a preemption signal stops the run after the step in flight, checkpointed. Returns the
+    final state (the writer and checkpoints closed)."""
+    setup, state = run.setup, rl.state
+    bar = tqdm.tqdm(range(rl.start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
+                    initial=rl.start, total=config.train.num_steps, disable=not progress)
     skipped_in_a_row = 0  # RL steps that skipped an update for a non-finite gradient
     watch.defer(True)  # a preemption signal now stops the run after the step in flight, checkpointed
     for step in bar:
-        t0 = time.perf_counter()
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
-        begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
-        rollouts = collect_rollouts(policy_of(state.params), prompts, setup.tokenizer, setup.reward_fn,
-                                    rollout_settings, rng=jax.random.fold_in(sample_key, step))
-        check_failures(rollouts.failed, reward_names, config.rewards.max_failed_fraction, step=step + 1,
-                       first_error=rollouts.first_failure)
-        batch = rollouts.batch
-        if ref_params is not None:
-            batch = batch.replace(ref_logp=ref_logp_fn(ref_params, batch.input_ids, batch.attention_mask,
-                                                       batch.old_logp.shape[1]))
-        t1 = time.perf_counter()
-        state, raw = train_step(state, batch, *step_args)
-        raw = jax.device_get(raw)
-        t2 = time.perf_counter()
-        timings = {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
-                   "update": t2 - t1, "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds)}
-        metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
+        state, metrics, rollouts = _rl_step(config, setup, rl, loop, state, prompts, step)
         done = step + 1
-        if is_logged_step(done, config.logging.rollouts_every, config.train.num_steps):  # all processes (a gather)
-            save_step_rollouts(files, done, prompts, rollouts, setup.tokenizer, step_config, reward_names)
-        if config.eval.every_steps and split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
-            summary = evaluate_run(config, setup, policy_of(state.params), split, eval_dir, f"step_{done}",
-                                   progress=False)
-            metrics.update(eval_metrics(summary))
-        skipped = metrics["update/skipped_updates"]
-        if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
-            wandb_log.log(writer.write(done, metrics))
-        if skipped:
-            logger.warning("step %d: %d optimizer update(s) skipped for a non-finite gradient", done, skipped)
-        skipped_in_a_row = count_skipped_steps(skipped_in_a_row, skipped, done,
+        _log_step(config, run, rl, loop, state, done, prompts, rollouts, metrics, writer, wandb_log)
+        skipped_in_a_row = count_skipped_steps(skipped_in_a_row, metrics["update/skipped_updates"], done,
                                                config.train.max_consecutive_skipped_steps)
-        bar.set_postfix({n: f"{metrics[f'reward/{n}']:.2f}" for n in reward_names}
+        bar.set_postfix({n: f"{metrics[f'reward/{n}']:.2f}" for n in setup.reward_names}
                         | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"})
         stop = watch.stop_after_step()  # several processes: any one signalled stops all at this step
         if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps or stop:
-            checkpoints.save(done, state, {"step": done, "data": sampler.state(), **checkpoint_meta})
+            run.checkpoints.save(done, state, {"step": done, "data": sampler.state(), **loop.checkpoint_meta})
         if stop:
             if writer:
                 writer.close()  # metrics.jsonl and TensorBoard flushed
-            checkpoints.close()
-            raise watch.stopped(done, checkpoints.step_dir(done))
+            run.checkpoints.close()
+            raise watch.stopped(done, run.checkpoints.step_dir(done))
     watch.defer(False)  # the evaluation and the export stop at once (the rerun redoes them)
     if writer:
         writer.close()
-    checkpoints.close()
+    run.checkpoints.close()
+    return state
 
+
+def _log_step(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, state: TrainState, done: int,
+              prompts, rollouts, metrics: dict[str, float], writer: MetricsWriter | None,
+              wandb_log: WandbLogger) -> None:
+    """After step ``done``: its rollouts saved, the evaluation (into ``metrics``) and the metrics
+    written, each on its schedule; a skipped update warned about."""
+    setup = run.setup
+    if is_logged_step(done, config.logging.rollouts_every, config.train.num_steps):  # all processes (a gather)
+        save_step_rollouts(run.files, done, prompts, rollouts, setup.tokenizer, loop.step_config, setup.reward_names)
+    if config.eval.every_steps and run.split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
+        summary = evaluate_run(config, setup, loop.policy(config, rl, state.params), run.split, run.files.eval_dir,
+                               f"step_{done}", progress=False)
+        metrics.update(eval_metrics(summary))
+    skipped = metrics["update/skipped_updates"]
+    if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
+        wandb_log.log(writer.write(done, metrics))
+    if skipped:
+        logger.warning("step %d: %d optimizer update(s) skipped for a non-finite gradient", done, skipped)
+
+
+def _finish(config: RunConfig, run: OpenRun, rl: RLStart, state: TrainState, before: dict[str, Any] | None, *,
+            progress: bool) -> dict[str, Any]:
+    """The evaluation after RL, the export of ``policy/`` (and LoRA's adapters), results.json."""
+    setup, files, lora = run.setup, run.files, config.model.lora.enabled
     check_finite(state.params, f"the policy after RL step {config.train.num_steps}")  # not exported
-    final = policy_of(state.params)
-    after = evaluate_run(config, setup, final, split, eval_dir, "after_rl", progress=progress) if split else None
+    final = merge_model(rl.graphdef, state.params, config.model.dtype, rl.frozen)
+    after = evaluate_run(config, setup, final, run.split, files.eval_dir, "after_rl", progress=progress) \
+        if run.split else None
     staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
     # The master weights stored in config.export.dtype (default model.dtype: the policy as it computes,
     # `final`; float32 keeps a bf16-compute run's master precision). Several processes: each parameter
     # is gathered in turn and process 0 writes it. LoRA: the adapters merged into the base.
     export_dtype = jnp.dtype(config.export.resolved_dtype(config.model.dtype))
-    save_pretrained(merged_decoder(merge_model(graphdef, state.params, export_dtype, frozen)), staging,
+    save_pretrained(merged_decoder(merge_model(rl.graphdef, state.params, export_dtype, rl.frozen)), staging,
                     dtype=export_dtype, tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
     if lora:  # and the adapters alone, in PEFT's format, on the run's base directory
+        assert rl.base is not None
         adapter_staging = run_dir.staging_name(files.policy_adapter)
-        save_peft_adapter(nnx.merge(graphdef, state.params, frozen), adapter_staging, base["path"],
+        save_peft_adapter(nnx.merge(rl.graphdef, state.params, rl.frozen), adapter_staging, rl.base["path"],
                           dropout=config.model.lora.dropout)
-    results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": split,
+    results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": run.split,
                "before_rl": before, "after_rl": after}
-    if primary:
+    if run.primary:
         run_dir.replace_dir(staging, files.policy)
         if lora:
             run_dir.replace_dir(adapter_staging, files.policy_adapter)
