@@ -1,26 +1,21 @@
 """bench/accelerator_check.py, run as ``python -m bench.accelerator_check``: its CPU smoke runs a
-miniature of every part and passes, so that the script cannot rot while no device machine is lent; a
-part that raises is recorded as an error, the other parts still run and the exit status is non-zero.
-(Its compile counter is `bench.harness.CompileCounter`: tests/bench/test_harness.py.)"""
+miniature of every part and passes, so that the script cannot rot while no device machine is lent;
+the device command runs it; the committed device reports are complete. (Its parts are the modules of
+bench/accelerator/: the report's handling of a part that raises, fails or comes after the time budget
+is in test_accelerator_report.py, part 4's README table in test_accelerator_end_to_end.py; its compile
+counter is `bench.harness.CompileCounter`: tests/bench/test_harness.py.)"""
 
 import json
 import math
 import subprocess
 import sys
 
-import jax
 import pytest
 
-from tests.fakes import REPO, bench_env, load_bench_script, subprocess_env
+from tests.fakes import REPO, bench_env, subprocess_env
 from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
 PARTS = ["correctness", "speed", "compilation", "end_to_end"]
-
-
-@pytest.fixture(scope="module")
-def check_module():
-    """The script as a module (its absl flags are defined once in this process; nothing is parsed)."""
-    return load_bench_script("accelerator_check")
 
 
 def positive(value, where: str) -> None:
@@ -84,50 +79,6 @@ def test_cpu_smoke_runs_every_part_and_passes(tmp_path):
     assert "before RL" in e2e["table"] and set(e2e["after_rl"]) >= {"correct_acc", "format_acc"}
 
 
-def test_a_failing_part_is_recorded_and_the_others_still_run(check_module):
-    def boom(ctx):
-        raise RuntimeError("simulated failure")
-
-    def passing(ctx):
-        return {"checks": [check_module.check("fine", 1, 1, True)]}
-
-    def failing(ctx):
-        return {"checks": [check_module.check("too slow", 2.0, 1.0, False)]}
-
-    ctx = check_module.Context(check_module.smoke_profile(), jax.devices()[0], jax.devices("cpu")[0], deadline=1e9)
-    parts = check_module.run_parts({"first": boom, "second": passing, "third": failing}, ctx)
-    assert [parts[n]["status"] for n in ("first", "second", "third")] == ["error", "passed", "failed"]
-    assert parts["first"]["error"] == "RuntimeError: simulated failure" and "boom" in parts["first"]["traceback"]
-    assert check_module.exit_code({"parts": parts}) == 1
-    assert check_module.exit_code({"parts": {"second": parts["second"]}}) == 0
-
-
-def test_without_an_accelerator_every_part_is_skipped_with_its_reason(check_module):
-    parts = check_module.run_parts({"correctness": None, "speed": None}, None)
-    assert all(p["status"] == "skipped" and "no accelerator" in p["reason"] for p in parts.values())
-    assert check_module.exit_code({"parts": parts}) == 0  # skipped is not failed
-
-
-def test_a_part_that_would_start_after_the_budget_is_skipped_and_each_part_is_reported(check_module):
-    ran, so_far = [], []
-
-    def part(name):
-        def fn(ctx):
-            ran.append(name)
-            ctx.deadline = 0.0  # this part spends the budget
-            return {"checks": [check_module.check("fine", 1, 1, True)]}
-        return fn
-
-    ctx = check_module.Context(check_module.smoke_profile(), jax.devices()[0], jax.devices("cpu")[0], deadline=1e12)
-    parts = check_module.run_parts({"first": part("first"), "second": part("second")}, ctx,
-                                   on_part=lambda results: so_far.append(list(results)))
-    assert ran == ["first"] and so_far == [["first"], ["first", "second"]]
-    assert parts["first"]["status"] == "passed"
-    assert parts["second"] == {"status": "skipped", "reason": "time budget spent before it started; run "
-                                                              "--parts=second alone"}
-    assert check_module.exit_code({"parts": parts}) == 0
-
-
 def test_the_device_command_installs_the_wheels_and_writes_the_report_under_out(tmp_path):
     """bench/accelerator/device_check.sh's steps, with a wheel of our own and no time budget (every part
     skipped at once): the wheel lands on PYTHONPATH, the wheel check and the report are under $OUT, the
@@ -150,23 +101,6 @@ def test_the_device_command_installs_the_wheels_and_writes_the_report_under_out(
     assert all(p["status"] == "skipped" and "time budget spent" in p["reason"] for p in report["parts"].values())
     assert f"accelerator check (cpu-smoke): cpu x{DEVICES}" in proc.stdout
     assert "[device_check] exit 0 after" in proc.stdout
-
-
-def test_part_4_reads_the_readme_table_it_is_compared_with(check_module, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("| validation | after warm start | after 40 RL steps |\n|---|---|---|\n"
-                      "| Correct Acc | 0.227 | **0.406** |\n| ... one-call requests | 0.131 (11) | 0.405 (34) |\n"
-                      "| Format Acc | 0.875 | 0.891 |\n| Truncation rate | 0.000 | 0.008 |\n")
-    assert check_module.readme_default_table(readme) == {
-        "correct_acc": {"before_rl": 0.227, "after_rl": 0.406},
-        "format_acc": {"before_rl": 0.875, "after_rl": 0.891},
-        "truncation_rate": {"before_rl": 0.0, "after_rl": 0.008}}
-    readme.write_text("| Correct Acc | 0.227 | 0.406 |\n| Format Acc | 0.875 | n/a |\n")
-    with pytest.raises(ValueError, match="Format Acc"):
-        check_module.readme_default_table(readme)
-    # The repository's README has the table (what a device run sets beside its own numbers).
-    table = check_module.readme_default_table(REPO / "README.md")
-    assert 0 <= table["correct_acc"]["before_rl"] < table["correct_acc"]["after_rl"] <= 1
 
 
 def test_the_committed_device_reports_are_complete_runs_on_a_device():
