@@ -4,15 +4,19 @@ GD2PO-SNR with the three ToolRL rewards. Runs end to end on a 2-core CPU in minu
     python train.py                                   # this config, workdir ./runs/default
     python train.py --config=configs/default.py --workdir=DIR --config.rl.algorithm=gdpo
 
-Each field is documented in gd2po_jax/config.py (the typed config these values become); how the
-values of the embedded default were chosen, and what they gave, is in docs/embedded_task.md.
+Each field is documented beside it in gd2po_jax/config/ (the typed config these values become; the
+dataclass defaults are these values); how the values of the embedded default were chosen, and what
+they gave, is in docs/embedded_task.md.
 """
 
 import ml_collections
 
+from gd2po_jax.config.versions import CONFIG_VERSION
+
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
+    config.config_version = CONFIG_VERSION  # the config format's version, written into config.json
 
     config.task = "synthetic_tools"  # synthetic_tools (generated, data.synthetic) | files (data.train ...)
 

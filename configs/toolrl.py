@@ -8,8 +8,9 @@
 The config argument is ``MODEL[,SETTING]``: MODEL one of `MODELS`, SETTING one of the reward settings
 of `gd2po_jax.rewards.tool_calling.SETTINGS` (default ``correctness_format_length``; it fills
 ``config.rewards.names``). The algorithm is ``config.rl.algorithm`` (grpo, gdpo, gd2po_hard,
-gd2po_snr). Everything else is the official run scripts' value; docs/paper.md ("What the config
-fixes") lists them, and gd2po_jax/config.py documents each field.
+gd2po_snr). Everything else is the official run scripts' value, most of it shared with configs/safety.py
+(configs/paper_common.py); docs/paper.md ("What the config fixes") lists them, and gd2po_jax/config/
+documents each field.
 
 No path has a default; a run stops naming the empty field (and where the data set is published):
 ``config.model.path`` (a local Hugging Face directory of the instruct model, with its chat template),
@@ -22,11 +23,11 @@ validation file, evaluated before and after RL). ``config.data.test`` is optiona
 import ml_collections
 
 try:
-    from configs import default
+    from configs import paper_common
 except ModuleNotFoundError:  # the repository's root is not on sys.path: load it by path
     from gd2po_jax.cli import sibling_config
 
-    default = sibling_config(__file__, "default")
+    paper_common = sibling_config(__file__, "paper_common")
 from gd2po_jax.rewards.tool_calling import SETTINGS
 
 MODELS = {
@@ -38,8 +39,8 @@ MODELS = {
     "llama3.2-3b": ("meta-llama/Llama-3.2-3B-Instruct", 32),
 }
 DEFAULT_SETTING = "correctness_format_length"
-PROMPTS_PER_STEP = 512
-NUM_MINIBATCHES = 4
+PROMPTS_PER_STEP = paper_common.PROMPTS_PER_STEP
+NUM_MINIBATCHES = paper_common.NUM_MINIBATCHES
 STEPS_PER_EPOCH = 7  # about 4,000 RLLA training prompts / 512 per step, the last partial batch dropped (verl)
 NUM_EPOCHS = 30  # train.num_steps = STEPS_PER_EPOCH x NUM_EPOCHS
 
@@ -62,16 +63,11 @@ def parse_arg(arg: str | None) -> tuple[str, str]:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model, setting = parse_arg(arg)
     _, micro_batch_size = MODELS[model]
-    config = default.get_config()
-    config.task = "files"
+    config = paper_common.paper_config()  # the files task, GD2PO-SNR with verl's update, 512 x 4 a step ...
 
     config.model.path = ""  # a local copy of MODELS[model][0]; required
-    config.model.dtype = "bfloat16"  # compute; master weights and AdamW state in train.master_dtype
-    config.model.remat = True  # gradient checkpointing
-
     config.data.train = ""  # the RLLA 4K training parquet; required
     config.data.validation = ""  # the RLLA test parquet, the official validation file; required (eval.split)
-    config.data.test = ""  # what `eval.py --workdir=RUN` scores by default (officially the validation file)
     config.data.max_prompt_tokens = 2048  # longer prompts are an error naming the row
 
     config.rewards.names = SETTINGS[setting]  # the K rewards of the reward setting
@@ -79,55 +75,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rewards.conditional_length = False  # official: length is not conditioned on correctness
     config.rewards.num_workers = 4  # threads scoring rollouts in parallel
 
-    config.rl.algorithm = "gd2po_snr"  # grpo | gdpo | gd2po_hard | gd2po_snr
-    config.rl.snr_tau = 0.8  # tau
-    config.rl.num_generations = 4  # G
-    config.rl.batch_norm = "token"  # official: token-weighted batch whitening
-    config.rl.clip_low = config.rl.clip_high = 0.2  # eps_low, eps_high
-    config.rl.dual_clip = 3.0  # c
-    config.rl.loss_agg_mode = "token-mean"
-    config.rl.kl_coef = 0.0  # beta: no KL
-    config.rl.entropy_coef = 0.0  # no entropy bonus
-    config.rl.ppo_epochs = 1  # one pass over each step's rollouts
-    config.rl.num_minibatches = NUM_MINIBATCHES  # mini-batches of 128 prompts x G
     config.rl.micro_batch_size = micro_batch_size  # rollouts per forward / backward pass (MODELS)
-    config.rl.length_bucket = 0  # off: each length is a compiled branch of the update; not measured at this scale
-    config.rl.tempered_logprobs = True  # verl: log-probs at the rollout temperature (1 here: the same)
-    config.rl.old_logprobs = "recompute"  # verl recomputes the old log-probs with the actor before the update
-    config.rl.shuffle_minibatches = False  # verl's actor.shuffle: false: mini-batches in order
-    # verl's dynamic batches (actor.use_dynamic_bsz=True in the official scripts): a token mean per micro-batch
-    # of at most ppo_max_token_len_per_gpu = 16384 tokens (verl's default; the scripts keep it) per GPU, 8 GPUs.
+    # verl's dynamic batches: ppo_max_token_len_per_gpu = 16384 tokens (verl's default; the scripts keep it).
     config.rl.micro_batch_max_tokens = 16384
-    config.rl.micro_batch_ranks = 8
     config.rl.snr_eps = 1e-8  # algorithm.gdpo_filter_ratio_conflict_eps=1e-8 of the official scripts
 
-    config.sampling.max_new_tokens = 1024  # longest response
-    config.sampling.temperature = 1.0  # of RL rollouts (validation is greedy)
-    config.sampling.top_p = 1.0  # off
-    config.sampling.top_k = 0  # off
-    # Sample a step in chunks of this many prompts: a quarter of the KV cache and prefill memory of
-    # sampling all 512 at once (docs/paper.md, "Memory").
-    config.sampling.prompts_per_call = 128
+    config.sampling.temperature = 1.0  # of RL rollouts (validation is greedy); log-probs tempered at 1: the same
 
     config.train.num_steps = STEPS_PER_EPOCH * NUM_EPOCHS  # 30 epochs
-    config.train.prompts_per_step = PROMPTS_PER_STEP  # P
-    config.train.learning_rate = 1e-6  # AdamW, constant
-    config.train.warmup_steps = 0
-    config.train.weight_decay = 0.01
-    config.train.grad_clip = 1.0  # global gradient norm
-    config.train.master_dtype = "float32"  # master weights and AdamW state (bf16 would lose lr-1e-6 updates)
-    config.train.max_consecutive_skipped_steps = 5  # verl skips a non-finite update; stop if it persists
-
-    config.sft.enabled = False  # RL starts from the instruct model, as in the paper
 
     config.checkpoint.every_steps = 5  # save every this many RL steps
-    config.checkpoint.keep = 2  # the latest checkpoints kept
 
-    config.eval.split = "validation"  # evaluated before and after RL, and every eval.every_steps
-    config.eval.max_examples = 0  # all 80 validation prompts
-    config.eval.batch_size = 128  # prompts per generation batch
-    config.eval.every_steps = 10  # greedy validation every 10 RL steps
     config.eval.max_total_tokens = 4096  # API-Bank: prompt + response within vLLM's max_model_len, as official
-
-    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1  # parameters and batch over all devices
     return config

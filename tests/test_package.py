@@ -1,5 +1,5 @@
 """The package's shape: its import graph has no cycle (imports inside functions included), the
-config module is a leaf, and only gd2po_jax/tasks/ knows task names."""
+config package is a leaf, and only gd2po_jax/tasks/ knows task names."""
 
 from __future__ import annotations
 
@@ -70,9 +70,19 @@ def test_the_import_graph_has_no_cycle():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
-def test_the_config_module_is_a_leaf():
+def test_the_config_package_is_a_leaf():
+    """gd2po_jax.config imports nothing of the package: each of its modules imports only its own
+    modules (absolutely, so that the import graph sees them)."""
     modules = package_modules()
-    assert imported_modules(modules["gd2po_jax.config"], modules) == set()
+    config = {name: tree for name, tree in modules.items()
+              if name == "gd2po_jax.config" or name.startswith("gd2po_jax.config.")}
+    assert {"gd2po_jax.config", "gd2po_jax.config.base", "gd2po_jax.config.run"} <= set(config)
+    for name, tree in config.items():
+        outside = {m for m in imported_modules(tree, modules)
+                   if m != "gd2po_jax.config" and not m.startswith("gd2po_jax.config.")}
+        assert not outside, f"{name} imports {sorted(outside)}"
+        relative = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+        assert not relative, f"{name}: relative imports at lines {relative}"
 
 
 def test_only_the_tasks_know_task_names():
@@ -158,6 +168,14 @@ def test_each_package_docstring_names_what_it_may_import():
         doc = ast.get_docstring(tree) or ""
         lines = [line for line in doc.splitlines() if line.startswith("May import:")]
         assert lines, f"{name}/__init__.py: its docstring has no 'May import:' line"
+        if lines[0].removeprefix("May import:").strip().startswith("nothing of gd2po_jax"):
+            # A leaf (gd2po_jax.config): its modules import only each other.
+            package = name + "."
+            outside = {f"{m} -> {t}" for m, tree in package_modules().items() if m == name or m.startswith(package)
+                       for t in imported_modules(tree, package_modules())
+                       if t != name and not t.startswith(package)}
+            assert not outside, f"{name} says it imports nothing of gd2po_jax, yet: {sorted(outside)}"
+            continue
         named = {word.strip(" .,") for word in lines[0].removeprefix("May import:").split()}
         below = {package for layer in LAYERS[:layer_of(name)] for package in layer}
         assert named - {"nothing", "and"} == below, f"{name}: 'May import:' names {sorted(named)}, the layers below are {sorted(below)}"

@@ -45,7 +45,7 @@ import tempfile
 import time
 from typing import Any, Iterable, Iterator
 
-from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.config import ConfigError, RunConfig, upgrade
 
 logger = logging.getLogger(__name__)
 
@@ -271,9 +271,9 @@ def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
 def load_run_config(path: str | pathlib.Path) -> RunConfig:
     """The typed config of a run, as `write_config` wrote it: ``path`` is a workdir (its
     ``config.json`` is read), or a file (a run's ``config.json`` or a copy of one; a path ending in
-    ``.json`` is taken for a file even when missing, for the error to name it). A file written
-    before some fields existed reads with their defaults, which are the values those runs used
-    (`RunConfig.from_config_dict`).
+    ``.json`` is taken for a file even when missing, for the error to name it). A file written by
+    an older version is first brought up to date by `gd2po_jax.config.versions.upgrade` (a field
+    whose default changed since takes the default that run used, when the file lacks it).
 
     Raises:
       RunDirError: the file is missing or not a JSON object.
@@ -286,7 +286,7 @@ def load_run_config(path: str | pathlib.Path) -> RunConfig:
     if not isinstance(values, dict):
         raise RunDirError(f"{file}: not a config (a JSON object of config sections)")
     try:
-        return RunConfig.from_config_dict(values)
+        return RunConfig.from_config_dict(upgrade(values))
     except ConfigError as err:
         raise ConfigError(f"{file}: {err}") from None
 
