@@ -30,11 +30,12 @@ of each timed call, the process's CPU time over the wall time of each call (abou
 kept busy: 2.0 on a 2-core machine whose cores never wait; XLA's pool threads count while they
 spin), and a fp32 matmul peak (``--peak_size``^3, default 2048) measured just before
 and after it: these 2-core machines drift by up to 2x over minutes, so only ratios measured in the
-same run mean anything. ``--profile DIR`` traces one more call of each workload (jax.profiler) and
-prints each program's operation time by kind (``ynn_fusion``: XLA:CPU's library products) and by
-source: the kind, output shape and JAX operation of each instruction, read from the optimized HLO
-that XLA dumps into DIR/hlo (so that the decode's weight products, ``f32[3072,32] dot_general``,
-and its attention, ``f32[32,4,2,64] bkgs,bksd->bkgd/dot_general``, are told apart).
+same run mean anything. ``--profile DIR`` traces one more call of each workload (jax.profiler;
+bench/profiling.py) and prints each program's operation time by kind (``ynn_fusion``: XLA:CPU's
+library products) and by source: the kind, output shape and JAX operation of each instruction,
+read from the optimized HLO that XLA dumps into DIR/hlo (so that the decode's weight products,
+``f32[3072,32] dot_general``, and its attention, ``f32[32,4,2,64] bkgs,bksd->bkgd/dot_general``, are
+told apart).
 ``GD2PO_JAX_MALLOC=system`` runs it with glibc's default allocator
 settings (gd2po_jax/runtime/host_memory.py), for comparison.
 
@@ -50,16 +51,12 @@ from __future__ import annotations
 
 import argparse
 import ast
-import collections
-import gzip
 import json
-import os
 import pathlib
-import re
 import resource
 import statistics
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -69,181 +66,50 @@ from flax import nnx
 from transformers import PreTrainedTokenizerFast
 
 from bench import harness
+from bench.profiling import HLO_DUMP, dump_optimized_hlo, profile_call, profile_lines
 from gd2po_jax.cli import sibling_config
 from gd2po_jax.config import RunConfig
 from gd2po_jax.data.prompts import EpochSampler, PromptSet
 from gd2po_jax.data.tokenization import pad_token_id
+from gd2po_jax.jobs import train as trainer
 from gd2po_jax.models import Decoder, load_pretrained
+from gd2po_jax.models.logprobs import completion_logprobs, merge_model
 from gd2po_jax.models.sampling import bucket_length, generate
 from gd2po_jax.rewards.scoring import check_failures
-from gd2po_jax.rl import trainer
-from gd2po_jax.rl.logprobs import completion_logprobs, merge_model
-from gd2po_jax.rl.optimizer import make_optimizer
-from gd2po_jax.rl.records import RolloutBatch, TrainState
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
-from gd2po_jax.rl.setup import RunSetup, build_run_reward
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step, run_step_config
 from gd2po_jax.runtime.sharding import make_mesh
+from gd2po_jax.tasks.setup import RunSetup, build_run_reward
+from gd2po_jax.training.optimizer import make_optimizer
+from gd2po_jax.training.records import RolloutBatch, TrainState
 
 
 def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> dict:
-    """Times ``repeats`` calls of ``fn`` (blocking on its result) after ``warmup`` untimed ones.
+    """Times ``repeats`` calls of ``fn`` (`harness.time_calls`: blocking on its result) after ``warmup``
+    untimed ones.
 
     Returns {"median_s", "best_s", "times_s", "compiles_after_warmup", "page_faults", "cpu_per_wall"};
     page_faults: the process's minor page faults during each timed call (fresh memory the kernel had
     to map and zero: see gd2po_jax/runtime/host_memory.py); cpu_per_wall: the process's user + system CPU
     seconds per wall second of each timed call (the cores it kept busy).
     """
+    usage = []  # (rusage before, rusage after) of each timed call
+
+    def measured():
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        result = jax.block_until_ready(fn())
+        usage.append((before, resource.getrusage(resource.RUSAGE_SELF)))
+        return result
+
     harness.time_calls(fn, repeats=0, warmup=warmup)  # the untimed warm-ups (compilation)
-    times, faults, cpu_per_wall = [], [], []
     with harness.CompileCounter() as compiles:
-        for _ in range(repeats):
-            before = resource.getrusage(resource.RUSAGE_SELF)
-            _, seconds = harness.time_call(fn)
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            times.append(seconds)
-            faults.append(after.ru_minflt - before.ru_minflt)
-            cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            cpu_per_wall.append(cpu_seconds / seconds)
+        times = harness.time_calls(measured, repeats)
+    faults = [after.ru_minflt - before.ru_minflt for before, after in usage]
+    cpu_per_wall = [((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) / seconds
+                    for (before, after), seconds in zip(usage, times)]
     best, median = harness.best_and_median(times)
     return {"median_s": median, "best_s": best, "times_s": times, "compiles_after_warmup": compiles.count,
             "page_faults": faults, "cpu_per_wall": cpu_per_wall}
-
-
-CONTROL_FLOW = frozenset({"while", "conditional", "call"})  # HLO ops that run other ops
-
-
-def xla_operations(trace_events: list[dict]):
-    """The XLA operations of a Perfetto trace's events, as ``(program, op, kind, event)``.
-
-    They are the complete ("X") events whose args name an ``hlo_op`` and its ``hlo_module``; the kind
-    is the op's name without its ``.N`` suffix (``ynn_fusion.12`` -> ``ynn_fusion``).
-    """
-    for event in trace_events:
-        args = event.get("args") or {}
-        if event.get("ph") == "X" and "hlo_op" in args and "hlo_module" in args:
-            yield args["hlo_module"], args["hlo_op"], re.sub(r"\.\d+$", "", args["hlo_op"]), event
-
-
-def op_seconds(trace_events: list[dict], label: Callable[[str, str, str], str]) -> dict[str, dict[str, float]]:
-    """{compiled program: {label: seconds}}, most first, of the `xla_operations`, each under
-    ``label(program, op, kind)``. Durations (microseconds in the trace) are summed over threads.
-    Control flow (``CONTROL_FLOW``: a while loop's event spans the operations of its body, which
-    have events of their own) is left out, so that no time is counted twice."""
-    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for module, op, kind, event in xla_operations(trace_events):
-        if kind not in CONTROL_FLOW:
-            seconds[module][label(module, op, kind)] += event.get("dur", 0) / 1e6
-    return {module: dict(labels.most_common()) for module, labels in seconds.items()}
-
-
-def op_seconds_by_kind(trace_events: list[dict]) -> dict[str, dict[str, float]]:
-    """{compiled program: {kind of operation: seconds}} (`op_seconds`)."""
-    return op_seconds(trace_events, lambda module, op, kind: kind)
-
-
-def program_spans(trace_events: list[dict]) -> dict[str, float]:
-    """{compiled program: seconds from its first operation's start to its last one's end} (the wall
-    time of the program when the trace holds one run of it; compare with its operations' sum)."""
-    starts: dict[str, float] = {}
-    ends: dict[str, float] = {}
-    for module, _, _, event in xla_operations(trace_events):
-        starts[module] = min(starts.get(module, event["ts"]), event["ts"])
-        ends[module] = max(ends.get(module, event["ts"]), event["ts"] + event.get("dur", 0))
-    return {module: (ends[module] - starts[module]) / 1e6 for module in starts}
-
-
-_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|[a-z]\w*\[[\d,]*\])")
-# Parts of an op_name path that only say where the op was called from (loops, calls, remat).
-_CALL_PATH = frozenset({"while", "body", "cond", "closed_call", "checkpoint", "rematted_computation", "remat"})
-_HLO_OP_NAME = re.compile(r'metadata=\{[^}]*?op_name="([^"]*)"')
-
-
-def hlo_sources(hlo_text: str) -> dict[str, str]:
-    """{instruction name: "SHAPE SOURCE"} of an optimized HLO module's text, SOURCE being the JAX
-    operation its metadata names without the parts that say where it was called from (``jit(...)``,
-    loops, calls, remat; ``transpose(jvp())``, the backward pass, stays): e.g. ``ynn_fusion.32`` ->
-    ``"f32[3072,32] dot_general"``, ``ynn_fusion.92`` -> ``"f32[32,4,2,64] bkgs,bksd->bkgd/dot_general"``.
-    An instruction without metadata keeps only its shape."""
-    sources = {}
-    for line in hlo_text.splitlines():
-        head = _HLO_INSTRUCTION.match(line)
-        if head is None:
-            continue
-        op_name = _HLO_OP_NAME.search(line)
-        path = op_name[1].split("/") if op_name else []
-        source = "/".join(part for part in path if part not in _CALL_PATH and not part.startswith("jit("))
-        sources[head[1]] = f"{head[2]} {source}".strip()
-    return sources
-
-
-def dumped_hlo_sources(hlo_dir: pathlib.Path, programs: Collection[str] | None = None) -> dict[str, dict[str, str]]:
-    """{program: `hlo_sources`} of the optimized modules XLA dumped into ``hlo_dir``
-    (``--xla_dump_to``), only of ``programs`` when given; where a program was compiled more than
-    once, its last module."""
-    sources = {}
-    for path in sorted(hlo_dir.glob("module_*.*after_optimizations.txt")):
-        match = re.fullmatch(r"module_\d+\.(?P<program>.+?)\.\w*after_optimizations\.txt", path.name)
-        if match and (programs is None or match["program"] in programs):
-            sources[match["program"]] = hlo_sources(path.read_text())
-    return sources
-
-
-def op_seconds_by_source(trace_events: list[dict], sources: dict[str, dict[str, str]]) -> dict[str, dict[str, float]]:
-    """{program: {"KIND SHAPE SOURCE": seconds}}, as `op_seconds_by_kind` but finer: each operation is
-    also named by its output shape and the JAX operation it came from (``sources``:
-    `dumped_hlo_sources`; "?" where the program's HLO is not there)."""
-    return op_seconds(trace_events, lambda module, op, kind: f"{kind} {sources.get(module, {}).get(op, '?')}")
-
-
-HLO_DUMP = "hlo"  # --profile DIR: XLA dumps the optimized HLO of every program into DIR/hlo
-
-
-def dump_optimized_hlo(directory: pathlib.Path) -> None:
-    """Has XLA write every program it compiles from now on, optimized, as text into ``directory``
-    (``--xla_dump_to``; read when JAX starts its backend, so call it before any computation)."""
-    from jax._src import xla_bridge  # noqa: PLC0415
-
-    if xla_bridge.backends_are_initialized():
-        raise RuntimeError("dump_optimized_hlo must run before JAX's first computation (XLA reads XLA_FLAGS then)")
-    flags = f"--xla_dump_to={directory} --xla_dump_hlo_as_text"
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
-
-
-def profile_call(fn: Callable[[], object], directory: pathlib.Path, top: int = 6,
-                 hlo_dir: pathlib.Path | None = None, top_sources: int = 10) -> dict:
-    """Traces one call of ``fn`` into ``directory``; {program: {"op_s", "span_s" (`program_spans`),
-    "kinds" (the ``top`` kinds' seconds, most first), "sources" (the ``top_sources`` of
-    `op_seconds_by_source` with the HLO dumped into ``hlo_dir``; empty without it)}} of its XLA
-    operations (`op_seconds_by_kind`)."""
-    with jax.profiler.trace(str(directory), create_perfetto_trace=True):
-        jax.block_until_ready(fn())
-    traces = sorted(directory.glob("**/*.trace.json.gz"), key=lambda path: path.stat().st_mtime)
-    if not traces:
-        raise RuntimeError(f"jax.profiler wrote no *.trace.json.gz under {directory}")
-    with gzip.open(traces[-1], "rt") as handle:
-        events = json.load(handle)["traceEvents"]
-    by_kind, spans = op_seconds_by_kind(events), program_spans(events)
-    by_source = {} if hlo_dir is None else op_seconds_by_source(events, dumped_hlo_sources(hlo_dir, set(by_kind)))
-    return {module: {"op_s": sum(kinds.values()), "span_s": spans[module], "kinds": dict(list(kinds.items())[:top]),
-                     "sources": dict(list(by_source.get(module, {}).items())[:top_sources])}
-            for module, kinds in sorted(by_kind.items(), key=lambda item: -sum(item[1].values()))}
-
-
-def profile_lines(name: str, profile: dict, min_share: float = 0.01) -> list[str]:
-    """One printed line per program of a `profile_call` report that has at least ``min_share`` of
-    all its programs' operation time (generate also runs a few tiny programs: seeds, reshapes)."""
-    lines = []
-    total = sum(entry["op_s"] for entry in profile.values())
-    for module, entry in profile.items():
-        if entry["op_s"] < min_share * total:
-            continue
-        shares = ", ".join(f"{kind} {seconds / entry['op_s']:.0%}" for kind, seconds in entry["kinds"].items())
-        lines.append(f"{name} profile: {module} {entry['op_s'] * 1e3:,.0f} ms of operations in "
-                     f"{entry['span_s'] * 1e3:,.0f} ms: {shares}")
-        lines += [f"{name} profile:   {module} {seconds / entry['op_s']:4.0%} {seconds * 1e3:8,.1f} ms  {label}"
-                  for label, seconds in entry.get("sources", {}).items() if seconds >= min_share * entry["op_s"]]
-    return lines
 
 
 def generate_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: int, repeats: int,
@@ -371,7 +237,7 @@ def e2e_workload(hf_dir: str, *, prompts: int, generations: int, prompt_len: int
                  warmup: int = 2, micro_batch_size: int | None = None, overrides: Mapping[str, Any] | None = None
                  ) -> dict:
     """Workload E on the checkpoint ``hf_dir``: ``warmup + steps`` RL steps, each the calls the trainer's
-    loop makes (`gd2po_jax.rl.trainer`; no evaluation, checkpoint or metrics file): the next prompts,
+    loop makes (`gd2po_jax.jobs.train`; no evaluation, checkpoint or metrics file): the next prompts,
     `collect_rollouts` (sampling on device, decoding, the rewards on the host), the jitted update,
     its metrics on the host. The rollout / update split of each step, compilations per step and the
     peak RSS after each are reported; tokens/s = generated tokens / the median step."""

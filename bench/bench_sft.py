@@ -14,8 +14,8 @@ tokens are random: only the shapes matter.
 
 ``--profile DIR`` traces one more step of each shape after the timed rounds (jax.profiler, into
 DIR/<shape>) and prints its XLA operations' time by kind and by source, as ``bench.anchor_workloads
---profile`` does (the kind, output shape and JAX operation of each instruction, from the optimized HLO
-dumped into DIR/hlo).
+--profile`` does (bench/profiling.py: the kind, output shape and JAX operation of each instruction,
+from the optimized HLO dumped into DIR/hlo).
 
 ``--shapes`` are PROMPTxCOMPLETION token counts: 182x93 is the embedded default's longest prompt and
 target (every batch at one length, ``sft.length_bucket=0``); 160x96, 176x96 and 192x96 are the windows
@@ -33,13 +33,13 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from bench import anchor_workloads, harness
+from bench import harness, profiling
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
 from gd2po_jax.models.config import tiny_qwen2_config
+from gd2po_jax.sft.step import make_sft_step
 from gd2po_jax.training.optimizer import make_optimizer
 from gd2po_jax.training.records import TrainState
-from gd2po_jax.sft.step import make_sft_step
 
 cli.define_config_flag("config", "configs/default.py", "Config whose model.tiny, sft and train sections are used.")
 flags.DEFINE_string("shapes", "182x93,192x96,176x96,160x96,184x96", "PROMPTxCOMPLETION lengths, comma-separated.")
@@ -83,7 +83,7 @@ def main(argv):
     config = RunConfig.from_config_dict(FLAGS.config)
     shapes = parse_shapes(FLAGS.shapes)
     if FLAGS.profile:
-        anchor_workloads.dump_optimized_hlo(pathlib.Path(FLAGS.profile) / anchor_workloads.HLO_DUMP)
+        profiling.dump_optimized_hlo(pathlib.Path(FLAGS.profile) / profiling.HLO_DUMP)
     batch = FLAGS.batch_size or config.sft.batch_size
     model = harness.random_model(tiny_qwen2_config(config.model.tiny, FLAGS.vocab_size, max_position_embeddings=4096))
     graphdef, params = nnx.split(model, nnx.Param)
@@ -121,8 +121,8 @@ def main(argv):
         root = pathlib.Path(FLAGS.profile)
         for (prompt, completion), (_, steps) in zip(shapes, runs):
             shape = f"{prompt}x{completion}"
-            report = anchor_workloads.profile_call(steps, root / shape, hlo_dir=root / anchor_workloads.HLO_DUMP)
-            print("\n".join(anchor_workloads.profile_lines(shape, report)))
+            report = profiling.profile_call(steps, root / shape, hlo_dir=root / profiling.HLO_DUMP)
+            print("\n".join(profiling.profile_lines(shape, report)))
 
 
 if __name__ == "__main__":
