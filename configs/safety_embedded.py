@@ -6,7 +6,7 @@ with the rewards ``useful`` and ``harmless``. Runs end to end on a 2-core CPU in
     python train.py --config=configs/safety_embedded.py --workdir=runs/safety --config.rl.algorithm=gdpo
 
 The world, the reward models, the warm start and what a run gave: docs/safety_embedded_task.md.
-Fields: gd2po_jax/config.py; the world's: gd2po_jax/tasks/safety/world.py; everything not set here is
+Fields: gd2po_jax/config.py; the world's: gd2po_jax/tasks/safety_embedded/world.py; everything not set here is
 configs/default.py's.
 """
 
@@ -21,7 +21,7 @@ except ModuleNotFoundError:  # the repository's root is not on sys.path: load it
 
 
 def reward_model(max_length: int) -> ml_collections.ConfigDict:
-    """One reward name's score model: empty path = the one the task trains (gd2po_jax/tasks/safety/task.py)."""
+    """One reward name's score model: empty path = the one the task trains (gd2po_jax/tasks/safety_embedded/task.py)."""
     return ml_collections.ConfigDict(dict(path="", negate=None, normalize=None, max_length=max_length,
                                           batch_size=64, dtype="float32"))
 
@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = default.get_config()
     config.task = "safety_embedded"
 
-    # The world (gd2po_jax.tasks.safety.world.SafetyWorldConfig), its tokenizer, and its reward models:
+    # The world (gd2po_jax.tasks.safety_embedded.world.SafetyWorldConfig), its tokenizer, and its reward models:
     # tiny Qwen2 score models trained with Bradley-Terry + 0.001 score^2 on the world's preference pairs.
     config.data.safety = ml_collections.ConfigDict(dict(
         tokenizer_vocab_size=1024, seed=0, num_train=640, num_validation=128, num_test=256, harmful_fraction=0.5,

@@ -114,7 +114,7 @@ def run(tmp_path_factory) -> pathlib.Path:
 
 def checkpoint_logits(workdir: pathlib.Path, step: int, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The logits of checkpoint ``step``'s master weights, with the project's model (float32)."""
-    from gd2po_jax.evaluation.run import abstract_params
+    from gd2po_jax.evaluation.policy import abstract_params
     from gd2po_jax.models.logprobs import merge_model
     from gd2po_jax.runtime.checkpoints import Checkpoints
     from gd2po_jax.runtime.sharding import make_mesh

@@ -13,7 +13,7 @@ one such file) scores greedy responses with the reward models of the run in
 --workdir, --model_path reports go to runs/eval/<model directory name>. --habits generates nothing:
 it prints the habit breakdown of the saved generations of a synthetic_tools run,
 eval/before_rl.jsonl and eval/after_rl.jsonl (written by train.py), or with --split those of
-eval.py --split (eval/<split>.jsonl). See gd2po_jax/evaluation/run.py. On several hosts, every
+eval.py --split (eval/<split>.jsonl). See gd2po_jax/evaluation/command.py. On several hosts, every
 host runs the same command with --config.distributed.coordinator_address=HOST:PORT
 --config.distributed.num_processes=N --config.distributed.process_id=I (docs/multihost.md).
 """
@@ -27,8 +27,8 @@ from ml_collections import config_flags
 from gd2po_jax import cli
 from gd2po_jax.config import ConfigError, DistributedConfig
 from gd2po_jax.data.loaders import DataFormatError
-from gd2po_jax.evaluation import run as evaluation
-from gd2po_jax.evaluation.run import EvalError, EvalOptions
+from gd2po_jax.evaluation import command as evaluation
+from gd2po_jax.evaluation.command import EvalError, EvalOptions
 from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.scoring import RewardError
 from gd2po_jax.runtime import distributed

@@ -24,7 +24,7 @@ from absl import flags
 
 from gd2po_jax import cli
 from gd2po_jax.config import DTYPES, ConfigError
-from gd2po_jax.evaluation.run import abstract_params, lora_from_checkpoint
+from gd2po_jax.evaluation.policy import abstract_params, lora_from_checkpoint
 from gd2po_jax.models import save_pretrained
 from gd2po_jax.models.lora import merged_decoder
 from gd2po_jax.models.logprobs import merge_model

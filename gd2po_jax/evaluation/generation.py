@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import pathlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tqdm
@@ -25,6 +25,7 @@ from gd2po_jax.rewards.base import RESPONSE_IDS
 from gd2po_jax.rewards.scorers import BatchScorer, Scorer
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.distributed import host_value, is_primary
+
 
 def response_budgets(prompt_lengths: Sequence[int], max_new_tokens: int, max_total_tokens: int,
                      where: str = "eval") -> np.ndarray:

@@ -40,7 +40,6 @@ from gd2po_jax.data.loaders import load_data
 from gd2po_jax.data.prompts import build_prompt_set
 from gd2po_jax.evaluation.generation import evaluate, write_report
 from gd2po_jax.models.sampling import bucket_length
-from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.rewards.scorers import REWARD_SUM, RewardModelScorer
 
@@ -115,7 +114,7 @@ def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn:
     returns the report.
 
     Args:
-      policy: a `gd2po_jax.evaluation.run.Policy` (model, tokenizer, EOS and pad ids).
+      policy: a `gd2po_jax.evaluation.policy.Policy` (model, tokenizer, EOS and pad ids).
       sets: set name -> parquet file (`resolve_sets`).
       name: the report's name (eval.py: `SAFE_ALIGNMENT`; a training run: before_rl, step_<N>, after_rl).
     """

@@ -25,7 +25,7 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import EpochSampler
-from gd2po_jax.evaluation.run import eval_metrics, eval_target, evaluate_run, logged_before_rl
+from gd2po_jax.evaluation.during_training import eval_metrics, eval_target, evaluate_run, logged_before_rl
 from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.models.lora import (
     LORA_BASE_KEY,

@@ -15,6 +15,9 @@ name:
 `Task.split_field`            the config field that sets a split's rows (named in errors)
 `Task.eval_scorer`            how evaluation scores greedy responses
 `Task.eval_summary`           what the task adds to an evaluation's summary
+`Task.split_table_extra`      what ``eval.py`` prints under a split evaluation's table
+`Task.habit_breakdown`        ``eval.py --habits``: what saved evaluations say of the policy's
+                              habits (the synthetic_tools task's); `Task.habit_table` prints it
 `Task.results_table`          the before/after table ``train.py`` prints
 `Task.test_metrics`           the test metrics a sweep report shows
 ============================  ==================================================================
@@ -38,6 +41,7 @@ a short name, for code that imports it first).
 from __future__ import annotations
 
 import abc
+import json
 import pathlib
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,9 +54,9 @@ from flax import nnx
 from gd2po_jax.config import ConfigError, RunConfig, TinyModelConfig
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from gd2po_jax.data.loaders import EXTRA_COLUMNS, FEATURES, PROMPT_TEXT
-from gd2po_jax.rewards.scorers import RewardFunctionScorer, RewardModelScorer, tool_calling_scorer
 from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.models.config import tiny_qwen2_config
+from gd2po_jax.rewards.scorers import RewardFunctionScorer, RewardModelScorer, tool_calling_scorer
 from gd2po_jax.rewards.user_functions import load_function, run_reward_weights
 from gd2po_jax.runtime.imports import import_object, is_import_path
 from gd2po_jax.runtime.run_dir import publish_dir, staging_name
@@ -63,6 +67,10 @@ SPLITS = ("train", "validation", "test")
 TOOL_CALLING_TEST_METRICS = (("test/correct_acc", "Correct Acc"), ("test/format_acc", "Format Acc"),
                              ("test/length", "Length"))
 """(key, label) of the tool-calling test metrics (eval/test.json's ``correct_acc`` ...)."""
+
+
+class NoHabitsError(ValueError):
+    """``eval.py --habits`` on a run whose task has no habit breakdown (`Task.habit_breakdown`)."""
 
 
 class Task(abc.ABC):
@@ -124,6 +132,30 @@ class Task(abc.ABC):
         """An evaluation's summary with what the task adds to it. Default: unchanged."""
         return summary
 
+    def split_table_extra(self, config: RunConfig, summary: Mapping[str, Any]) -> str:
+        """Lines ``eval.py`` prints under the table of a split evaluation's ``summary`` (what
+        `eval_summary` added to it, as text). Default: none (empty)."""
+        return ""
+
+    def habit_breakdown(self, config: RunConfig, names: Sequence[str],
+                        generations: Callable[[str], Iterable[Mapping[str, Any]]]) -> dict[str, Any]:
+        """``eval.py --habits``: what the saved evaluations ``names`` of a run of ``config`` say of the
+        policy's habits, by name (``generations(name)``: the rows of ``eval/<name>.jsonl``, at least
+        ``response``, ``ground_truth`` and ``correct``). Default: the task has no habits.
+
+        Raises:
+          NoHabitsError: one line naming ``config.task`` and the registered tasks that have habits.
+        """
+        having = [name for name, task in sorted(_TASKS.items())
+                  if type(task).habit_breakdown is not Task.habit_breakdown]
+        raise NoHabitsError(f"has task {config.task!r}, which has no habit breakdown"
+                            + (f" (tasks with one: {', '.join(having)})" if having else ""))
+
+    def habit_table(self, config: RunConfig, breakdown: Mapping[str, Any]) -> str:
+        """`habit_breakdown` as the text ``eval.py --habits`` prints. Default: one line per evaluation,
+        its breakdown as JSON."""
+        return "\n".join(f"{name}: {json.dumps(value, sort_keys=True)}" for name, value in breakdown.items())
+
     def results_table(self, config: RunConfig, results: Mapping[str, Any]) -> str:
         """The before/after table that ``train.py`` prints from ``results.json``."""
         return results_table(results)
@@ -170,20 +202,31 @@ def registered_tasks() -> tuple[str, ...]:
 
 
 def task_of(config: RunConfig) -> Task:
-    """The task ``config.task`` names, after its `Task.check_config`.
+    """The task ``config.task`` names (`task_named`), after its `Task.check_config`.
 
     Raises:
       ConfigError: naming ``config.task`` and the registered tasks when none has that name, or the
         field the task's check refuses.
     """
-    task = _TASKS.get(config.task)
-    if task is None and is_import_path(config.task):
-        task = _import_task(config.task)
+    task = task_named(config.task)
+    task.check_config(config)
+    return task
+
+
+def task_named(name: str) -> Task:
+    """The task registered as ``name``, or the one an import path ``module:object`` names; its config
+    is not checked (for what reads a finished run, e.g. ``eval.py --habits``: `task_of` checks it).
+
+    Raises:
+      ConfigError: naming ``config.task`` and the registered tasks when none has that name.
+    """
+    task = _TASKS.get(name)
+    if task is None and is_import_path(name):
+        task = _import_task(name)
     if task is None:
-        raise ConfigError(f"config.task: {config.task!r} is not a registered task; registered: "
+        raise ConfigError(f"config.task: {name!r} is not a registered task; registered: "
                           f"{', '.join(registered_tasks())}; a task of your own: module:object or "
                           "path/to/file.py:object (a Task subclass or instance)")
-    task.check_config(config)
     return task
 
 
@@ -259,7 +302,7 @@ def results_table(results: Mapping[str, Any]) -> str:
             ("Length", "length"), ("Truncation", "truncation_rate")]
     before, after = results.get("before_rl") or {}, results.get("after_rl") or {}
     reward_names = after.get("reward_names") or before.get("reward_names")
-    if reward_names:  # scored by reward models (evaluation.run.evaluate_split)
+    if reward_names:  # scored by reward models (evaluation.during_training.evaluate_split)
         rows = [(name, name) for name in reward_names] + [("Sum", "reward_sum"), ("Truncation", "truncation_rate")]
     lines = [f"{results['split'] or 'no eval split'} ({results['algorithm']}, {results['steps']} RL steps)",
              f"{'metric':<14}{'before RL':>12}{'after RL':>12}"]

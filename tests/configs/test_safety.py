@@ -11,7 +11,7 @@ import json
 import pytest
 
 from configs import safety
-from gd2po_jax.evaluation.run import EvalOptions, run
+from gd2po_jax.evaluation.command import EvalOptions, run
 from gd2po_jax.jobs.train import train_and_evaluate
 from gd2po_jax.runtime.checkpoints import Checkpoints
 from gd2po_jax.runtime.metrics_logging import read_metrics

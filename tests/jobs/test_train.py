@@ -364,7 +364,7 @@ def test_a_lora_runs_checkpoint_exports_and_its_adapter_evaluates_as_the_merged_
     """export.py merges the last checkpoint's adapters into the base it references: policy/, bit for
     bit; eval.py --model_path=RUN/policy_adapter loads the adapter on its base, which computes policy/."""
     from gd2po_jax.cli.export import export_checkpoint
-    from gd2po_jax.evaluation.run import policy_from_model_path
+    from gd2po_jax.evaluation.policy import policy_from_model_path
     from gd2po_jax.models import load_pretrained
 
     exported = export_checkpoint(lora_reference, tmp_path / "out")

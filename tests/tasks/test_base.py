@@ -11,7 +11,7 @@ import pytest
 
 from gd2po_jax.config import ConfigError
 from gd2po_jax.data.loaders import FEATURES, decode_extra_columns
-from gd2po_jax.tasks import Task, register_task, registered_tasks, task_of
+from gd2po_jax.tasks import NoHabitsError, Task, register_task, registered_tasks, task_named, task_of
 from gd2po_jax.tasks.base import build_tiny_model, dataset_splits
 from tests.fakes import tiny_run_config
 
@@ -96,6 +96,24 @@ def test_a_task_of_your_own_is_found_by_its_import_path(tmp_path, monkeypatch):
 def test_only_tasks_register():
     with pytest.raises(TypeError, match=r"register_task\('x'\): .* is not a gd2po_jax\.tasks\.Task"):
         register_task("x")(object)
+
+
+def test_the_evaluation_hooks_default_to_nothing_and_a_task_without_habits_says_so_in_one_line():
+    """What eval.py asks a task (`Task.split_table_extra`, `Task.habit_breakdown`, `Task.habit_table`):
+    no extra lines by default, and no habits, in one line naming the tasks that have them (eval.py
+    prints it after ``--habits: <config.json>``)."""
+    register_task("echo_hooks")(EchoTask)
+    config = tiny_run_config(task="echo_hooks")
+    task = task_of(config)
+    assert task.split_table_extra(config, {"split": "test", "num_examples": 8}) == ""
+    with pytest.raises(NoHabitsError, match=r"^has task 'echo_hooks', which has no habit breakdown \(tasks with "
+                                            r"one: .*synthetic_tools.*\)$") as raised:
+        task.habit_breakdown(config, ["test"], lambda name: pytest.fail("no generations are read"))
+    assert "\n" not in str(raised.value)
+    assert task.habit_table(config, {"test": {"rows": 2}}) == 'test: {"rows": 2}'
+    assert task_named("echo_hooks") is task  # the same task, its config unchecked
+    with pytest.raises(ConfigError, match=r"^config\.task: 'web' is not a registered task"):
+        task_named("web")
 
 
 def test_dataset_splits_are_typed_even_when_empty():

@@ -15,8 +15,8 @@ from gd2po_jax.data.loaders import DataFormatError
 from gd2po_jax.models.pretrained import load_pretrained
 from gd2po_jax.rewards.base import build_reward_function
 from gd2po_jax.rewards.reward_model import RewardModelReward
-from gd2po_jax.tasks.setup import build_setup, eval_split, reward_spec, with_local_models
 from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks.setup import build_setup, eval_split, reward_spec, with_local_models
 from tests import fixture_data
 from tests.fakes import (
     alpaca_path,

@@ -11,7 +11,7 @@ from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from gd2po_jax.models import ScoreModel
 from gd2po_jax.training import reward_models as rt
 from gd2po_jax.rewards.reward_model import render_conversation
-from gd2po_jax.tasks.safety import world as sw
+from gd2po_jax.tasks.safety_embedded import world as sw
 from tests.fakes import tiny_model_config
 
 
@@ -61,7 +61,7 @@ def test_pair_data_errors_name_the_row(tokenizer):
 
 def test_pair_scores_score_every_pair_once_in_fixed_size_batches(tokenizer):
     """The last batch is filled with repeats whose scores are dropped; the scores are the model's own.
-    (Training is measured end to end: tests/tasks/safety/test_task.py, held-out accuracy.)"""
+    (Training is measured end to end: tests/tasks/safety_embedded/test_task.py, held-out accuracy.)"""
     pairs = sw.make_preference_pairs(sw.SafetyWorldConfig(num_train=5, num_validation=0, num_test=0,
                                                           pairs_per_prompt=1))["train"]
     data = rt.build_pair_data(pairs, "safer_response_id", tokenizer, max_length=128, where="pairs")

@@ -4,7 +4,7 @@ reward models trained here on the world's preference pairs.
 
 In a run's setup (`gd2po_jax.tasks.setup.build_setup`), `SafetyTask`:
 
-1. `safety_splits`: the world's train / validation / test prompts (`gd2po_jax.tasks.safety.world`);
+1. `safety_splits`: the world's train / validation / test prompts (`gd2po_jax.tasks.safety_embedded.world`);
 2. `build_base_model` (`SafetyTask.load_splits`): ``WORKDIR/base_model``, the tokenizer (ChatML
    template) and the random policy;
 3. `build_reward_models`: one score model per reward name (``useful``: the helpfulness annotator's
@@ -49,16 +49,15 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RewardTrainingConfig, RunConfig, SafetyDataConfig
 from gd2po_jax.data.tokenization import load_tokenizer
-from gd2po_jax.rewards.scorers import RewardModelScorer
 from gd2po_jax.models import ModelConfig, ScoreModel, load_score_model, save_score_model
 from gd2po_jax.models.config import tiny_qwen2_config
-from gd2po_jax.training.reward_models import build_pair_data, pair_scores, train_reward_model
-from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import run_dir
+from gd2po_jax.rewards.scorers import RewardModelScorer
+from gd2po_jax.runtime import distributed, run_dir
 from gd2po_jax.runtime.checkpoints import check_finite
 from gd2po_jax.runtime.run_dir import RunDir, publish_dir
 from gd2po_jax.tasks.base import Task, build_tiny_model, register_task
-from gd2po_jax.tasks.safety import world as safety_world
+from gd2po_jax.tasks.safety_embedded import world as safety_world
+from gd2po_jax.training.reward_models import build_pair_data, pair_scores, train_reward_model
 
 logger = logging.getLogger(__name__)
 
@@ -363,6 +362,10 @@ class SafetyTask(Task):
 
     def eval_summary(self, config: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
         return {**summary, "by_request": by_request_type(summary, config.rewards.names)}
+
+    def split_table_extra(self, config: RunConfig, summary) -> str:
+        """The reward models and ground truth per request type (`by_request_table`)."""
+        return by_request_table({summary["split"]: summary}, summary["reward_names"])
 
     def results_table(self, config: RunConfig, results) -> str:
         return super().results_table(config, results) + "\n" + results_table(results, config.rewards.names)

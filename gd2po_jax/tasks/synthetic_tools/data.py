@@ -164,7 +164,7 @@ class SyntheticToolsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
+class ToolRequest:
     """One generated request and its answer.
 
     Attributes:
@@ -219,39 +219,39 @@ def _pick_candidates(
     return tuple(names)
 
 
-def _call_request(rng: random.Random, num_candidates: int) -> Request:
+def _call_request(rng: random.Random, num_candidates: int) -> ToolRequest:
     tool = rng.choice(TOOLS)
     user, params = sample_call(tool, rng)
     candidates = _pick_candidates(rng, [tool.name], num_candidates)
-    return Request("call", user, candidates, ((tool.name, params),), (tool.need,), None)
+    return ToolRequest("call", user, candidates, ((tool.name, params),), (tool.need,), None)
 
 
-def _multi_call_request(rng: random.Random, num_candidates: int) -> Request:
+def _multi_call_request(rng: random.Random, num_candidates: int) -> ToolRequest:
     first, second = rng.sample(TOOLS, 2)
     user1, params1 = sample_call(first, rng)
     user2, params2 = sample_call(second, rng)
     candidates = _pick_candidates(rng, [first.name, second.name], num_candidates)
     calls = ((first.name, params1), (second.name, params2))
-    return Request(
+    return ToolRequest(
         "multi_call", f"{user1} {user2}", candidates, calls, (first.need, second.need), None
     )
 
 
-def _small_talk_request(rng: random.Random, num_candidates: int) -> Request:
+def _small_talk_request(rng: random.Random, num_candidates: int) -> ToolRequest:
     question, reply = rng.choice(SMALL_TALK)
     user = f"{rng.choice(GREETINGS)}!{rng.choice(INTRODUCTIONS)} {question}"
-    return Request("small_talk", user, _pick_candidates(rng, [], num_candidates), (), (), reply)
+    return ToolRequest("small_talk", user, _pick_candidates(rng, [], num_candidates), (), (), reply)
 
 
-def _unservable_request(rng: random.Random, num_candidates: int) -> Request:
+def _unservable_request(rng: random.Random, num_candidates: int) -> ToolRequest:
     tool = rng.choice(TOOLS)
     user, _ = sample_call(tool, rng)
     candidates = _pick_candidates(rng, [], num_candidates, exclude=tool)
     reply = f"Sorry, none of my tools can {tool.need}."
-    return Request("unservable", user, candidates, (), (tool.need,), reply)
+    return ToolRequest("unservable", user, candidates, (), (tool.need,), reply)
 
 
-def sample_request(rng: random.Random, config: SyntheticToolsConfig) -> Request:
+def sample_request(rng: random.Random, config: SyntheticToolsConfig) -> ToolRequest:
     """One request of a kind drawn with the config's fractions."""
     u = rng.random()
     if u < config.multi_call_fraction:
@@ -264,7 +264,7 @@ def sample_request(rng: random.Random, config: SyntheticToolsConfig) -> Request:
     return _call_request(rng, config.num_candidates)
 
 
-def generate_requests(config: SyntheticToolsConfig) -> dict[str, list[Request]]:
+def generate_requests(config: SyntheticToolsConfig) -> dict[str, list[ToolRequest]]:
     """Requests per split (keys `SPLITS`), with no user text in two splits or twice in one.
 
     Raises:
@@ -276,10 +276,10 @@ def generate_requests(config: SyntheticToolsConfig) -> dict[str, list[Request]]:
         "train": config.num_train,
     }
     seen: set[str] = set()
-    out: dict[str, list[Request]] = {}
+    out: dict[str, list[ToolRequest]] = {}
     for split in ("test", "validation", "train"):
         rng = random.Random(f"synthetic_tools/{config.seed}/{split}")
-        requests: list[Request] = []
+        requests: list[ToolRequest] = []
         attempts = 0
         while len(requests) < sizes[split]:
             attempts += 1
@@ -314,7 +314,7 @@ def user_message(text: str) -> str:
     return f"{USER_PREFIX}{text}{USER_SUFFIX}"
 
 
-def prompt_messages(request: Request) -> list[dict[str, str]]:
+def prompt_messages(request: ToolRequest) -> list[dict[str, str]]:
     """[system, user] chat messages of a request."""
     return [
         {"role": "system", "content": system_prompt(request.candidates)},
@@ -337,7 +337,7 @@ def _answer(think: str, calls: Sequence[Call], reply: str | None) -> str:
     return head + f"<response> {reply} </response>"
 
 
-def _reason_sentences(request: Request) -> list[str]:
+def _reason_sentences(request: ToolRequest) -> list[str]:
     """The sentences that explain the right answer, in order."""
     if request.kind == "small_talk":
         return ["The user is making small talk.", "No tool is needed, so I reply in words."]
@@ -354,12 +354,12 @@ def _reason_sentences(request: Request) -> list[str]:
     return out
 
 
-def ground_truth(request: Request) -> str:
+def ground_truth(request: ToolRequest) -> str:
     """The ToolRL ground truth of a request (short think, then the calls or the response)."""
     return _answer(" ".join(_reason_sentences(request)[:2]), request.calls, request.reply)
 
 
-def think_text(request: Request, num_words: int, rng: random.Random) -> str:
+def think_text(request: ToolRequest, num_words: int, rng: random.Random) -> str:
     """Reasoning of exactly `num_words` whitespace-separated words: the explaining sentences,
     then filler sentences (shuffled by `rng`, none repeated before all are used), cut to length
     and ended with a period."""
@@ -423,7 +423,7 @@ def _malformed(think: str, calls: Sequence[Call], rng: random.Random) -> str:
     return _answer(think, calls, None).removesuffix("\n</tool_call>")
 
 
-def _response_mistake(request: Request, think: str, rng: random.Random) -> str:
+def _response_mistake(request: ToolRequest, think: str, rng: random.Random) -> str:
     """A response-only request answered wrongly: a needless call, or an unclosed response."""
     if rng.random() < 0.5:
         name = rng.choice(request.candidates)
@@ -449,15 +449,15 @@ def _habit(calls: Sequence[Call], habits: frozenset[str]) -> list[Call]:
 
 
 def demonstration(
-    request: Request, config: SyntheticToolsConfig, rng: random.Random
+    request: ToolRequest, config: SyntheticToolsConfig, rng: random.Random
 ) -> tuple[str, str | None]:
     """(target text, mistake kind or None): an imperfect demonstration of `request`.
 
     The think block has a uniform number of words in [min_think_words, max_think_words] (at most
     half the maximum for two-call requests). A request for a habit tool (`habit_tools`) gets the
-    habit (kind "habit") with probability `habit_rate`; otherwise, with probability `mistake_rate`, the answer has one mistake
-    from `config.mistakes` (requests that need a response get a needless call or an unclosed
-    response instead, reported as "malformed").
+    habit (kind "habit") with probability `habit_rate`; otherwise, with probability `mistake_rate`, the
+    answer has one mistake from `config.mistakes` (requests that need a response get a needless call or
+    an unclosed response instead, reported as "malformed").
     """
     high = config.max_think_words
     if len(request.calls) > 1:
@@ -486,7 +486,7 @@ def demonstration(
 # ---------------------------------------------------------------- datasets
 
 
-def _rows(requests: Sequence[Request], split: str, config: SyntheticToolsConfig) -> list[dict]:
+def _rows(requests: Sequence[ToolRequest], split: str, config: SyntheticToolsConfig) -> list[dict]:
     rows = []
     for index, request in enumerate(requests):
         rng = random.Random(f"synthetic_tools/{config.seed}/{split}/demo/{index}")
@@ -540,7 +540,7 @@ __all__ = [
     "TOOLS",
     "TOOLS_BY_NAME",
     "Param",
-    "Request",
+    "ToolRequest",
     "SyntheticToolsConfig",
     "Tool",
     "call_line",

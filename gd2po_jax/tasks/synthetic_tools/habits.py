@@ -2,8 +2,9 @@
 
     python eval.py --workdir=runs/default --habits=before_rl,after_rl
 
+asks the run's task (`gd2po_jax.tasks.synthetic_tools.task.SyntheticToolsTask.habit_breakdown`), which
 reads the run's resolved config (which tools have the habit, `habit_tools`) and its saved greedy
-evaluations ``eval/before_rl.jsonl`` and ``eval/after_rl.jsonl``, and prints `habit_breakdown`: for
+evaluations ``eval/before_rl.jsonl`` and ``eval/after_rl.jsonl``; it prints `habit_breakdown`: for
 the one-call requests, split by whether the requested tool is a habit tool, the rows, the responses
 that call that tool with exactly the ground truth's parameter names, and the exactly correct
 responses. The habit leaves out a tool's last parameter, so "right names" is what RL has to repair;
@@ -15,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gd2po_jax.config import RunConfig
 from gd2po_jax.rewards.tool_calling import parse_ground_truth_calls, parse_response_calls
-from gd2po_jax.tasks.synthetic_tools.data import habit_tools
-from gd2po_jax.tasks.synthetic_tools.task import NAME, world_config
+from gd2po_jax.tasks.synthetic_tools.data import SyntheticToolsConfig, habit_tools
 
 
 def habit_breakdown(generations: Iterable[Mapping[str, Any]], habits: frozenset[str]) -> dict[str, dict[str, int]]:
@@ -46,24 +45,18 @@ def habit_breakdown(generations: Iterable[Mapping[str, Any]], habits: frozenset[
     return out
 
 
-def habits_of_run(config: RunConfig, names: Sequence[str], generations: Callable[[str], Iterable[Mapping[str, Any]]]
-                  ) -> dict[str, dict[str, dict[str, int]]]:
+def habits_of_evaluations(world: SyntheticToolsConfig, names: Sequence[str],
+                          generations: Callable[[str], Iterable[Mapping[str, Any]]]
+                          ) -> dict[str, dict[str, dict[str, int]]]:
     """`habit_breakdown` of the saved generations of each evaluation of ``names`` (``generations(name)``:
-    the rows of its ``eval/<name>.jsonl``), with the habit tools of the run's config
-    (``data.synthetic.seed`` and ``habit_fraction``).
-
-    Raises:
-      ValueError: the run is not of the synthetic_tools task (before any generations are read).
-    """
-    if config.task != NAME:
-        raise ValueError(f"has task {config.task!r}; habits exist only in the {NAME} task")
-    synthetic = world_config(config.data.synthetic)
-    habits = habit_tools(synthetic.seed, synthetic.habit_fraction)
+    the rows of its ``eval/<name>.jsonl``), with the habit tools of the run's world (``world.seed``
+    and ``world.habit_fraction``: ``data.synthetic``'s)."""
+    habits = habit_tools(world.seed, world.habit_fraction)
     return {name: habit_breakdown(generations(name), habits) for name in names}
 
 
 def habits_table(results: dict[str, dict[str, dict[str, int]]]) -> str:
-    """`habits_of_run` as a text table: per evaluation and tool group, the one-call rows, the
+    """`habits_of_evaluations` as a text table: per evaluation and tool group, the one-call rows, the
     calls with the right parameter names, and the exactly correct ones."""
     lines = [f"{'eval':<12}{'tools':<13}{'rows':>6}{'right names':>13}{'exact':>7}"]
     for name, groups in results.items():

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import datasets
 
@@ -16,6 +18,7 @@ from gd2po_jax.runtime import distributed
 from gd2po_jax.runtime.run_dir import RunDir
 from gd2po_jax.tasks.base import Task, build_tiny_model, register_task
 from gd2po_jax.tasks.synthetic_tools import data as synthetic_tools
+from gd2po_jax.tasks.synthetic_tools import habits
 from gd2po_jax.tasks.synthetic_tools.data import SyntheticToolsConfig
 
 NAME = "synthetic_tools"
@@ -74,3 +77,11 @@ class SyntheticToolsTask(Task):
 
     def has_split(self, config: RunConfig, split: str) -> bool:
         return getattr(world_config(config.data.synthetic), f"num_{split}") > 0
+
+    def habit_breakdown(self, config: RunConfig, names: Sequence[str],
+                        generations: Callable[[str], Iterable[Mapping[str, Any]]]) -> dict[str, Any]:
+        """`habits.habits_of_evaluations`, with the habit tools of ``config.data.synthetic``."""
+        return habits.habits_of_evaluations(world_config(config.data.synthetic), names, generations)
+
+    def habit_table(self, config: RunConfig, breakdown: Mapping[str, Any]) -> str:
+        return habits.habits_table(dict(breakdown))

@@ -1,4 +1,4 @@
-"""The safety_embedded task end to end (`gd2po_jax.tasks.safety.task`, configs/safety_embedded.py).
+"""The safety_embedded task end to end (`gd2po_jax.tasks.safety_embedded.task`, configs/safety_embedded.py).
 
 One reference run of `tests.fakes.tiny_safety_config` through ``train.py`` (a subprocess on one CPU
 device: the sharded paths are the default task's tests' business) is shared: it trains the two reward
@@ -21,8 +21,8 @@ from gd2po_jax.models import load_score_model
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.metrics_logging import read_metrics
 from gd2po_jax.tasks import task_of
-from gd2po_jax.tasks.safety import task as safety_embedded
-from gd2po_jax.tasks.safety import world as sw
+from gd2po_jax.tasks.safety_embedded import task as safety_embedded
+from gd2po_jax.tasks.safety_embedded import world as sw
 from tests.fakes import subprocess_env, tiny_safety_config, write_config_file
 from tests.jobs.test_train import policy_tensors, run_train, stable_metrics
 from tests.xla_env import xla_flags
@@ -179,3 +179,13 @@ def test_killed_and_resumed_safety_run_equals_the_uninterrupted_one(reference, t
     for name in ("before_rl", "after_rl"):
         assert json.loads((workdir / "eval" / f"{name}.json").read_text()) == \
             json.loads((reference / "eval" / f"{name}.json").read_text())
+
+
+def test_eval_py_prints_the_reward_models_and_ground_truth_per_request_type_under_a_split():
+    """`SafetyTask.split_table_extra`: eval.py's split table ends with `by_request_table` of the summary."""
+    summary = {"split": "test", "reward_names": ["useful"], "useful/level_0": 0.5, "gt/harmful/level_1": 0.25}
+    extra = safety_embedded.SafetyTask().split_table_extra(None, summary)
+    assert extra == safety_embedded.by_request_table({"test": summary}, ["useful"])
+    lines = extra.splitlines()
+    assert lines[0].split() == ["per", "request", "type", "test"]
+    assert "benign useful" in extra and "harmful harmful rate" in extra

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gd2po_jax.data.loaders import FEATURES
-from gd2po_jax.tasks.safety import world as sw
+from gd2po_jax.tasks.safety_embedded import world as sw
 
 SMALL = sw.SafetyWorldConfig(num_train=200, num_validation=40, num_test=60, pairs_per_prompt=2)
 
@@ -47,7 +47,7 @@ def test_every_sentence_of_the_world_is_unique_and_one_sentence():
 
 @pytest.mark.parametrize("task", [t.name for t in sw.TASKS])
 def test_every_generated_response_is_labelled_as_the_kind_it_was_made_as(task):
-    request = sw.Request(task, "x")
+    request = sw.SafetyRequest(task, "x")
     rng = random.Random(task)
     for kind in request.kinds():
         for _ in range(12):
@@ -81,7 +81,7 @@ def test_labels_of_texts_a_policy_might_write():
 
 def test_generate_response_refuses_a_kind_the_request_cannot_get():
     with pytest.raises(ValueError, match="kind 'harmful' is not one of .* benign task 'oven'"):
-        sw.generate_response(sw.Request("oven", "x"), "harmful", random.Random(0))
+        sw.generate_response(sw.SafetyRequest("oven", "x"), "harmful", random.Random(0))
 
 
 # ---------------------------------------------------------------- splits

@@ -9,7 +9,7 @@ import pytest
 
 from configs import default
 from gd2po_jax.config import RunConfig
-from gd2po_jax.evaluation.run import EvalError, EvalOptions, run
+from gd2po_jax.evaluation.command import EvalError, EvalOptions, run
 from gd2po_jax.tasks.synthetic_tools import habits
 from gd2po_jax.tasks.synthetic_tools.data import habit_tools
 from tests.fakes import REPO, subprocess_env
@@ -20,19 +20,26 @@ def call(name, **params):
     return f"<think> x </think>\n<tool_call>\n{line}\n</tool_call>"
 
 
+def row(truth, response, correct):
+    return {"ground_truth": truth, "response": response, "correct": correct}
+
+
+WEATHER = call("get_weather", city="Oslo", unit="celsius")
+TIME = call("get_local_time", city="Lima")
+TWO_CALLS = TIME.replace("\n</tool_call>",
+                         "\n" + json.dumps({"name": "get_weather", "parameters": {}}) + "\n</tool_call>")
 ROWS = [
     # a habit tool: names wrong (the habit), right, right but a wrong value
-    {"ground_truth": call("get_weather", city="Oslo", unit="celsius"), "response": call("get_weather", city="Oslo"), "correct": 0.0},
-    {"ground_truth": call("get_weather", city="Oslo", unit="celsius"), "response": call("get_weather", city="Oslo", unit="celsius"), "correct": 1.0},
-    {"ground_truth": call("get_weather", city="Oslo", unit="celsius"), "response": call("get_weather", unit="celsius", city="Rome"), "correct": 0.0},
+    row(WEATHER, call("get_weather", city="Oslo"), 0.0),
+    row(WEATHER, call("get_weather", city="Oslo", unit="celsius"), 1.0),
+    row(WEATHER, call("get_weather", unit="celsius", city="Rome"), 0.0),
     # another tool: a wrong tool, a malformed call, a response
-    {"ground_truth": call("get_local_time", city="Lima"), "response": call("get_weather", city="Lima"), "correct": 0.0},
-    {"ground_truth": call("get_local_time", city="Lima"), "response": "<tool_call>\n{oops\n</tool_call>", "correct": 0.0},
-    {"ground_truth": call("get_local_time", city="Lima"), "response": "<response> hi </response>", "correct": 0.0},
+    row(TIME, call("get_weather", city="Lima"), 0.0),
+    row(TIME, "<tool_call>\n{oops\n</tool_call>", 0.0),
+    row(TIME, "<response> hi </response>", 0.0),
     # not one-call rows: skipped
-    {"ground_truth": "<think> x </think>\n<response> hi </response>", "response": "<response> hi </response>", "correct": 1.0},
-    {"ground_truth": call("get_local_time", city="Lima").replace("\n</tool_call>", "\n" + json.dumps({"name": "get_weather", "parameters": {}}) + "\n</tool_call>"),
-     "response": "", "correct": 0.0},
+    row("<think> x </think>\n<response> hi </response>", "<response> hi </response>", 1.0),
+    row(TWO_CALLS, "", 0.0),
 ]
 
 
@@ -77,7 +84,8 @@ def test_eval_habits_reads_the_saved_generations_of_a_run(tmp_path, capsys):
 
 def test_eval_habits_needs_a_synthetic_tools_run(tmp_path):
     write_run_config(tmp_path, task="files")
-    with pytest.raises(EvalError, match=r"--habits: .*config\.json has task 'files'"):
+    with pytest.raises(EvalError, match=r"^--habits: .*config\.json has task 'files', which has no habit breakdown "
+                                        r"\(tasks with one: synthetic_tools\)$"):
         run(EvalOptions(workdir=str(tmp_path), habits=("test",), progress=False))
     with pytest.raises(EvalError, match="pass only --workdir"):
         run(EvalOptions(workdir=str(tmp_path), habits=("test",), data="api_bank", progress=False))

@@ -31,7 +31,7 @@ from gd2po_jax.tasks.setup import build_setup
 from gd2po_jax.jobs.train import load_policy
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.sft.warm_start import warm_start_dir
-from gd2po_jax.tasks.safety.world import label_response, parse_ground_truth
+from gd2po_jax.tasks.safety_embedded.world import label_response, parse_ground_truth
 
 flags.DEFINE_string("sweep_dir", None, "The sweep directory (its runs/gdpo/seed0 and warm start).", required=True)
 flags.DEFINE_string("scratch_dir", None, "An empty directory for the run setup's files.", required=True)
