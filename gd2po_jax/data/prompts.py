@@ -12,8 +12,8 @@ import datasets
 import numpy as np
 
 from gd2po_jax.data.chat import check_template_kwargs, column_tools, render_prompts
-from gd2po_jax.data.loaders import dataset_columns
-from gd2po_jax.rewards.base import RESPONSE_IDS, ROLLOUT_INDEX
+from gd2po_jax.data.columns import PROMPT, RESPONSE_IDS, ROLLOUT_INDEX
+from gd2po_jax.data.schema import dataset_columns
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class PromptSet:
     token_ids: N token-id lists (unpadded): what the policy reads.
     columns: the dataset's columns (``prompt``, the chat messages; ground_truth, level, prompt_text,
       ...) but ``extra_columns``, then the rows' extra columns decoded (a data file's own columns:
-      `gd2po_jax.data.loaders.dataset_columns`; ``columns["answer"][i]`` is row i's answer), N
+      `gd2po_jax.data.schema.dataset_columns`; ``columns["answer"][i]`` is row i's answer), N
       values each: what reward functions receive as ``columns``.
     """
 
@@ -84,7 +84,7 @@ def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens:
                              "the column")
     template_kwargs = check_template_kwargs(template_kwargs or {}, tools_column=tools_column)
     tools = column_tools(columns, tools_column, where) if tools_column else None
-    texts = render_prompts(columns["prompt"], tokenizer, row_tools=tools, **template_kwargs)
+    texts = render_prompts(columns[PROMPT], tokenizer, row_tools=tools, **template_kwargs)
     token_ids = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     cut = 0
     for row, ids in enumerate(token_ids):

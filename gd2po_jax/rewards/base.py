@@ -50,15 +50,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-RESPONSE_IDS = "response_ids"
-"""The column `gd2po_jax.rl.rollout.collect_rollouts` (and greedy evaluation) adds for each rollout: the
-policy's sampled token ids of the response, EOS included, padding not (a list of ints). A dataset
-column of this name is refused (`gd2po_jax.data.prompts.build_prompt_set`)."""
-
-ROLLOUT_INDEX = "rollout_index"
-"""The column `gd2po_jax.rl.rollout.collect_rollouts` adds for each rollout: its 0-based index in the
-step (prompt-major: prompt i's rollouts are i*G .. i*G+G-1), so that what a function reports per
-rollout (TRL's ``log_extra``) lands on the right one. A dataset column of this name is refused."""
+# The columns rollouts add (`RESPONSE_IDS`, `ROLLOUT_INDEX`) are named with the data's columns, which
+# refuse a data column of either name; re-exported here, where reward functions and rollouts import them.
+from gd2po_jax.data.columns import RESPONSE_IDS as RESPONSE_IDS
+from gd2po_jax.data.columns import ROLLOUT_INDEX as ROLLOUT_INDEX
 
 
 @runtime_checkable
