@@ -1,4 +1,10 @@
-"""Data: loaders for verl / ToolRL / API-Bank / JSONL files and chat-template rendering."""
+"""Data, below the rewards: the files users have (verl parquet, ToolRL SFT, API-Bank, JSONL:
+`loaders`, one module a format in `formats`) read into one row schema (`schema`; the column names in
+`columns`), where they come from (`sources`), chat-template rendering (`chat`), the prompts served to
+the sampler (`prompts`) and the tokenizers (`tokenization`, `corpus_tokenizer`).
+
+May import: errors, config, runtime.
+"""
 
 from gd2po_jax.data.chat import column_tools, parse_tools, render_prompt, render_prompts, render_sft_example
 from gd2po_jax.data.loaders import (
