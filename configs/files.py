@@ -17,7 +17,7 @@ The defaults are small, for a first run on a CPU with a small instruct model: 8 
 a step, completions of up to 128 tokens, 20 steps, GD2PO-SNR (tau 0.8). A supervised warm start runs
 only if the data has a ``target`` column with values (``sft.only_with_targets``). Every 10 steps the
 rollouts are saved to WORKDIR/rollouts/ with each reward, the advantage and whether GD2PO kept them.
-Each field is documented in gd2po_jax/config.py.
+Each field is documented in gd2po_jax/config/.
 """
 
 import ml_collections

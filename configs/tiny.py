@@ -4,7 +4,7 @@
 
 A 64-wide, 2-layer Qwen2 with a 600-token tokenizer; short requests with one candidate tool and no
 two-call requests; a 60-step warm start; 6 RL steps of 8 prompts x 4 rollouts of at most 48 tokens;
-16 validation examples. Everything else is configs/default.py (fields: gd2po_jax/config.py).
+16 validation examples. Everything else is configs/default.py (fields: gd2po_jax/config/).
 """
 
 import ml_collections
