@@ -29,11 +29,15 @@ import pathlib
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags import tuple_parser
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
 
 _NOISY_LOGGERS = ("absl", "jax", "orbax", "datasets", "httpx", "urllib3")
 _SCALARS = (str, int, float, bool, type(None))
@@ -120,9 +124,9 @@ def sibling_config(config_file: str, name: str):
     ``__file__``), loaded by path: how configs/*.py find configs/default.py when the repository's
     root is not on sys.path (``gd2po-train --config=/path/to/configs/files.py`` from elsewhere)."""
     path = pathlib.Path(config_file).resolve().with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"gd2po_jax_config_{name}", path)
+    spec = cast("ModuleSpec", importlib.util.spec_from_file_location(f"gd2po_jax_config_{name}", path))  # a .py
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    cast("Loader", spec.loader).exec_module(module)
     return module
 
 
@@ -173,7 +177,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
             raise SystemExit(f"{program}: {one_line(error)} (--helpfull lists the flags)") from None
     for name in _CONFIG_FLAGS:  # a config file that does not load fails when its value is first read
         try:
-            flags.FLAGS[name].value.to_dict()
+            cast(Any, flags.FLAGS[name].value).to_dict()  # a ConfigDict: a config flag's value
         except OSError as error:
             message = " ".join(line.strip() for line in str(error).splitlines()[1:] if line.strip())
             raise SystemExit(f"{program}: --{name}={config_flags.get_config_filename(flags.FLAGS[name])}: cannot load "

@@ -19,6 +19,7 @@ host runs the same command with --config.distributed.coordinator_address=HOST:PO
 """
 
 import dataclasses
+from typing import Any
 
 import ml_collections
 from absl import flags
@@ -87,7 +88,8 @@ HABITS_BEFORE_AND_AFTER_RL = ("before_rl", "after_rl")  # the evaluations train.
 def options_from_flags() -> EvalOptions:
     """`EvalOptions` from the command line (one flag per field; ``--habits`` names the evaluations
     to read: ``--split``'s if given, else train.py's before and after RL)."""
-    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(EvalOptions) if f.name != "progress"}
+    values: dict[str, Any] = {f.name: FLAGS[f.name].value for f in dataclasses.fields(EvalOptions)
+                              if f.name != "progress"}
     if FLAGS.habits:
         values["habits"] = (FLAGS.split,) if FLAGS["split"].present else HABITS_BEFORE_AND_AFTER_RL
     else:

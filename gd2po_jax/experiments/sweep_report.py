@@ -305,6 +305,7 @@ def markdown_table(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, s
     header = ["method", "pairs"] + [label for _, label in columns]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in compared:
+        assert row.versus_baseline is not None  # compared holds these only
         pairs = max(p.n_pairs for p in row.versus_baseline.values())
         cells = [row.method, str(pairs)] + [_format_p(row.versus_baseline[key]) for key, _ in columns]
         lines.append("| " + " | ".join(cells) + " |")

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from concurrent import futures
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import tqdm
 
@@ -112,7 +112,7 @@ class RunSpec:
         return config.replace(changes)
 
 
-def _parse_list(values: Sequence[str], flag: str, kind: Callable[[str], Any]) -> list[Any]:
+def _parse_list(values: Sequence[Any], flag: str, kind: Callable[[str], Any]) -> list[Any]:
     parsed = []
     for value in values:
         try:
@@ -250,7 +250,7 @@ def parse_gpu_list(text: str) -> list[str]:
     return re.findall(r"^GPU (\d+):", text, flags=re.MULTILINE)
 
 
-def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
+def visible_gpus(env: Mapping[str, str] | None = None) -> list[str]:
     """The GPUs a run may be pinned to: CUDA_VISIBLE_DEVICES if set, else what ``nvidia-smi -L``
     lists, else none (CPU). The sweep itself never initializes a device."""
     env = os.environ if env is None else env
@@ -453,7 +453,8 @@ def plan_sweep(sweep_dir: str | pathlib.Path, *, config: RunConfig, algorithms: 
     grid = {"algorithms": list(dict.fromkeys(s.algorithm for s in specs)),
             "snr_taus": sorted({s.snr_tau for s in specs if s.snr_tau is not None}),
             "seeds": list(dict.fromkeys(s.seed for s in specs))}
-    sweep = Sweep(sweep_dir, specs, config, commands, devices, grid, config_file=config_file, overrides=overrides,
+    sweep = Sweep(sweep_dir, specs, config, commands, devices, grid, config_file=config_file,
+                  overrides=cast("dict[str, Any]", overrides),  # the JSON of a dict: a dict
                   test_metrics=task.test_metrics(config))
     for spec in specs:
         check_same_config(sweep.workdir(spec), sweep.run_config(spec))

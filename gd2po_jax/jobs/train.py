@@ -14,7 +14,7 @@ import logging
 import pathlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -182,6 +182,7 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     run = _open_run(config, workdir, wandb_log)
     sampler = EpochSampler(len(run.setup.train), config.train.seed)
     rl = _rl_start(config, run, sampler, progress=progress)
+    initial_policy: Callable[[], Any] | None
     ref_graphdef, ref_params, initial_policy = _reference_policy(config, rl)
     before = None
     if run.split is not None:
@@ -269,7 +270,7 @@ def _rl_start(config: RunConfig, run: OpenRun, sampler: EpochSampler, *, progres
         # the state is the adapters', and the base they apply to is loaded, checked against the
         # checkpoint's record of it).
         graphdef, optimizer, state, frozen = init_state(config, setup, policy_path or setup.model_path)
-        base = base_reference(policy_path, frozen) if lora else None
+        base = base_reference(cast(pathlib.Path, policy_path), frozen) if lora else None  # LoRA: a policy_path
         state, start = resume(run.checkpoints, state, sampler, base)
     evaluated_before = distributed.primary_decides(run.files.eval_report("before_rl").is_file())  # same everywhere
     initial_params = None  # the policy before RL: the warm start (or model.path without SFT)
@@ -282,6 +283,7 @@ def _rl_start(config: RunConfig, run: OpenRun, sampler: EpochSampler, *, progres
             initial_params = state.params
         else:
             _, initial_params, _ = load_policy(config, setup, policy_path)
+    assert state is not None  # resumed from a checkpoint, or initialized at start 0
     return RLStart(start, graphdef, optimizer, state, frozen, base, policy_path, initial_params, evaluated_before)
 
 

@@ -34,6 +34,7 @@ the number of valid cache slots (of all segments), the new token's key and value
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -127,8 +128,8 @@ def decode_weights(model: Decoder, merge_adapters: bool = True) -> DecodeWeights
             gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias),
             down=kernel(mlp, "down").T,
             down_bias=_column(mlp.down_bias),
-            attn_norm=_column(layer.attn_norm.scale),
-            mlp_norm=_column(layer.mlp_norm.scale),
+            attn_norm=cast(jax.Array, _column(layer.attn_norm.scale)),  # a norm's scale is never None
+            mlp_norm=cast(jax.Array, _column(layer.mlp_norm.scale)),
             q_norm=None if attn.q_norm is None else _column(attn.q_norm.scale),
             k_norm=None if attn.k_norm is None else _column(attn.k_norm.scale),
             adapters=adapters,
@@ -138,7 +139,7 @@ def decode_weights(model: Decoder, merge_adapters: bool = True) -> DecodeWeights
     return DecodeWeights(
         embed=model.embed[...],
         unembed=None if model.lm_head is None else model.lm_head[...].T,
-        final_norm=_column(model.final_norm.scale),
+        final_norm=cast(jax.Array, _column(model.final_norm.scale)),
         layers=tuple(layers),
     )
 
@@ -162,7 +163,7 @@ def _attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
                           preferred_element_type=jnp.float32)
         out = part if out is None else out + part
         start += v.shape[2]
-    return out.astype(values[0].dtype)
+    return cast(jax.Array, out).astype(values[0].dtype)  # values has one segment at least
 
 
 def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
@@ -187,7 +188,8 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
     n = tokens.shape[0]
     *done, cache = caches
     index = cache.index
-    past = sum(jnp.sum(c.valid, axis=-1, dtype=jnp.int32) for c in caches)  # [N] the new token's position
+    # [N] the new token's position
+    past = cast(jax.Array, sum(jnp.sum(c.valid, axis=-1, dtype=jnp.int32) for c in caches))
     key_valid = jax.lax.dynamic_update_slice(cache.valid, jnp.ones((n, 1), bool), (0, index))
     key_masks = [c.valid for c in done] + [key_valid & (jnp.arange(cache.max_length) <= index)[None, :]]
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * past.astype(jnp.float32)[None, :]  # [hd/2, N]
@@ -209,7 +211,7 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
         v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, n)
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, eps, axis=1)
-            k = rms_norm(k, layer.k_norm, eps, axis=1)
+            k = rms_norm(k, cast(jax.Array, layer.k_norm), eps, axis=1)  # q_norm and k_norm come together
         q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
         cache_k, cache_v = cache.keys[i], cache.values[i]
         cache_k = jax.lax.dynamic_update_slice(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,7 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") -> nnx.Param:
     """A parameter with a partition annotation (placement is done by `gd2po_jax.runtime.sharding`)."""
     if init == "normal":
+        assert rngs is not None  # a random init needs the keys
         value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
     elif init == "ones":
         value = jnp.ones(shape, jnp.float32)
@@ -149,6 +151,9 @@ class KVCache:
     values: tuple[jax.Array, ...]
     valid: jax.Array
     index: jax.Array
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+        def replace(self, **changes: Any) -> KVCache: ...
 
     @property
     def max_length(self) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +47,7 @@ HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.
 
 def split_lora(model: Decoder) -> tuple[Any, nnx.State, nnx.State]:
     """(graphdef, adapters, base) of a LoRA `Decoder`: the `nnx.LoRAParam` variables and the rest."""
-    return nnx.split(model, nnx.LoRAParam, nnx.Param)
+    return cast("tuple[Any, nnx.State, nnx.State]", nnx.split(model, nnx.LoRAParam, nnx.Param))  # two filters
 
 
 def adapters_of(model: Decoder) -> list[tuple[int, str, nnx.LoRA]]:
@@ -136,7 +136,7 @@ def check_base(meta: dict[str, Any], reference: dict[str, Any] | None, step_dir:
     if (saved is None) != (reference is None):
         raise ConfigError(f"config.model.lora.rank: checkpoint {step_dir} was saved "
                           f"{'without' if saved is None else 'with'} LoRA adapters; resume with the run's setting")
-    if saved is not None and saved["checksum"] != reference["checksum"]:
+    if saved is not None and reference is not None and saved["checksum"] != reference["checksum"]:
         raise ConfigError(f"checkpoint {step_dir} holds LoRA adapters of the base {saved['path']} (checksum "
                           f"{saved['checksum']}); the base loaded now from {reference['path']} has checksum "
                           f"{reference['checksum']}: adapters apply only to their own base")
@@ -202,6 +202,7 @@ def read_adapter_config(adapter_dir: str | pathlib.Path, dtype: str = "float32")
     if not file.is_file():
         raise FileNotFoundError(f"{adapter_dir}: no {ADAPTER_CONFIG} (not a PEFT adapter directory)")
     config = json.loads(file.read_text())
+    plain: tuple[tuple[str, Any], ...]
     plain = (("peft_type", "LORA"), ("use_dora", False), ("use_rslora", False), ("bias", "none"),
              ("fan_in_fan_out", False), ("rank_pattern", {}), ("alpha_pattern", {}), ("lora_bias", False),
              ("layers_to_transform", None), ("layers_pattern", None), ("layer_replication", None),

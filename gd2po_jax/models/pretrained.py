@@ -12,6 +12,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -131,7 +132,7 @@ def ours_to_hf(array: np.ndarray, kind: str) -> np.ndarray:
 
 def get_variable(model: nnx.Module, path: tuple) -> nnx.Variable:
     """The variable at attribute/index ``path`` of ``model``."""
-    node = model
+    node: Any = model
     for key in path:
         node = node[key] if isinstance(key, int) else getattr(node, key)
     return node

@@ -14,6 +14,7 @@ import json
 import pathlib
 import struct
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -167,6 +168,7 @@ def _nbytes(shape, dtype) -> int:
 
 def write_file(file: pathlib.Path, tensors: Sequence[TensorSource]) -> None:
     """Writes one safetensors file, producing and writing one tensor at a time."""
+    header: dict[str, Any]
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape, dtype, _ in tensors:
         size = _nbytes(shape, dtype)

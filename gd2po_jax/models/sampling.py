@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +104,9 @@ class DecodeState:
     finished: jax.Array
     step: jax.Array
     rng: jax.Array
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+        def replace(self, **changes: Any) -> DecodeState: ...
 
 
 def bucket_length(length: int, *, min_length: int = 16, multiple: int = 64) -> int:

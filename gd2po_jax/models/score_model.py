@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -361,14 +362,15 @@ def load_score_model(
             remat=remat, lora=lora,
         )
     )
-    if lora is not None:
-        load_peft_adapter(model.decoder, adapter, mesh, others=(f"base_model.model.{_HEAD_PREFIX[layout]}.weight",))
+    if lora is not None:  # read from the adapter: then adapter is its resolved directory
+        load_peft_adapter(model.decoder, cast(pathlib.Path, adapter), mesh,
+                          others=(f"base_model.model.{_HEAD_PREFIX[layout]}.weight",))
     maps = score_tensor_maps(config, layout, head_bias)
     fill_from_checkpoint(model, maps, checkpoint, dtype, mesh)
     expected = {tm.hf_name for tm in maps} | (set(NORMALIZER_BUFFERS) if layout == "beaver" else set())
     check_no_unexpected_tensors(checkpoint, expected, f"the {layout} score-model layout ({_TENSORS[layout]})")
     if lora is not None:
-        _load_adapter_head(model, adapter, layout, dtype, mesh)
+        _load_adapter_head(model, cast(pathlib.Path, adapter), layout, dtype, mesh)
         model.decoder = merged_decoder(model.decoder)
     return model
 
@@ -447,7 +449,8 @@ def _check_saveable(model: ScoreModel, layout: str) -> None:
     score_type = _SCORE_TYPES[model.normalizer.function] if model.normalizer else None
     if score_type is not None and model.negate != (score_type == "cost"):
         raise ValueError(
-            f"save_score_model: negate={model.negate} with a {model.normalizer.function!r} normalizer: the "
+            f"save_score_model: negate={model.negate} with a {cast(ScoreNormalizer, model.normalizer).function!r} "
+            f"normalizer: the "
             f"beaver layout stores the sign as score_type={score_type!r}, which a reload reads as "
             f"negate={score_type == 'cost'}"
         )
@@ -496,5 +499,7 @@ def save_score_model(
             ("normalizer.var", normalizer.var, np.float32),
             ("normalizer.count", normalizer.count, np.int64),
         ):
-            tensors.append((name, (1,), np.dtype(buffer_dtype), lambda v=value, d=buffer_dtype: np.array([v], d)))
+            # mypy cannot type a lambda whose defaults bind the loop's values (of several types)
+            tensors.append((name, (1,), np.dtype(buffer_dtype),
+                            lambda v=value, d=buffer_dtype: np.array([v], d)))  # type: ignore[misc]
     return written + write_checkpoint(out_dir, tensors, max_shard_bytes)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -60,7 +60,11 @@ from gd2po_jax.data.columns import ROLLOUT_INDEX as ROLLOUT_INDEX
 class RewardFunction(Protocol):
     """Scores N responses with K named rewards; returns [N, K] numbers (NaN / None: abstained)."""
 
-    names: tuple[str, ...]
+    if TYPE_CHECKING:  # read only: an attribute or a property (`CombinedReward.names`) does
+        @property
+        def names(self) -> tuple[str, ...]: ...
+    else:
+        names: tuple[str, ...]
 
     def __call__(
         self,
@@ -182,7 +186,7 @@ class CombinedReward:
     def min_values(self) -> tuple[float, ...] | None:
         """Every function's ``min_values`` in column order; None unless all declare them (what
         `config.rewards.on_error='min'` scores a crashed rollout with)."""
-        parts = [getattr(fn, "min_values", None) for fn in self.functions]
+        parts: list[Any] = [getattr(fn, "min_values", None) for fn in self.functions]
         if any(part is None for part in parts):
             return None
         return tuple(float(v) for part in parts for v in part)
@@ -210,7 +214,7 @@ def column_problems(fn: RewardFunction, columns: Mapping[str, Sequence[Any]]) ->
       columns: the dataset's columns (``ground_truth`` ...), N values each.
     """
     functions = fn.functions if isinstance(fn, CombinedReward) else (fn,)
-    problems = []
+    problems: list[tuple[int, str, str]] = []
     for function in functions:
         check = getattr(function, "check_columns", None)
         if check is not None:

@@ -369,8 +369,10 @@ class RewardModel:
           fast: render by concatenation (`template_closing`; only for the policy's own tokenizer).
         """
         if fast:
+            assert self.closing is not None  # fast only with a closing (`template_closing` found one)
             texts = [prompt + response + self.closing for prompt, response in zip(prompts, responses)]
         else:
+            assert messages is not None  # None only with fast
             texts = [render_conversation(self.tokenizer, m, r) for m, r in zip(messages, responses)]
         token_ids = encode(self.tokenizer, texts)
         lengths = np.array([len(ids) for ids in token_ids], np.int64)

@@ -210,13 +210,15 @@ def _score_chunk(reward_fn, prompts, responses, columns, start, policy) -> tuple
         raise err.shifted(start) from None
 
 
-def _score_function(reward_fn, chunks, policy) -> tuple[np.ndarray, list[str | None]]:
+def _score_function(reward_fn, chunks: list[tuple[Any, Any, Any, int]],
+                    policy) -> tuple[np.ndarray, list[str | None]]:
     """([N, K_f] rewards, N failure messages or None) of one reward function over all chunks."""
     if len(chunks) == 1:
         parts = [_score_chunk(reward_fn, *chunks[0], policy)]
     else:
         with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
-            parts = list(pool.map(lambda c: _score_chunk(reward_fn, *c, policy), chunks))
+            # mypy infers the lambda's c as Any here, and then counts *c as taking every parameter
+            parts = list(pool.map(lambda c: _score_chunk(reward_fn, *c, policy), chunks))  # type: ignore[call-arg]
     return np.concatenate([values for values, _ in parts]), [e for _, errors in parts for e in errors]
 
 

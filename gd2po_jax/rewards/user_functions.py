@@ -141,6 +141,7 @@ class UserRewardFunction:
     def __init__(self, entry: FunctionEntry, fn: Any, source: str):
         self.entry, self.fn, self.source = entry, fn, source
         self.trl_form = not hasattr(fn, "names")
+        names: tuple[str, ...]
         if self.trl_form:
             names = (entry.name or _callable_name(fn),)
         else:
@@ -157,7 +158,7 @@ class UserRewardFunction:
         self.on_error = entry.on_error
         declared = getattr(fn, "min_values", None)
         if entry.min_value is not None:
-            self.min_values = (entry.min_value,) * len(names)
+            self.min_values: tuple[float, ...] | None = (entry.min_value,) * len(names)
         elif declared is not None:
             self.min_values = tuple(float(v) for v in declared)
         else:
@@ -204,7 +205,7 @@ class UserRewardFunction:
                                (prompt_texts[i] if prompt_texts[i] is not None else prompts[i]))
             completions.append([{"role": "assistant", "content": responses[i]}] if conversational else responses[i])
         rollouts = list(columns.get(ROLLOUT_INDEX) or range(n))
-        kwargs = {name: list(values) for name, values in columns.items() if name not in HIDDEN_COLUMNS}
+        kwargs: dict[str, Any] = {name: list(values) for name, values in columns.items() if name not in HIDDEN_COLUMNS}
         kwargs.update(prompts=trl_prompts, completions=completions,
                       completion_ids=[list(ids) for ids in columns.get(RESPONSE_IDS) or [[] for _ in range(n)]],
                       trainer_state=self.state, log_extra=functools.partial(self._log_extra, rollouts),

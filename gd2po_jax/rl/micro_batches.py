@@ -132,7 +132,7 @@ def token_budget_micro_batches(lengths: Sequence[int], count: int) -> list[list[
     return sorted(parts, key=lambda part: (sum(int(lengths[i]) ** 2 for i in part), min(part)), reverse=True)
 
 
-def micro_batch_count(lengths: Sequence[int], max_tokens: int) -> int:
+def micro_batch_count(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> int:
     """How many micro-batches verl cuts a rank's minibatch into: ``ceil(tokens / max_tokens)``, at
     most one per row."""
     return min(len(lengths), -(-int(np.sum(lengths)) // max_tokens))
@@ -154,7 +154,7 @@ class UpdateLayout:
     micro_batches: tuple[tuple[tuple[int, ...], ...], ...]
 
 
-def verl_update_layout(lengths: Sequence[int], *, num_minibatches: int, max_tokens: int, ranks: int = 1,
+def verl_update_layout(lengths: Sequence[int] | np.ndarray, *, num_minibatches: int, max_tokens: int, ranks: int = 1,
                        balance: bool = True) -> UpdateLayout:
     """The minibatches and token-budget micro-batches of a step as verl forms them (module docstring).
 
@@ -187,7 +187,7 @@ def verl_update_layout(lengths: Sequence[int], *, num_minibatches: int, max_toke
     for m in range(num_minibatches):
         shares = [part[m * per_rank:(m + 1) * per_rank] for part in dealt]
         count = max(micro_batch_count(lengths[share], max_tokens) for share in shares)
-        micro = []
+        micro: list[tuple[int, ...]] = []
         for share in shares:
             row_order.extend(share)
             for local in token_budget_micro_batches(lengths[share].tolist(), count):

@@ -49,7 +49,7 @@ import math
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -194,8 +194,9 @@ def _gather_json(value: Any) -> list[Any]:
     if jax.process_count() == 1:
         return [value]
     text = json.dumps(value, default=str)
-    longest = max(int(n) for n in distributed.gather_texts(str(len(text.encode()))))
-    return [json.loads(t) for t in distributed.gather_texts(text, limit=longest)]
+    # every process gives a text: none of them is None
+    longest = max(int(n) for n in cast("list[str]", distributed.gather_texts(str(len(text.encode())))))
+    return [json.loads(t) for t in cast("list[str]", distributed.gather_texts(text, limit=longest))]
 
 
 def gather_extras(extras: Mapping[str, Mapping[int, Any]]) -> dict[str, dict[int, Any]]:

@@ -16,7 +16,7 @@ import logging
 import os
 import pathlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -100,11 +100,11 @@ def check_finite(tree: Any, what: str) -> None:
 
 def _innermost(err: BaseException) -> BaseException:
     while (err.__cause__ or err.__context__) is not None:
-        err = err.__cause__ or err.__context__
+        err = cast(BaseException, err.__cause__ or err.__context__)
     return err
 
 
-def _is_write_error(err: BaseException) -> bool:
+def _is_write_error(err: BaseException | None) -> bool:
     """Whether a failed save was a failed write (an OSError anywhere in its chain, or a TensorStore
     error that quotes one: "No space left on device")."""
     while err is not None:
@@ -118,7 +118,7 @@ def _root_cause(err: BaseException, limit: int = 300) -> str:
     """``Type: message`` of the innermost exception ``err`` was raised from (Orbax wraps the
     TensorStore error that names the damaged file in layers of context), on one line."""
     while (err.__cause__ or err.__context__) is not None:
-        err = err.__cause__ or err.__context__
+        err = cast(BaseException, err.__cause__ or err.__context__)
     message = " ".join(f"{type(err).__name__}: {err}".split())
     return message if len(message) <= limit else message[:limit] + " ..."
 
@@ -145,7 +145,7 @@ class Checkpoints:
 
     def __init__(self, directory: str | pathlib.Path, keep: int | None = 2, *, create: bool = True):
         self.directory = pathlib.Path(directory).absolute()
-        self._manager = None
+        self._manager: ocp.CheckpointManager | None = None
         self._options = dict(max_to_keep=keep, create=create, enable_async_checkpointing=False,
                              cleanup_tmp_directories=create)  # a writer holds the workdir's lock
         if create or self.directory.is_dir():
@@ -188,6 +188,7 @@ class Checkpoints:
                                  f"{len(bad)} arrays: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
                                  f"not saving checkpoint {self.step_dir(step)}")
         metadata = {**metadata, CHECKSUMS_KEY: checksums}
+        assert self._manager is not None
         try:
             self._manager.save(
                 step,
@@ -214,6 +215,7 @@ class Checkpoints:
         """``manager.restore``, any failure as a `CorruptCheckpointError` naming the checkpoint
         (Orbax reports a damaged file as an OCDBT range error, a JSON error, a missing item ...).
         The manager is reopened after a failure: a failed restore can leave it unusable."""
+        assert self._manager is not None  # _check_step found the step: the manager is open
         try:
             return self._manager.restore(step, args=args)
         except Exception as err:  # noqa: BLE001 -- whatever Orbax raises, the checkpoint is unusable
@@ -265,6 +267,7 @@ class Checkpoints:
         """
         damaged = []
         for step in reversed(self.steps()):
+            error: CorruptCheckpointError | None
             try:
                 state, meta = self.restore(step, abstract_state)
             except CorruptCheckpointError as err:
@@ -296,6 +299,7 @@ class Checkpoints:
             os.rename(self.step_dir(step), target)
             logger.warning("moved the damaged checkpoint %s to %s", self.step_dir(step), target)
         distributed.barrier(f"checkpoint {step} set aside")
+        assert self._manager is not None  # the step was restored: the manager is open
         self._manager.reload()
 
     def metadata(self, step: int | None) -> dict[str, Any]:

@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -173,8 +173,10 @@ def row_sharding(mesh: Mesh, num_rows: int) -> NamedSharding:
 def process_rows(sharding: NamedSharding, num_rows: int) -> np.ndarray:
     """[n] int: the rows of a ``[num_rows, ...]`` array under ``sharding`` that this process's devices
     hold, ascending (the order `jax.make_array_from_process_local_data` takes them in)."""
+    indices = cast("dict[Any, tuple[slice, ...]]",  # a NamedSharding's: a tuple of slices for every device
+                   sharding.addressable_devices_indices_map((num_rows,)))
     blocks = {(index[0].start or 0, num_rows if index[0].stop is None else index[0].stop)
-              for index in sharding.addressable_devices_indices_map((num_rows,)).values()}
+              for index in indices.values()}
     return np.concatenate([np.arange(start, stop) for start, stop in sorted(blocks)])
 
 
@@ -205,7 +207,7 @@ def addressable_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
     that this process's devices hold, on the host; in one process every row (`jax.device_get`)."""
     if x.is_fully_addressable:
         return np.arange(x.shape[0]), np.asarray(jax.device_get(x))
-    blocks = {}
+    blocks: dict[int, tuple[np.ndarray, jax.Array]] = {}
     for shard in x.addressable_shards:
         first, rest = shard.index[0], shard.index[1:]
         if any(s.start not in (None, 0) or s.stop not in (None, n) for s, n in zip(rest, x.shape[1:])):

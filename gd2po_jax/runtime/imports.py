@@ -15,7 +15,11 @@ import inspect
 import os
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
 
 from gd2po_jax.config import ConfigError
 
@@ -48,11 +52,12 @@ def _import_file(path: pathlib.Path, label: str):
         return sys.modules[name]
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
+    # (None for a file of no known suffix: module_from_spec raises then, as it always did)
+    spec = cast("ModuleSpec", importlib.util.spec_from_file_location(name, path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        cast("Loader", spec.loader).exec_module(module)
     except BaseException as err:  # noqa: BLE001 - any failure of the user's module is reported
         del sys.modules[name]
         raise ImportPathError(f"{label}: importing {path} raised {raised(err)}; fix the file") from None

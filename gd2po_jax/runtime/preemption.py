@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class PreemptionWatch:
         self.grace_s = float(grace_s)
         self._any_process = any_process
         self._hard_exit = hard_exit
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: the handlers to put back
         self._deferring = False
         self._timer: threading.Timer | None = None
         self.signum: int | None = None  # the first signal received
@@ -152,12 +152,14 @@ class PreemptionWatch:
               file=sys.stderr)
 
     def _expire(self) -> None:
+        assert self.signum is not None  # the timer starts once a signal arrived
         print(f"{self.name()}: the step in flight and its checkpoint did not finish within "
               f"train.preemption_grace_s={self.grace_s:g} s; stopping at once (exit code {exit_code(self.signum)}). "
               "The rerun resumes from the latest complete checkpoint", file=sys.stderr)
         self._hard_exit(exit_code(self.signum))
 
     def _message(self, what: str) -> str:
+        assert self.signum is not None  # a signal arrived
         return f"preempted by {self.name()}: {what} (exit code {exit_code(self.signum)})"
 
     # -- the RL loop ------------------------------------------------------------------------------
@@ -194,6 +196,7 @@ class PreemptionWatch:
 
     def stopped(self, step: int, checkpoint) -> Preempted:
         """The `Preempted` to raise once ``step`` is checkpointed in ``checkpoint``."""
+        assert self.signum is not None  # a signal arrived (stop_after_step said so)
         waited = time.monotonic() - self.received_at if self.received_at is not None else 0.0
         return Preempted(f"preempted by {self.name()}: saved step {step} in {checkpoint} {waited:.1f} s after the "
                          f"signal; rerun the same command to resume (exit code {exit_code(self.signum)})",

@@ -43,7 +43,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from gd2po_jax.config import ConfigError, RunConfig, upgrade
 
@@ -101,6 +101,9 @@ class RunDir:
     """The paths of one run's workdir (nothing is created or read here)."""
 
     path: pathlib.Path
+
+    if TYPE_CHECKING:  # the dataclass's __init__ takes a str too (__post_init__ makes it a Path)
+        def __init__(self, path: str | pathlib.Path) -> None: ...
 
     def __post_init__(self):
         object.__setattr__(self, "path", pathlib.Path(self.path))
@@ -380,6 +383,8 @@ class WorkdirLock:
     """An exclusive `fcntl.flock` on ``WORKDIR/.lock`` (`lock_workdir`); the file holds the
     holder's pid, host, program and start time. The kernel drops the lock when the process ends,
     however it ends (also ``kill -9``), so a stale file never blocks anyone."""
+
+    _fd: int | None
 
     def __init__(self, path: pathlib.Path, fd: int):
         self.path, self._fd = path, fd

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import jax
 import numpy as np
@@ -108,5 +109,5 @@ def mesh_of(model: nnx.Module) -> Mesh | None:
     for leaf in jax.tree.leaves(nnx.state(model)):
         sharding = getattr(leaf, "sharding", None)
         if isinstance(sharding, NamedSharding):
-            return sharding.mesh
+            return cast(Mesh, sharding.mesh)  # a placed array's: a concrete Mesh
     return None

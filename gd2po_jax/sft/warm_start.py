@@ -61,7 +61,7 @@ def warm_start_inputs(config: RunConfig) -> dict[str, Any]:
     values = config.to_dict()
     inputs = {}
     for dotted in WARM_START_FIELDS:
-        node = values
+        node: Any = values
         for part in dotted.split("."):
             node = node[part]
         inputs[dotted] = node

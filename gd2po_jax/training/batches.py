@@ -9,7 +9,7 @@ import numpy as np
 def sft_batches(num_examples: int, batch_size: int, num_steps: int, seed: int):
     """Row indices of ``num_steps`` batches: epochs of seeded permutations, concatenated."""
     needed = num_steps * batch_size
-    orders = []
+    orders: list[np.ndarray] = []
     epoch = 0
     while sum(len(o) for o in orders) < needed:
         orders.append(np.random.default_rng([seed, 10_000 + epoch]).permutation(num_examples))

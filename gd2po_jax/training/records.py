@@ -9,7 +9,7 @@ of a stage boundary import it, never each other.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import optax
@@ -48,6 +48,9 @@ class RolloutBatch:
     row_order: jax.Array | None = None
     segment_ids: jax.Array | None = None
 
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+        def replace(self, **changes: Any) -> RolloutBatch: ...
+
 
 @struct.dataclass
 class TrainState:
@@ -62,6 +65,9 @@ class TrainState:
     opt_state: Any
     step: jax.Array
     rng: jax.Array
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+        def replace(self, **changes: Any) -> TrainState: ...
 
     def apply_gradients(self, optimizer: optax.GradientTransformation, grads: Any) -> TrainState:
         """The state after one optimizer update with ``grads`` (a pytree like ``params``): new

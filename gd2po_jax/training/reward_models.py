@@ -92,7 +92,7 @@ def build_pair_data(pairs, preference: str, tokenizer, *, max_length: int, where
     if missing:
         raise ValueError(f"{where}: no column {missing} (PKU-SafeRLHF's prompt, response_0, response_1 and "
                          f"{preference} are needed)")
-    texts = {"better": [], "worse": []}
+    texts: dict[str, list[str]] = {"better": [], "worse": []}
     for row, (prompt, first, second, preferred) in enumerate(
             zip(pairs["prompt"], pairs["response_0"], pairs["response_1"], pairs[preference])):
         if preferred not in (0, 1):
