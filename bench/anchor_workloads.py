@@ -156,7 +156,7 @@ def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: 
     rollouts = update_batch(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
     graphdef, params = nnx.split(model, nnx.Param)
     step_config = harness.step_config(method="grpo", loss_agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2,
-                                      dual_clip=None, kl_coef=0.0, entropy_coef=0.0, log_entropy=True,
+                                      dual_clip=0.0, kl_coef=0.0, entropy_coef=0.0, log_entropy=True,
                                       ppo_epochs=1, num_minibatches=1, micro_batch_size=0, compute_dtype="float32")
     optimizer = make_optimizer(1e-6, weight_decay=0.0, grad_clip=1.0)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config))

@@ -169,25 +169,30 @@ def step_rollouts(config, setup, policy, step: int):
 
 
 # The update's hyperparameters the benches start from (`step_config`): GD2PO-SNR as the paper runs
-# it, token-mean aggregation, clip 0.2 with dual clip 3, no KL, one epoch of one minibatch.
+# it, token-mean aggregation, clip 0.2 with dual clip 3, no KL, one epoch of one minibatch. The
+# `gd2po_jax.config.RLConfig` fields (rl.num_generations is not read by the update: the batch's
+# shape is) and the `StepConfig`'s own.
 STEP_DEFAULTS = dict(
-    method="gd2po_snr", snr_tau=0.8, reward_names=(), reward_weights=None, batch_norm="token", group_eps=1e-6,
-    drop_zero_variance_groups=False, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg_mode="token-mean",
-    filtered_in_denominator=True, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, ppo_epochs=1, num_minibatches=1,
-    micro_batch_size=0, logit_chunk_size=128, compute_dtype="float32", logprob_temperature=1.0,
+    algorithm="gd2po_snr", snr_tau=0.8, num_generations=4, reward_names=(), reward_weights=None, batch_norm="token",
+    group_eps=1e-6, drop_zero_variance_groups=False, clip_low=0.2, clip_high=0.2, dual_clip=3.0,
+    loss_agg_mode="token-mean", filtered_in_denominator=True, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
+    ppo_epochs=1, num_minibatches=1, micro_batch_size=0, logit_chunk_size=128, compute_dtype="float32",
+    logprob_temperature=1.0,
     # The update alone, on the batch's old log-probs, as measured before issue 36 (a run's default,
     # old_logprobs="recompute", adds a forward pass: bench_train measures it through the run config).
     old_logprobs="sampler", rollout_is_cap=0.0, shuffle_minibatches=True, micro_batch_max_tokens=0,
-    query_reweighting=True, snr_eps=1e-8, halves_ranking="prompt",
+    query_reweighting=True, snr_eps=1e-8, halves_ranking="prompt", skip_zero_advantage_rows=False,
 )
 
 
 def step_config(**changes):
-    """A `gd2po_jax.rl.train_step.StepConfig` of `STEP_DEFAULTS` with ``changes`` (field -> value),
-    for an update measured outside a run config (a run's is `StepConfig.from_config`)."""
+    """A `gd2po_jax.rl.train_step.StepConfig` of `STEP_DEFAULTS` with ``changes`` (field -> value:
+    `gd2po_jax.config.RLConfig` fields, ``method`` for ``algorithm``, or the step config's own;
+    `StepConfig.with_changes`), for an update measured outside a run config (a run's is
+    `StepConfig.from_config`)."""
     from gd2po_jax.rl.train_step import StepConfig  # noqa: PLC0415  (as in step_rollouts)
 
-    return StepConfig(**(STEP_DEFAULTS | changes))
+    return StepConfig.of(**STEP_DEFAULTS).with_changes(**changes)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ log-probs from `gd2po_jax.models.logprobs`, the loss from `gd2po_jax.rl.losses` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any
@@ -48,66 +49,33 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from gd2po_jax.config import OLD_LOGPROBS, RunConfig, check_batch_layout
+from gd2po_jax.config import RLConfig, RunConfig, check_batch_layout
+from gd2po_jax.models.logprobs import at_least_f32, completion_logprobs, logprob_temperature, merge_model
 from gd2po_jax.rl import losses
 from gd2po_jax.rl.advantages import AdvantageOutput, advantage_diagnostics, compute_advantages
-from gd2po_jax.models.logprobs import at_least_f32, completion_logprobs, logprob_temperature, merge_model
-from gd2po_jax.training.records import RolloutBatch, TrainState
 from gd2po_jax.runtime.sharding import batch_sharding
+from gd2po_jax.training.records import RolloutBatch, TrainState
 
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """Static hyperparameters of the update (frozen and hashable: part of the compiled program).
 
-    Symbols are those of docs/algorithm.md (#notation); build it from a run config with
-    `StepConfig.from_config` (the run-config field of each is named in brackets below).
+    The run config's ``rl`` section as it is, plus what the update derives from the rest of the run
+    config or sets itself. Symbols are those of docs/algorithm.md (#notation); build it from a run
+    config with `StepConfig.from_config`, or from keywords with `StepConfig.of` (tests, benches), and
+    change it with `with_changes` (both take `RLConfig` field names and those below alike).
 
-    Advantages (docs/algorithm.md#grpo .. #dapo-filter):
-      method: "grpo" | "gdpo" | "gd2po_hard" | "gd2po_snr" | "low_conflict_half" |
-        "high_conflict_half" (``rl.algorithm``).
-      snr_tau: tau, the SNR threshold of GD2PO-SNR, in [0, 1] (``rl.snr_tau``).
+    Attributes:
+      rl: `gd2po_jax.config.RLConfig`, the run config's ``rl``: the advantage method
+        (``algorithm``, its options), the policy loss (clipping, ``loss_agg_mode``, KL and entropy
+        terms), the update's layout (``ppo_epochs``, ``num_minibatches``, ``micro_batch_size``,
+        ``shuffle_minibatches``, ``micro_batch_max_tokens``), ``old_logprobs`` and
+        ``rollout_is_cap``, ``skip_zero_advantage_rows``; its docstring says what each does. Its
+        numbers are held as their fields' types (config files give ints for floats).
       reward_names: the K reward names, in the order of the reward tensor's last axis
         (``rewards.names``); metrics are named ``reward/<name>``. Empty: the rewards' indices.
       reward_weights: w_k, K weights of the rewards (``rewards.weights``); None or empty: all ones.
-      batch_norm: GDPO / GD2PO batch step: "token" (official) | "sequence" (TRL) | "none"
-        (``rl.batch_norm``).
-      group_eps: eps_group, added to the group std (``rl.group_eps``).
-      drop_zero_variance_groups: DAPO's filter of groups where every reward is constant
-        (``rl.drop_zero_variance_groups``).
-      snr_eps: added to the SNR denominator (``rl.snr_eps``).
-      query_reweighting: scale each prompt's summed advantage by kappa before the batch step
-        (``rl.query_reweighting``; False: the paper's "filtering alone").
-      halves_ranking: "prompt" | "batch", over what the SNR halves rank (``rl.halves_ranking``).
-
-    Policy loss (docs/algorithm.md#policy-loss, #loss-aggregation, #kl-estimators):
-      clip_low, clip_high: eps_low, eps_high: the ratio rho is clipped to [1 - eps_low,
-        1 + eps_high] (``rl.clip_low``, ``rl.clip_high``).
-      dual_clip: c of dual clipping (> 1), bounding the loss at -A c where A < 0; None (or a value
-        <= 0, as ``rl.dual_clip`` writes it) disables it.
-      loss_agg_mode: how token losses become one number (``rl.loss_agg_mode``).
-      norm_length: the constant length of "seq-mean-token-sum-norm" (None: the padded length M;
-        not in the run config).
-      filtered_in_denominator: rollouts that GD2PO filters out (A = 0) still count in the
-        aggregation's denominator, as in the official code (``rl.filtered_in_denominator``).
-      kl_coef: beta, the coefficient of the KL term to the reference policy (``rl.kl_coef``).
-      kl_estimator: "k1" | "k3" (``rl.kl_estimator``).
-      entropy_coef: coefficient of the entropy bonus (``rl.entropy_coef``).
-      log_entropy: compute the policy's entropy for the metrics even when entropy_coef is 0 (not in
-        the run config).
-
-    Update (docs/algorithm.md#the-update):
-      ppo_epochs: passes over the rollouts of a step (``rl.ppo_epochs``).
-      num_minibatches: optimizer steps per epoch; they split the B = P x G rollouts
-        (``rl.num_minibatches``).
-      micro_batch_size: rows per gradient-accumulation micro-batch; 0: the whole minibatch
-        (``rl.micro_batch_size``).
-      prompt_windows: prompt lengths below the padded one (``Lp``) at which a micro-batch may run
-        (static; see `prompt_window_lengths`). With any, each minibatch's rows are sorted by
-        prompt length before they split into micro-batches, and each micro-batch runs on its
-        shortest window that holds its longest prompt: its left padding beyond the window is cut
-        (exact: those slots are masked out). One compiled branch per window (`jax.lax.switch`);
-        empty: every micro-batch at ``Lp``. Set by the trainer from ``rl.length_bucket``.
       logit_chunk_size: positions per chunk of the vocabulary projection
         (``train.logit_chunk_size``; see `gd2po_jax.models.logprobs.chunked_token_logprobs`).
       compute_dtype: dtype of the forward pass, "float32" | "bfloat16" (``model.dtype``); the
@@ -115,113 +83,108 @@ class StepConfig:
       logprob_temperature: the log-probs of the loss are those of ``softmax(logits / T)`` (1: the
         raw logits; verl: the rollout temperature). Read with `logprob_temperature` from
         ``rl.tempered_logprobs`` and ``sampling.temperature``; the batch's old_logp must have been
-        sampled at the same T (`gd2po_jax.models.sampling.generate`'s ``logprob_temperature``).
-      old_logprobs: "recompute" | "sampler" (``rl.old_logprobs``): the old log-probs of the ratio
-        are recomputed by the policy's forward pass before the update, inside the step (verl's
-        ``compute_log_prob``; the same function, micro-batch size, prompt windows, dtype and
-        log-prob temperature as the update's new log-probs), or taken from the batch (the
-        sampler's). Recompute logs ``rollout/logprob_diff_mean`` and ``_max``.
-      rollout_is_cap: > 0: the policy-gradient loss of each token is multiplied by
-        ``min(exp(recomputed - sampler), cap)`` (verl's truncated importance sampling,
-        `truncated_is_weights`); needs "recompute" (``rl.rollout_is_cap``).
-      shuffle_minibatches: reshuffle the rows before each epoch splits them into minibatches; False:
-        split them in the batch's ``row_order`` (rows in order without one; ``rl.shuffle_minibatches``).
-      micro_batch_max_tokens: > 0: weight the loss per verl micro-batch, the batch's ``segment_ids``
-        (`gd2po_jax.rl.losses.verl_row_weights`; the budget itself shaped them on the host,
-        `gd2po_jax.rl.micro_batches`); 0: one token mean per minibatch (``rl.micro_batch_max_tokens``).
-      skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (not in
-        the run config; False applies every update, as before the guard existed).
-      skip_zero_advantage_rows: rows whose loss has no gradient (advantage 0: GD2PO's filtered
-        rollouts, groups of equal rewards; any with kl_coef or entropy_coef set count as having
-        one) are sorted after the others in each minibatch (stably: with none, the order is
-        unchanged), and a micro-batch holding only such rows is not computed (a `jax.lax.cond`).
-        The gradient is the same (those rows add exact zeros); the ``loss/*`` metrics are then
-        over the rows with a gradient, and ``update/skipped_rows`` is the share not computed
-        (``rl.skip_zero_advantage_rows``).
-
-    LoRA (docs/lora.md):
+        sampled at the same T (`gd2po_jax.models.sampling.generate`'s ``logprob_temperature``). With
+        ``rl.old_logprobs="recompute"`` the old log-probs are recomputed inside the step by the
+        update's own forward pass (function, micro-batch size, prompt windows, dtype and this T).
       lora_dropout: > 0: PEFT's ``lora_dropout`` on the adapters' inputs in the update's forward
         passes (those with a gradient; not the old log-probs' recompute, nor sampling), a mask per
-        micro-batch, layer and adapter from the state's RNG (``model.lora.dropout``).
+        micro-batch, layer and adapter from the state's RNG (``model.lora.dropout`` when
+        ``model.lora.enabled``).
+
+    Not in the run config (what the trainer sets from the data, and switches for tests and benches):
+      prompt_windows: prompt lengths below the padded one (``Lp``) at which a micro-batch may run
+        (static; see `prompt_window_lengths`). With any, each minibatch's rows are sorted by
+        prompt length before they split into micro-batches, and each micro-batch runs on its
+        shortest window that holds its longest prompt: its left padding beyond the window is cut
+        (exact: those slots are masked out). One compiled branch per window (`jax.lax.switch`);
+        empty: every micro-batch at ``Lp``. Set by the trainer from ``rl.length_bucket``.
+      norm_length: the constant length of "seq-mean-token-sum-norm" (None: the padded length M).
+      log_entropy: compute the policy's entropy for the metrics even when ``rl.entropy_coef`` is 0.
+      skip_nonfinite_updates: skip an optimizer update whose gradient norm is not finite (False
+        applies every update, as before the guard existed).
     """
 
-    method: str
-    snr_tau: float
-    reward_names: tuple[str, ...]
-    reward_weights: tuple[float, ...] | None
-    batch_norm: str
-    group_eps: float
-    drop_zero_variance_groups: bool
-    clip_low: float
-    clip_high: float
-    dual_clip: float | None
-    loss_agg_mode: str
-    filtered_in_denominator: bool
-    kl_coef: float
-    kl_estimator: str
-    entropy_coef: float
-    ppo_epochs: int
-    num_minibatches: int
-    micro_batch_size: int
+    rl: RLConfig
     logit_chunk_size: int
     compute_dtype: str
     logprob_temperature: float
-    old_logprobs: str
-    rollout_is_cap: float
-    shuffle_minibatches: bool
-    micro_batch_max_tokens: int
-    query_reweighting: bool
-    snr_eps: float
-    halves_ranking: str
+    reward_names: tuple[str, ...] = ()
+    reward_weights: tuple[float, ...] | None = None
     lora_dropout: float = 0.0
-    skip_zero_advantage_rows: bool = False
-    # Not in the run config: what the trainer sets from the data, and switches for tests and benches.
     prompt_windows: tuple[int, ...] = ()
     norm_length: float | None = None
     log_entropy: bool = True
     skip_nonfinite_updates: bool = True
 
     def __post_init__(self):
-        # Each value as its field's type (config files give ints for floats, lists for tuples), then
-        # the run config's spellings of "off": rl.dual_clip <= 0 and empty rewards.weights.
-        hints = typing.get_type_hints(type(self))
+        # Each value as its field's type (config files give ints for floats, lists for tuples), the
+        # rl section's too, then the run config's spelling of "off" of rewards.weights: empty.
+        hints = _type_hints(type(self))
         for field in dataclasses.fields(self):
-            object.__setattr__(self, field.name, _as_type(hints[field.name], getattr(self, field.name)))
-        if self.dual_clip is not None and self.dual_clip <= 0:
-            object.__setattr__(self, "dual_clip", None)
+            if field.name != "rl":
+                object.__setattr__(self, field.name, _as_type(hints[field.name], getattr(self, field.name)))
+        object.__setattr__(self, "rl", _typed_section(self.rl))
         if not self.reward_weights:
             object.__setattr__(self, "reward_weights", None)
         if not self.logprob_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0, got {self.logprob_temperature}")
-        if self.old_logprobs not in OLD_LOGPROBS:
-            raise ValueError(f"old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}")
-        if self.rollout_is_cap > 0 and self.old_logprobs != "recompute":
-            raise ValueError("rollout_is_cap needs old_logprobs='recompute'")
-        if self.micro_batch_max_tokens > 0 and (self.shuffle_minibatches or self.loss_agg_mode != "token-mean"):
-            raise ValueError("micro_batch_max_tokens (verl's micro-batch weighting) needs shuffle_minibatches=False "
-                             "and loss_agg_mode='token-mean'")
+
+    @property
+    def dual_clip_bound(self) -> float | None:
+        """c of dual clipping (> 1), bounding the loss at -A c where A < 0; None when ``rl.dual_clip``
+        is <= 0 (the run config's spelling of off)."""
+        return self.rl.dual_clip if self.rl.dual_clip > 0 else None
+
+    @property
+    def skips_rows(self) -> bool:
+        """``rl.skip_zero_advantage_rows`` in effect: rows with A = 0 have no gradient unless a KL or
+        entropy term gives them one."""
+        return self.rl.skip_zero_advantage_rows and not self.rl.kl_coef and not self.rl.entropy_coef
 
     @classmethod
     def from_config(cls, config: RunConfig, **changes: Any) -> StepConfig:
-        """The step's hyperparameters from a run config (the names of the class docstring), with
-        ``changes`` (field -> value) on top."""
-        rl = config.rl
-        values = dict(
-            method=rl.algorithm, snr_tau=rl.snr_tau, reward_names=config.rewards.names,
-            reward_weights=config.rewards.weights, batch_norm=rl.batch_norm, group_eps=rl.group_eps,
-            drop_zero_variance_groups=rl.drop_zero_variance_groups, clip_low=rl.clip_low, clip_high=rl.clip_high,
-            dual_clip=rl.dual_clip, loss_agg_mode=rl.loss_agg_mode, filtered_in_denominator=rl.filtered_in_denominator,
-            kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef, ppo_epochs=rl.ppo_epochs,
-            num_minibatches=rl.num_minibatches, micro_batch_size=rl.micro_batch_size,
+        """The step's hyperparameters from a run config, with ``changes`` (`with_changes`) on top."""
+        step = cls(
+            rl=config.rl, reward_names=config.rewards.names, reward_weights=config.rewards.weights,
             logit_chunk_size=config.train.logit_chunk_size, compute_dtype=config.model.dtype,
-            logprob_temperature=logprob_temperature(config), old_logprobs=rl.old_logprobs,
-            rollout_is_cap=rl.rollout_is_cap, shuffle_minibatches=rl.shuffle_minibatches,
-            micro_batch_max_tokens=rl.micro_batch_max_tokens, query_reweighting=rl.query_reweighting,
-            snr_eps=rl.snr_eps, halves_ranking=rl.halves_ranking,
+            logprob_temperature=logprob_temperature(config),
             lora_dropout=config.model.lora.dropout if config.model.lora.enabled else 0.0,
-            skip_zero_advantage_rows=rl.skip_zero_advantage_rows,
         )
-        return cls(**(values | changes))
+        return step.with_changes(**changes) if changes else step
+
+    @classmethod
+    def of(cls, **values: Any) -> StepConfig:
+        """A step config from keywords: every `RLConfig` field without a default (``method``, the
+        name docs/algorithm.md gives ``algorithm``, for it), and this class's own fields."""
+        rl_values, own = _split_rl_fields(values)
+        return cls(rl=RLConfig(**rl_values), **own)
+
+    def with_changes(self, **changes: Any) -> StepConfig:
+        """A copy with ``changes`` (field -> value): `RLConfig` field names (and ``method`` for
+        ``algorithm``) change ``rl`` (validated as the run config validates it), the others this
+        class's own fields.
+
+        Raises:
+          gd2po_jax.config.ConfigError: an invalid ``rl`` (a ValueError, naming the ``rl.`` field).
+          TypeError: a name that is no field of either.
+        """
+        rl_changes, own = _split_rl_fields(changes)
+        rl = dataclasses.replace(self.rl, **rl_changes) if rl_changes else self.rl
+        return dataclasses.replace(self, rl=rl, **own)
+
+
+#: Names `StepConfig.of` and `with_changes` take for `RLConfig` fields besides their own.
+RL_FIELD_ALIASES = {"method": "algorithm"}
+
+
+def _split_rl_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(`RLConfig` fields, the others) of ``values`` (field -> value), aliases resolved."""
+    rl_names = {field.name for field in dataclasses.fields(RLConfig)}
+    rl_values, own = {}, {}
+    for name, value in values.items():
+        name = RL_FIELD_ALIASES.get(name, name)
+        (rl_values if name in rl_names else own)[name] = value
+    return rl_values, own
 
 
 def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_length: int) -> tuple[int, ...]:
@@ -278,6 +241,22 @@ def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int,
     return StepConfig.from_config(config, **changes)
 
 
+@functools.cache
+def _type_hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _typed_section(section):
+    """The frozen dataclass ``section`` with each value as its field's type (`_as_type`); itself when
+    every value has it already."""
+    hints = _type_hints(type(section))
+    values = {field.name: _as_type(hints[field.name], getattr(section, field.name))
+              for field in dataclasses.fields(section)}
+    if all(type(value) is type(getattr(section, name)) for name, value in values.items()):
+        return section
+    return dataclasses.replace(section, **values)
+
+
 def _as_type(hint, value):
     """``value`` converted to the annotated type ``hint``: a scalar type, ``tuple[X, ...]`` or
     ``X | None``."""
@@ -299,12 +278,13 @@ def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, co
     Args:
       rewards: [P, G, K] float (NaN: missing). lengths: [P, G] response tokens. valid: [P] bool.
     """
+    rl = config.rl
     return compute_advantages(
-        rewards, lengths, config.method, snr_tau=config.snr_tau,
+        rewards, lengths, rl.algorithm, snr_tau=rl.snr_tau,
         reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
-        batch_norm=config.batch_norm, group_eps=config.group_eps, valid=valid,
-        drop_zero_variance_groups=config.drop_zero_variance_groups, snr_eps=config.snr_eps,
-        query_reweighting=config.query_reweighting, halves_ranking=config.halves_ranking,
+        batch_norm=rl.batch_norm, group_eps=rl.group_eps, valid=valid,
+        drop_zero_variance_groups=rl.drop_zero_variance_groups, snr_eps=rl.snr_eps,
+        query_reweighting=rl.query_reweighting, halves_ranking=rl.halves_ranking,
     )
 
 
@@ -314,9 +294,63 @@ def _constrain_rows(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape)), tree)
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateLayout:
+    """How one step's B rows split (static: from the batch's shapes and the `StepConfig`).
+
+    Attributes:
+      rows: B = P x G. minibatch_rows: rows per optimizer step. micro_rows: rows per micro-batch.
+      prompt_length: Lp, the batch's padded prompt length.
+      windows: the prompt lengths micro-batches run at, ascending, the last ``prompt_length``
+        (`StepConfig.prompt_windows` below it).
+      skip_rows: micro-batches of rows without a gradient are skipped (`StepConfig.skips_rows`).
+      verl_weighting: the loss is weighted per verl micro-batch (``rl.micro_batch_max_tokens``).
+    """
+
+    rows: int
+    minibatch_rows: int
+    micro_rows: int
+    prompt_length: int
+    windows: tuple[int, ...]
+    skip_rows: bool
+    verl_weighting: bool
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, config: StepConfig) -> UpdateLayout:
+        """Raises: ValueError naming the ``rl.`` field whose minibatch or micro-batch size does not
+        divide the batch (`check_batch_layout`)."""
+        num_prompts, group, _ = batch.rewards.shape
+        rows = num_prompts * group
+        minibatch_rows, micro_rows = check_batch_layout(rows, config.rl.num_minibatches, config.rl.micro_batch_size)
+        prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
+        windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
+        return cls(rows=rows, minibatch_rows=minibatch_rows, micro_rows=micro_rows, prompt_length=prompt_length,
+                   windows=windows, skip_rows=config.skips_rows, verl_weighting=config.rl.micro_batch_max_tokens > 0)
+
+    @property
+    def num_minibatches(self) -> int:
+        return self.rows // self.minibatch_rows
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per minibatch."""
+        return self.minibatch_rows // self.micro_rows
+
+    @property
+    def windowed(self) -> bool:
+        """Micro-batches may run on a prompt window shorter than ``prompt_length``."""
+        return len(self.windows) > 1
+
+    def sorts_micro_batches(self, rows: int) -> bool:
+        """``rows`` (more than a micro-batch) are sorted before they split into micro-batches: by prompt
+        length for the windows, rows without a gradient last for the skipping."""
+        return rows > self.micro_rows and (self.windowed or self.skip_rows)
+
+
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: StepConfig,
                     mesh: Mesh | None = None):
-    """The update function ``step(state, batch, frozen=None) -> (state, metrics)`` (not yet jitted).
+    """The update function ``step(state, batch, frozen=None) -> (state, metrics)`` (not yet jitted):
+    `train_step` with these arguments.
 
     With LoRA, ``state.params`` are the adapters and ``frozen`` the base weights
     (`gd2po_jax.models.lora.split_lora`): the model is both merged, gradients and the optimizer
@@ -332,200 +366,297 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     Returns:
       A pure function; wrap it with `jit_train_step`.
     """
-    compute_dtype = jnp.dtype(config.compute_dtype)
-    need_entropy = config.log_entropy or bool(config.entropy_coef)
-    # Rows with A = 0 have no gradient unless a KL or entropy term gives them one.
-    skip_rows = config.skip_zero_advantage_rows and not config.kl_coef and not config.entropy_coef
-
-    def policy_logprobs(params, rows: dict, with_entropy: bool, frozen, dropout_key=None):
-        """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
-        forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``; with
-        ``dropout_key``, the adapters' dropout (``lora_dropout``) drawn from it."""
-        model = merge_model(graphdef, params, compute_dtype, frozen)
-        dropout = None if dropout_key is None else {"lora_dropout": (dropout_key, config.lora_dropout)}
-        return completion_logprobs(
-            model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
-            chunk_size=config.logit_chunk_size, with_entropy=with_entropy, temperature=config.logprob_temperature,
-            **(dropout or {}),
-        )
-
-    def micro_loss(params, rows: dict, denominator, frozen, dropout_key=None):
-        logp, entropy = policy_logprobs(params, rows, need_entropy, frozen, dropout_key)
-        out = losses.policy_loss(
-            logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
-            clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
-            agg_mode=config.loss_agg_mode, norm_length=config.norm_length,
-            ref_logp=rows["ref_logp"] if config.kl_coef else None, kl_coef=config.kl_coef,
-            kl_estimator=config.kl_estimator, entropy=entropy, entropy_coef=config.entropy_coef,
-            is_weights=rows.get("is_weights"), row_weights=rows.get("row_weights"),
-        )
-        return out.numerator / jnp.maximum(denominator, 1e-8), out
-
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
-    def recompute_old_logprobs(params, rows: dict, micro_rows: int, run_on_window, windowed: bool,
-                               frozen) -> jax.Array:
-        """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the
-        update's size (sorted by prompt length when there are windows, as the update sorts), each
-        on its prompt window; no gradient. With skipped rows (``rows["active"]``), those are sorted
-        last and a micro-batch of only such rows keeps the batch's (sampler's) log-probs: the loss
-        never reads them."""
-        total = rows["input_ids"].shape[0]
-        keys = ("input_ids", "attention_mask", "old_logp", "prompt_lengths") + (("active",) if skip_rows else ())
-        order = jnp.arange(total)
-        if total > micro_rows and (windowed or skip_rows):
-            order = jnp.argsort(micro_batch_sort_key(rows["prompt_lengths"], rows.get("active"), windowed), stable=True)
-        micro = {k: rows[k][order].reshape((total // micro_rows, micro_rows) + rows[k].shape[1:]) for k in keys}
-
-        def compute(micro_batch):
-            logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh), frozen)
-            return logp.astype(micro_batch["old_logp"].dtype)
-
-        def forward(_, micro_batch):
-            if skip_rows:
-                kept = lambda mb: mb["old_logp"]  # noqa: E731
-                return None, jax.lax.cond(jnp.any(micro_batch["active"]), compute, kept, micro_batch)
-            return None, compute(micro_batch)
-
-        _, logp = jax.lax.scan(forward, None, micro)
-        return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
 
     def step(state: TrainState, batch: RolloutBatch, frozen=None):
-        num_prompts, group, _ = batch.rewards.shape
-        rows_total = num_prompts * group
-        minibatch_rows, micro_rows = check_batch_layout(rows_total, config.num_minibatches, config.micro_batch_size)
-        lengths = jnp.sum(batch.response_mask, axis=-1).reshape(num_prompts, group)
-        adv = step_advantages(batch.rewards, lengths, batch.valid, config)
-        prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
-        windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
-        micro_grad_fn = on_prompt_windows(grad_fn, windows, prompt_length)
-        prompt_lengths = jnp.sum(batch.attention_mask[:, :prompt_length], axis=-1, dtype=jnp.int32)
-        row_valid = jnp.repeat(batch.valid, group)
-        loss_mask = batch.response_mask & row_valid[:, None]
-        if not config.filtered_in_denominator:
-            loss_mask = loss_mask & adv.keep.reshape(-1)[:, None]
-        rows = {
-            "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-            "old_logp": batch.old_logp, "ref_logp": batch.ref_logp,
-            "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
-            "response_lengths": lengths.reshape(-1),
-        }
-        if skip_rows:
-            rows["active"] = rows_with_gradient(rows["advantages"], loss_mask)
-        verl_weighting = config.micro_batch_max_tokens > 0
-        if verl_weighting:
-            if batch.segment_ids is None:
-                raise ValueError("rl.micro_batch_max_tokens: the batch has no segment_ids (verl's micro-batches); "
-                                 "build it with gd2po_jax.rl.rollout.rollout_batch(..., segment_ids=...)")
-            rows["segment_ids"] = batch.segment_ids.astype(jnp.int32)
-        rollout_metrics = {}
-        if config.old_logprobs == "recompute":
-            forward = lambda params, micro_batch, frozen: policy_logprobs(params, micro_batch, False, frozen)[0]  # noqa: E731
-            recomputed = recompute_old_logprobs(state.params, rows, micro_rows,
-                                                on_prompt_windows(forward, windows, prompt_length),
-                                                windowed=len(windows) > 1, frozen=frozen)
-            rows["old_logp"] = recomputed
-            recomputed_tokens = batch.response_mask & row_valid[:, None]
-            if skip_rows:  # over the rows with a gradient, the others' were not recomputed
-                recomputed_tokens = recomputed_tokens & rows["active"][:, None]
-            rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, recomputed_tokens, config.rollout_is_cap)
-            if config.rollout_is_cap > 0:
-                rows["is_weights"] = truncated_is_weights(batch.old_logp, recomputed, config.rollout_is_cap)
-
-        def update_minibatch(carry, xs):
-            params, opt_state, loss_sums = carry
-            indices, minibatch_dropout = xs  # minibatch_dropout: None, or a key per micro-batch
-            if minibatch_rows > micro_rows and (len(windows) > 1 or skip_rows):
-                # Micro-batches of similar prompt lengths, so that each runs on a short window; rows
-                # without a gradient last, so that they fill micro-batches that are skipped.
-                active = rows["active"][indices] if skip_rows else None
-                key = micro_batch_sort_key(rows["prompt_lengths"][indices], active, len(windows) > 1)
-                indices = indices[jnp.argsort(key, stable=True)]
-            minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
-            if verl_weighting:
-                # verl's micro-batch weighting: per-row weights from the minibatch's segments, one
-                # denominator (the weights hold each segment's token count).
-                minibatch["row_weights"] = losses.verl_row_weights(
-                    minibatch["loss_mask"], minibatch.pop("segment_ids"), minibatch_rows)
-                denominator = jnp.float32(1.0)
-            else:
-                _, denominator = losses.aggregate_loss(
-                    jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.loss_agg_mode,
-                    norm_length=config.norm_length,
-                )
-            if skip_rows:  # the metrics over the rows with a gradient (their numerator is the same)
-                minibatch["loss_mask"] = minibatch["loss_mask"] & minibatch["active"][:, None]
-            micro = jax.tree.map(
-                lambda x: x.reshape((minibatch_rows // micro_rows, micro_rows) + x.shape[1:]), minibatch
-            )
-
-            def micro_gradient(micro_batch, dropout_key):
-                """(grads, loss sums, padding slots, rows skipped) of one micro-batch."""
-                ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh),
-                                                                denominator, frozen, dropout_key)
-                return micro_grads, out, _padding_slots(micro_batch, window), jnp.int32(0)
-
-            def no_gradient(micro_batch, dropout_key):
-                zeros = jnp.zeros((), jnp.int32)
-                return (jax.tree.map(jnp.zeros_like, params), losses.empty_policy_loss(), (zeros, zeros, zeros),
-                        jnp.int32(micro_batch["active"].shape[0]))
-
-            def accumulate_micro(acc, micro_xs):
-                grads, sums = acc
-                micro_batch, dropout_key = micro_xs
-                if skip_rows:
-                    micro_grads, out, padding, skipped = jax.lax.cond(
-                        jnp.any(micro_batch["active"]), micro_gradient, no_gradient, micro_batch, dropout_key)
-                else:
-                    micro_grads, out, padding, skipped = micro_gradient(micro_batch, dropout_key)
-                return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), (padding, skipped)
-
-            zero_grads = jax.tree.map(jnp.zeros_like, params)
-            (grads, sums), (padding, skipped_rows) = jax.lax.scan(
-                accumulate_micro, (zero_grads, losses.empty_policy_loss()), (micro, minibatch_dropout))
-            updates, new_opt_state = optimizer.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            grad_norm = optax.tree.norm(grads)
-            apply = jnp.isfinite(grad_norm) if config.skip_nonfinite_updates else jnp.bool_(True)
-            params, opt_state = updated_if(apply, (new_params, new_opt_state), (params, opt_state))
-            loss_sums = losses.accumulate(loss_sums, sums)
-            return (params, opt_state, loss_sums), (grad_norm, ~apply, jax.tree.map(jnp.sum, padding),
-                                                    jnp.sum(skipped_rows))
-
-        in_order = jnp.arange(rows_total, dtype=jnp.int32) if batch.row_order is None else batch.row_order
-
-        def update_epoch(carry, xs):
-            params, opt_state, loss_sums = carry
-            epoch_key, epoch_dropout = xs  # epoch_dropout: None, or [minibatches, micro-batches] keys
-            order = jax.random.permutation(epoch_key, rows_total) if config.shuffle_minibatches else in_order
-            order = order.reshape(config.num_minibatches, minibatch_rows)
-            return jax.lax.scan(update_minibatch, (params, opt_state, loss_sums), (order, epoch_dropout))
-
-        rng, shuffle_key = jax.random.split(state.rng)
-        epoch_keys = jax.random.split(shuffle_key, config.ppo_epochs)
-        dropout_keys = None
-        if config.lora_dropout > 0 and frozen is not None:
-            # A key per epoch, minibatch and micro-batch, from the shuffle key (the state's RNG: a
-            # resumed run draws the same masks).
-            counts = (config.ppo_epochs, config.num_minibatches, minibatch_rows // micro_rows)
-            dropout_keys = jax.random.split(jax.random.fold_in(shuffle_key, 1), counts)
-        init_sums = losses.empty_policy_loss()
-        (params, opt_state, loss_sums), (grad_norms, skipped, padding, skipped_rows) = jax.lax.scan(
-            update_epoch, (state.params, state.opt_state, init_sums), (epoch_keys, dropout_keys)
-        )
-        metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
-        metrics.update(rollout_metrics)
-        metrics["update/skipped_updates"] = jnp.sum(skipped.astype(jnp.int32))
-        slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
-        # of the slots computed (0 when every micro-batch was skipped)
-        metrics["update/prompt_padding"] = losses.safe_ratio(prompt_pads, slots)
-        metrics["update/padding"] = losses.safe_ratio(prompt_pads + completion_pads, slots)
-        # rows whose forward and backward were skipped, of those the epochs pass over
-        metrics["update/skipped_rows"] = jnp.sum(skipped_rows) / (rows_total * config.ppo_epochs)
-        new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
-        return new_state, metrics
+        return train_step(state, batch, frozen, graphdef=graphdef, optimizer=optimizer, config=config, mesh=mesh)
 
     return step
+
+
+def train_step(state: TrainState, batch: RolloutBatch, frozen, *, graphdef, optimizer: optax.GradientTransformation,
+               config: StepConfig, mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One update (the module docstring's program): advantages, the rows of the update, the old
+    log-probs recomputed (``rl.old_logprobs="recompute"``), ``rl.ppo_epochs`` scans of `update_epoch`,
+    the metrics. The arguments are `make_train_step`'s."""
+    layout = UpdateLayout.of(batch, config)
+    lengths = jnp.sum(batch.response_mask, axis=-1).reshape(batch.rewards.shape[:2])
+    adv = step_advantages(batch.rewards, lengths, batch.valid, config)
+    grad_fn = jax.value_and_grad(functools.partial(micro_loss, graphdef=graphdef, config=config), has_aux=True)
+    micro_grad_fn = on_prompt_windows(grad_fn, layout.windows, layout.prompt_length)
+    rows, row_valid = update_rows(batch, adv, lengths, config, layout)
+    rollout_metrics = {}
+    if config.rl.old_logprobs == "recompute":
+        rows, rollout_metrics = with_recomputed_old_logprobs(rows, batch, row_valid, state.params, frozen,
+                                                             graphdef=graphdef, config=config, layout=layout, mesh=mesh)
+    in_order = jnp.arange(layout.rows, dtype=jnp.int32) if batch.row_order is None else batch.row_order
+    rng, shuffle_key = jax.random.split(state.rng)
+    epoch_keys = jax.random.split(shuffle_key, config.rl.ppo_epochs)
+    dropout_keys = lora_dropout_keys(shuffle_key, config, layout, frozen)
+    minibatch_fn = functools.partial(update_minibatch, rows=rows, micro_grad_fn=micro_grad_fn, optimizer=optimizer,
+                                     config=config, layout=layout, mesh=mesh, frozen=frozen)
+    epoch_fn = functools.partial(update_epoch, minibatch_fn=minibatch_fn, in_order=in_order,
+                                 shuffle=config.rl.shuffle_minibatches, layout=layout)
+    (params, opt_state, loss_sums), (grad_norms, skipped, padding, skipped_rows) = jax.lax.scan(
+        epoch_fn, (state.params, state.opt_state, losses.empty_policy_loss()), (epoch_keys, dropout_keys)
+    )
+    metrics = _step_metrics(config, batch, adv, loss_sums, grad_norms, lengths)
+    metrics.update(rollout_metrics)
+    metrics.update(_update_metrics(skipped, padding, skipped_rows, layout.rows * config.rl.ppo_epochs))
+    new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
+    return new_state, metrics
+
+
+def policy_logprobs(params, rows: dict, with_entropy: bool, frozen, dropout_key=None, *, graphdef,
+                    config: StepConfig):
+    """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
+    forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``; with
+    ``dropout_key``, the adapters' dropout (``lora_dropout``) drawn from it."""
+    model = merge_model(graphdef, params, jnp.dtype(config.compute_dtype), frozen)
+    dropout = None if dropout_key is None else {"lora_dropout": (dropout_key, config.lora_dropout)}
+    return completion_logprobs(
+        model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
+        chunk_size=config.logit_chunk_size, with_entropy=with_entropy, temperature=config.logprob_temperature,
+        **(dropout or {}),
+    )
+
+
+def micro_loss(params, rows: dict, denominator, frozen, dropout_key=None, *, graphdef, config: StepConfig):
+    """(numerator / denominator, `losses.PolicyLoss`) of a micro-batch's ``rows``: the function
+    whose gradient the update accumulates (``denominator``: the whole minibatch's)."""
+    need_entropy = config.log_entropy or bool(config.rl.entropy_coef)
+    logp, entropy = policy_logprobs(params, rows, need_entropy, frozen, dropout_key, graphdef=graphdef, config=config)
+    rl = config.rl
+    out = losses.policy_loss(
+        logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
+        clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=config.dual_clip_bound,
+        agg_mode=rl.loss_agg_mode, norm_length=config.norm_length,
+        ref_logp=rows["ref_logp"] if rl.kl_coef else None, kl_coef=rl.kl_coef,
+        kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
+        is_weights=rows.get("is_weights"), row_weights=rows.get("row_weights"),
+    )
+    return out.numerator / jnp.maximum(denominator, 1e-8), out
+
+
+def update_rows(batch: RolloutBatch, adv: AdvantageOutput, lengths: jax.Array, config: StepConfig,
+                layout: UpdateLayout) -> tuple[dict, jax.Array]:
+    """(rows, row_valid [B] bool): the [B, ...] arrays the minibatches are cut from: the batch's
+    tokens and log-probs, the advantages, the loss mask (response tokens of real prompts; without
+    ``rl.filtered_in_denominator`` of kept rows only), prompt and response lengths, and ``active``
+    (`rows_with_gradient`) when rows are skipped, ``segment_ids`` with verl's weighting.
+
+    Raises:
+      ValueError: verl's weighting on a batch without ``segment_ids``.
+    """
+    prompt_lengths = jnp.sum(batch.attention_mask[:, :layout.prompt_length], axis=-1, dtype=jnp.int32)
+    row_valid = jnp.repeat(batch.valid, batch.rewards.shape[1])
+    loss_mask = batch.response_mask & row_valid[:, None]
+    if not config.rl.filtered_in_denominator:
+        loss_mask = loss_mask & adv.keep.reshape(-1)[:, None]
+    rows = {
+        "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+        "old_logp": batch.old_logp, "ref_logp": batch.ref_logp,
+        "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
+        "response_lengths": lengths.reshape(-1),
+    }
+    if layout.skip_rows:
+        rows["active"] = rows_with_gradient(rows["advantages"], loss_mask)
+    if layout.verl_weighting:
+        if batch.segment_ids is None:
+            raise ValueError("rl.micro_batch_max_tokens: the batch has no segment_ids (verl's micro-batches); "
+                             "build it with gd2po_jax.rl.rollout.rollout_batch(..., segment_ids=...)")
+        rows["segment_ids"] = batch.segment_ids.astype(jnp.int32)
+    return rows, row_valid
+
+
+def with_recomputed_old_logprobs(rows: dict, batch: RolloutBatch, row_valid: jax.Array, params, frozen, *, graphdef,
+                                 config: StepConfig, layout: UpdateLayout,
+                                 mesh: Mesh | None) -> tuple[dict, dict[str, jax.Array]]:
+    """(rows, rollout metrics): the rows with their old log-probs recomputed under ``params``
+    (`recompute_old_logprobs`) and, with ``rl.rollout_is_cap``, the truncated importance weights
+    (``is_weights``); the metrics compare the sampler's log-probs with them (`_rollout_metrics`)."""
+    forward = functools.partial(old_logprobs_forward, graphdef=graphdef, config=config)
+    recomputed = recompute_old_logprobs(params, rows, on_prompt_windows(forward, layout.windows, layout.prompt_length),
+                                        layout, frozen, mesh)
+    rows = dict(rows, old_logp=recomputed)
+    recomputed_tokens = batch.response_mask & row_valid[:, None]
+    if layout.skip_rows:  # over the rows with a gradient, the others' were not recomputed
+        recomputed_tokens = recomputed_tokens & rows["active"][:, None]
+    rollout_metrics = _rollout_metrics(batch.old_logp, recomputed, recomputed_tokens, config.rl.rollout_is_cap)
+    if config.rl.rollout_is_cap > 0:
+        rows["is_weights"] = truncated_is_weights(batch.old_logp, recomputed, config.rl.rollout_is_cap)
+    return rows, rollout_metrics
+
+
+def old_logprobs_forward(params, micro_batch: dict, frozen, *, graphdef, config: StepConfig) -> jax.Array:
+    """[R, M] the micro-batch's log-probs under ``params``, without entropy or dropout."""
+    return policy_logprobs(params, micro_batch, False, frozen, graphdef=graphdef, config=config)[0]
+
+
+def recompute_old_logprobs(params, rows: dict, run_on_window, layout: UpdateLayout, frozen,
+                           mesh: Mesh | None) -> jax.Array:
+    """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the update's
+    size (sorted by prompt length when there are windows, as the update sorts), each on its prompt
+    window (``run_on_window``: `on_prompt_windows` of `old_logprobs_forward`); no gradient. With
+    skipped rows (``rows["active"]``), those are sorted last and a micro-batch of only such rows
+    keeps the batch's (sampler's) log-probs: the loss never reads them."""
+    total = rows["input_ids"].shape[0]
+    keys = ("input_ids", "attention_mask", "old_logp", "prompt_lengths") + (("active",) if layout.skip_rows else ())
+    order = jnp.arange(total)
+    if layout.sorts_micro_batches(total):
+        order = jnp.argsort(micro_batch_sort_key(rows["prompt_lengths"], rows.get("active"), layout.windowed),
+                            stable=True)
+    micro = {k: rows[k][order].reshape((total // layout.micro_rows, layout.micro_rows) + rows[k].shape[1:])
+             for k in keys}
+    compute = functools.partial(_recomputed_logprobs, run_on_window=run_on_window, params=params, frozen=frozen,
+                                mesh=mesh)
+    _, logp = jax.lax.scan(functools.partial(_recompute_micro_batch, compute=compute, skip_rows=layout.skip_rows),
+                           None, micro)
+    return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
+
+
+def _recompute_micro_batch(carry, micro_batch: dict, *, compute, skip_rows: bool):
+    """Scan body of `recompute_old_logprobs`: ``compute`` of a micro-batch, or (``skip_rows``) the
+    sampler's log-probs of one holding no row with a gradient."""
+    if skip_rows:
+        return carry, jax.lax.cond(jnp.any(micro_batch["active"]), compute, _sampler_logprobs, micro_batch)
+    return carry, compute(micro_batch)
+
+
+def _recomputed_logprobs(micro_batch: dict, *, run_on_window, params, frozen, mesh: Mesh | None) -> jax.Array:
+    logp, _window = run_on_window(params, _constrain_rows(micro_batch, mesh), frozen)
+    return logp.astype(micro_batch["old_logp"].dtype)
+
+
+def _sampler_logprobs(micro_batch: dict) -> jax.Array:
+    return micro_batch["old_logp"]
+
+
+def lora_dropout_keys(shuffle_key: jax.Array, config: StepConfig, layout: UpdateLayout, frozen) -> jax.Array | None:
+    """[epochs, minibatches, micro-batches] keys of the adapters' dropout masks (``lora_dropout`` > 0
+    with LoRA), from the shuffle key (the state's RNG: a resumed run draws the same masks); else None."""
+    if not (config.lora_dropout > 0 and frozen is not None):
+        return None
+    counts = (config.rl.ppo_epochs, layout.num_minibatches, layout.micro_batches)
+    return jax.random.split(jax.random.fold_in(shuffle_key, 1), counts)
+
+
+def update_epoch(carry, xs, *, minibatch_fn, in_order: jax.Array, shuffle: bool, layout: UpdateLayout):
+    """Scan body over the epochs: the rows (shuffled by the epoch's key, or ``in_order``) split into
+    minibatches, a scan of ``minibatch_fn`` (`update_minibatch`) over them. ``xs``: (epoch key,
+    None or the epoch's [minibatches, micro-batches] dropout keys)."""
+    epoch_key, epoch_dropout = xs
+    order = jax.random.permutation(epoch_key, layout.rows) if shuffle else in_order
+    order = order.reshape(layout.num_minibatches, layout.minibatch_rows)
+    return jax.lax.scan(minibatch_fn, carry, (order, epoch_dropout))
+
+
+def update_minibatch(carry, xs, *, rows: dict, micro_grad_fn, optimizer: optax.GradientTransformation,
+                     config: StepConfig, layout: UpdateLayout, mesh: Mesh | None, frozen):
+    """Scan body over an epoch's minibatches: the gradient of the minibatch (rows ``xs[0]``),
+    accumulated over its micro-batches (a scan of `accumulate_micro_batch`), and one optimizer
+    update (`apply_update`). ``carry``: (params, optimizer state, loss sums); ``xs``: (row indices,
+    None or a dropout key per micro-batch)."""
+    params, opt_state, loss_sums = carry
+    indices, minibatch_dropout = xs
+    minibatch, denominator = minibatch_of(rows, indices, config, layout, mesh)
+    micro = jax.tree.map(lambda x: x.reshape((layout.micro_batches, layout.micro_rows) + x.shape[1:]), minibatch)
+    accumulate = functools.partial(accumulate_micro_batch, micro_grad_fn=micro_grad_fn, params=params,
+                                   denominator=denominator, frozen=frozen, mesh=mesh, skip_rows=layout.skip_rows)
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    (grads, sums), (padding, skipped_rows) = jax.lax.scan(
+        accumulate, (zero_grads, losses.empty_policy_loss()), (micro, minibatch_dropout))
+    params, opt_state, grad_norm, applied = apply_update(optimizer, grads, params, opt_state,
+                                                         config.skip_nonfinite_updates)
+    loss_sums = losses.accumulate(loss_sums, sums)
+    return (params, opt_state, loss_sums), (grad_norm, ~applied, jax.tree.map(jnp.sum, padding), jnp.sum(skipped_rows))
+
+
+def minibatch_of(rows: dict, indices: jax.Array, config: StepConfig, layout: UpdateLayout,
+                   mesh: Mesh | None) -> tuple[dict, jax.Array]:
+    """(the minibatch's rows, the denominator of its loss): the ``indices`` rows, sorted for the
+    micro-batches (`micro_batch_sort_key`), with verl's row weights (``row_weights``, denominator 1)
+    or the aggregation's denominator (independent of the parameters); with skipped rows, the loss
+    mask of the rows with a gradient (the metrics are over those; their numerator is the same)."""
+    if layout.sorts_micro_batches(layout.minibatch_rows):
+        # Micro-batches of similar prompt lengths, so that each runs on a short window; rows
+        # without a gradient last, so that they fill micro-batches that are skipped.
+        active = rows["active"][indices] if layout.skip_rows else None
+        key = micro_batch_sort_key(rows["prompt_lengths"][indices], active, layout.windowed)
+        indices = indices[jnp.argsort(key, stable=True)]
+    minibatch = _constrain_rows(jax.tree.map(lambda x: x[indices], rows), mesh)
+    if layout.verl_weighting:
+        # verl's micro-batch weighting: per-row weights from the minibatch's segments, one
+        # denominator (the weights hold each segment's token count).
+        minibatch["row_weights"] = losses.verl_row_weights(
+            minibatch["loss_mask"], minibatch.pop("segment_ids"), layout.minibatch_rows)
+        denominator = jnp.float32(1.0)
+    else:
+        _, denominator = losses.aggregate_loss(
+            jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.rl.loss_agg_mode,
+            norm_length=config.norm_length,
+        )
+    if layout.skip_rows:
+        minibatch["loss_mask"] = minibatch["loss_mask"] & minibatch["active"][:, None]
+    return minibatch, denominator
+
+
+def accumulate_micro_batch(acc, micro_xs, *, micro_grad_fn, params, denominator, frozen, mesh: Mesh | None,
+                           skip_rows: bool):
+    """Scan body over a minibatch's micro-batches: (gradient, loss sums) plus the micro-batch's
+    (`micro_batch_gradient`, or with ``skip_rows`` `no_gradient` for one holding no row with a
+    gradient, a `jax.lax.cond`). ``micro_xs``: (micro-batch, None or its dropout key); out: (padding
+    slots, rows skipped)."""
+    grads, sums = acc
+    micro_batch, dropout_key = micro_xs
+    gradient = functools.partial(micro_batch_gradient, micro_grad_fn=micro_grad_fn, params=params,
+                                 denominator=denominator, frozen=frozen, mesh=mesh)
+    if skip_rows:
+        micro_grads, out, padding, skipped = jax.lax.cond(
+            jnp.any(micro_batch["active"]), gradient, functools.partial(no_gradient, params=params),
+            micro_batch, dropout_key)
+    else:
+        micro_grads, out, padding, skipped = gradient(micro_batch, dropout_key)
+    return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), (padding, skipped)
+
+
+def micro_batch_gradient(micro_batch: dict, dropout_key, *, micro_grad_fn, params, denominator, frozen,
+                         mesh: Mesh | None):
+    """(grads, loss sums, padding slots, rows skipped: 0) of one micro-batch, on its prompt window."""
+    ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh), denominator, frozen,
+                                                    dropout_key)
+    return micro_grads, out, _padding_slots(micro_batch, window), jnp.int32(0)
+
+
+def no_gradient(micro_batch: dict, dropout_key, *, params):
+    """`micro_batch_gradient`'s outputs for a micro-batch not computed: zeros, its rows skipped."""
+    del dropout_key
+    zeros = jnp.zeros((), jnp.int32)
+    return (jax.tree.map(jnp.zeros_like, params), losses.empty_policy_loss(), (zeros, zeros, zeros),
+            jnp.int32(micro_batch["active"].shape[0]))
+
+
+def apply_update(optimizer: optax.GradientTransformation, grads, params, opt_state, skip_nonfinite: bool):
+    """(params, opt_state, gradient norm, applied): the optimizer's update of ``grads``, applied only
+    if their norm is finite (``skip_nonfinite``; else always)."""
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    grad_norm = optax.tree.norm(grads)
+    applied = jnp.isfinite(grad_norm) if skip_nonfinite else jnp.bool_(True)
+    params, opt_state = updated_if(applied, (new_params, new_opt_state), (params, opt_state))
+    return params, opt_state, grad_norm, applied
+
+
+def _update_metrics(skipped: jax.Array, padding, skipped_rows: jax.Array, passes: int) -> dict[str, jax.Array]:
+    """``update/skipped_updates``, ``update/prompt_padding``, ``update/padding`` and
+    ``update/skipped_rows`` from the epochs' scan outputs (``passes``: rows x epochs)."""
+    metrics = {"update/skipped_updates": jnp.sum(skipped.astype(jnp.int32))}
+    slots, prompt_pads, completion_pads = (jnp.sum(x).astype(jnp.float32) for x in padding)
+    # of the slots computed (0 when every micro-batch was skipped)
+    metrics["update/prompt_padding"] = losses.safe_ratio(prompt_pads, slots)
+    metrics["update/padding"] = losses.safe_ratio(prompt_pads + completion_pads, slots)
+    # rows whose forward and backward were skipped, of those the epochs pass over
+    metrics["update/skipped_rows"] = jnp.sum(skipped_rows) / passes
+    return metrics
 
 
 def on_prompt_windows(fn, windows: tuple[int, ...], prompt_length: int):

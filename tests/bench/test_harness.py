@@ -175,8 +175,11 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
 
 
 def test_step_config_is_the_defaults_with_the_changes():
-    config = harness.step_config(method="grpo", dual_clip=None, micro_batch_size=8)
-    assert (config.method, config.dual_clip, config.micro_batch_size) == ("grpo", None, 8)
-    untouched = {k: v for k, v in harness.STEP_DEFAULTS.items() if k not in ("method", "dual_clip", "micro_batch_size")}
-    assert {k: getattr(config, k) for k in untouched} == untouched
-    assert harness.step_config().method == "gd2po_snr"  # the changes are not kept between calls
+    config = harness.step_config(method="grpo", dual_clip=0.0, micro_batch_size=8, prompt_windows=(4,))
+    assert (config.rl.algorithm, config.dual_clip_bound, config.rl.micro_batch_size) == ("grpo", None, 8)
+    assert config.prompt_windows == (4,)
+    changed = ("algorithm", "dual_clip", "micro_batch_size")
+    untouched = {k: v for k, v in harness.STEP_DEFAULTS.items() if k not in changed}
+    held = {k: getattr(config.rl if hasattr(config.rl, k) else config, k) for k in untouched}
+    assert held == untouched
+    assert harness.step_config().rl.algorithm == "gd2po_snr"  # the changes are not kept between calls

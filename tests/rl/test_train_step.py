@@ -7,6 +7,8 @@ turns them into a `RolloutBatch`; only the reward tensor is made up.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,15 +23,12 @@ from configs import toolrl as toolrl_config
 from gd2po_jax.config import RunConfig, check_batch_layout
 from gd2po_jax.models import Decoder, load_pretrained, save_pretrained
 from gd2po_jax.models.decoder import LoRASpec
+from gd2po_jax.models.logprobs import completion_logprobs, logprob_temperature, merge_model
 from gd2po_jax.models.lora import adapters_of, split_lora
 from gd2po_jax.models.sampling import generate
-from gd2po_jax.models.logprobs import completion_logprobs, merge_model
 from gd2po_jax.rl.losses import LOSS_AGG_MODES
 from gd2po_jax.rl.micro_batches import verl_update_layout
-from gd2po_jax.training.optimizer import make_optimizer
-from gd2po_jax.training.records import RolloutBatch, TrainState
 from gd2po_jax.rl.rollout import rollout_batch
-from gd2po_jax.models.logprobs import logprob_temperature
 from gd2po_jax.rl.train_step import (
     StepConfig,
     count_skipped_steps,
@@ -40,6 +39,8 @@ from gd2po_jax.rl.train_step import (
     step_advantages,
 )
 from gd2po_jax.runtime.sharding import batch_sharding, make_mesh
+from gd2po_jax.training.optimizer import make_optimizer
+from gd2po_jax.training.records import RolloutBatch, TrainState
 from tests.fakes import tiny_model_config
 from tests.tolerances import ulps
 
@@ -274,36 +275,34 @@ def test_step_config_from_config_reads_every_field_of_the_run_config():
     config.model.dtype = "bfloat16"
     typed = RunConfig.from_config_dict(config)
     step = StepConfig.from_config(typed)
+    assert step.rl == typed.rl  # the run config's rl section, as it is
     assert step.reward_names == ("correctness", "format", "length")
     assert step.reward_weights == (1.0, 0.5, 2.0) and isinstance(step.reward_weights[0], float)
-    assert step.dual_clip == 3.0 and isinstance(step.dual_clip, float)
-    assert (step.micro_batch_size, step.compute_dtype) == (4, "bfloat16")
-    sources = {"method": typed.rl.algorithm, "snr_tau": typed.rl.snr_tau, "batch_norm": typed.rl.batch_norm,
-               "group_eps": typed.rl.group_eps, "drop_zero_variance_groups": typed.rl.drop_zero_variance_groups,
-               "clip_low": typed.rl.clip_low, "clip_high": typed.rl.clip_high, "loss_agg_mode": typed.rl.loss_agg_mode,
-               "filtered_in_denominator": typed.rl.filtered_in_denominator, "kl_coef": typed.rl.kl_coef,
-               "kl_estimator": typed.rl.kl_estimator, "entropy_coef": typed.rl.entropy_coef,
-               "ppo_epochs": typed.rl.ppo_epochs, "num_minibatches": typed.rl.num_minibatches,
-               "logit_chunk_size": typed.train.logit_chunk_size, "old_logprobs": typed.rl.old_logprobs,
-               "rollout_is_cap": typed.rl.rollout_is_cap, "shuffle_minibatches": typed.rl.shuffle_minibatches,
-               "micro_batch_max_tokens": typed.rl.micro_batch_max_tokens,
-               "query_reweighting": typed.rl.query_reweighting, "snr_eps": typed.rl.snr_eps,
-               "halves_ranking": typed.rl.halves_ranking,
-               "skip_zero_advantage_rows": typed.rl.skip_zero_advantage_rows}
-    for field, value in sources.items():
-        assert getattr(step, field) == value, field
-    assert (step.old_logprobs, step.shuffle_minibatches, step.micro_batch_max_tokens) == ("recompute", True, 0)
-    assert step.skip_zero_advantage_rows
+    assert step.rl.dual_clip == 3.0 and isinstance(step.rl.dual_clip, float)  # held as its field's type
+    assert step.dual_clip_bound == 3.0
+    assert (step.rl.micro_batch_size, step.compute_dtype) == (4, "bfloat16")
+    assert step.logit_chunk_size == typed.train.logit_chunk_size and step.lora_dropout == 0.0
+    assert (step.rl.old_logprobs, step.rl.shuffle_minibatches, step.rl.micro_batch_max_tokens) == ("recompute", True, 0)
+    assert step.rl.skip_zero_advantage_rows and step.skips_rows
     official = StepConfig.from_config(RunConfig.from_config_dict(toolrl_config.get_config("qwen2.5-3b")))
-    assert (official.old_logprobs, official.shuffle_minibatches, official.micro_batch_max_tokens) == \
+    assert (official.rl.old_logprobs, official.rl.shuffle_minibatches, official.rl.micro_batch_max_tokens) == \
         ("recompute", False, 16384)
     assert hash(step) == hash(StepConfig.from_config(typed))  # hashable: part of the program
-    assert StepConfig.from_config(typed, ppo_epochs=3).ppo_epochs == 3
+    assert StepConfig.from_config(typed, ppo_epochs=3).rl.ppo_epochs == 3
+    changed = StepConfig.from_config(typed, method="grpo", kl_coef=0.1, prompt_windows=[8, 12])
+    assert (changed.rl.algorithm, changed.rl.kl_coef, changed.prompt_windows) == ("grpo", 0.1, (8, 12))
+    assert not changed.skips_rows  # the KL term gives every row a gradient
+    assert changed.with_changes(algorithm="gdpo", log_entropy=False).rl == dataclasses.replace(changed.rl,
+                                                                                           algorithm="gdpo")
+    with pytest.raises(ValueError, match=r"^config\.rl\.algorithm"):
+        step.with_changes(algorithm="ppo")
+    with pytest.raises(TypeError):
+        step.with_changes(no_such_field=1)
 
 
 def test_run_step_config_refuses_a_token_budget_below_a_padded_rollout():
     config = RunConfig.from_config_dict(toolrl_config.get_config("qwen2.5-3b"))  # 16384 tokens, 1024 new
-    assert run_step_config(config, 100, 2048).micro_batch_max_tokens == 16384
+    assert run_step_config(config, 100, 2048).rl.micro_batch_max_tokens == 16384
     small = config.replace({"rl.micro_batch_max_tokens": 3000})
     with pytest.raises(ValueError, match=r"^rl\.micro_batch_max_tokens: 3000 tokens cannot hold one padded rollout "
                                          r"of 3072 tokens"):
@@ -315,7 +314,7 @@ def test_step_config_reads_the_configs_spelling_of_off():
     config.rl.dual_clip = 0.0  # <= 0 disables dual clipping
     config.rewards.weights = ()  # empty: all ones
     step = StepConfig.from_config(RunConfig.from_config_dict(config))
-    assert step.dual_clip is None and step.reward_weights is None
+    assert step.rl.dual_clip == 0.0 and step.dual_clip_bound is None and step.reward_weights is None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -700,7 +699,7 @@ def test_recomputed_old_logprobs_give_unit_ratios_whatever_the_sampler_gave(setu
     config = step_config(old_logprobs="recompute", **layout)
     _, metrics, _ = run_step(setup, config, batch=moved)
     mask = np.asarray(batch.response_mask)
-    if config.skip_zero_advantage_rows:
+    if config.rl.skip_zero_advantage_rows:
         # Only the rows with a gradient are recomputed (and counted): a quarter of them here.
         assert metrics["update/skipped_rows"] >= 0.5
         mask = mask & (row_advantages(batch, config)[:, None] != 0)
@@ -742,7 +741,7 @@ def test_truncated_importance_weights_multiply_the_policy_gradient_loss(setup):
     _, plain, _ = run_step(setup, step_config(old_logprobs="recompute"), batch=moved)
     assert plain["loss/pg_loss"] == pytest.approx((-advantages.reshape(-1, 1) * np.ones_like(shift))[mask].mean(),
                                                   rel=1e-4, abs=1e-6)
-    with pytest.raises(ValueError, match="rollout_is_cap needs old_logprobs='recompute'"):
+    with pytest.raises(ValueError, match=r"^config\.rl\.rollout_is_cap: .* needs rl\.old_logprobs='recompute'"):
         step_config(rollout_is_cap=2.0)
 
 
@@ -854,7 +853,7 @@ def test_verl_weighting_needs_the_batch_segments(setup):
     config = step_config(shuffle_minibatches=False, micro_batch_max_tokens=64)
     with pytest.raises(ValueError, match="the batch has no segment_ids"):
         run_step(setup, config)
-    with pytest.raises(ValueError, match="needs shuffle_minibatches=False"):
+    with pytest.raises(ValueError, match=r"^config\.rl\.micro_batch_max_tokens: .* set rl\.shuffle_minibatches=False"):
         step_config(micro_batch_max_tokens=64)
 
 
@@ -1023,8 +1022,8 @@ def test_a_lora_update_on_a_bfloat16_base_keeps_float32_adapters(lora_setup, tmp
 def test_lora_kl_reference_is_the_base_without_a_copy(setup, lora_setup):
     """The KL reference of a LoRA run (rl.kl_coef > 0): the base's own arrays on the graph without
     adapters (`plain_graphdef`) give the full model's reference log-probs, bit for bit."""
-    from gd2po_jax.models.lora import plain_graphdef
     from gd2po_jax.models.logprobs import reference_logprobs_fn
+    from gd2po_jax.models.lora import plain_graphdef
 
     full_graphdef, full_params, batch = setup
     graphdef, adapters, base, _ = lora_setup
