@@ -93,6 +93,8 @@ class _Section:
     `to_dict`. ``_path`` is the section's dotted name in the run config."""
 
     _path: ClassVar[str] = ""
+    if typing.TYPE_CHECKING:  # every section is a dataclass (for `dataclasses.fields`)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     @classmethod
     def _dotted(cls, name: str) -> str:
@@ -128,7 +130,7 @@ class _Section:
             names = ", ".join(f"config.{dotted(name)}" for name in unknown)
             raise ConfigError(f"{names}: unknown field{'s' if len(unknown) > 1 else ''}; {where} has "
                               f"{', '.join(fields)} (see configs/default.py)")
-        hints = _type_hints(cls)
+        hints = _type_hints(typing.cast(type, cls))  # type[...] is not Hashable to mypy (mypy#11470)
         kwargs = {}
         for name, field in fields.items():
             if name not in values:
@@ -140,7 +142,7 @@ class _Section:
             if isinstance(hint, type) and issubclass(hint, _Section):
                 value = hint.from_dict(value)
             elif _optional_section_hint(hint) is not None and value is not None:
-                value = _optional_section_hint(hint).from_dict(value)
+                value = typing.cast("type[_Section]", _optional_section_hint(hint)).from_dict(value)
             elif named is not None:
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"config.{dotted(name)}: must be a group of named sections, got {value!r}")
@@ -160,14 +162,14 @@ class _Section:
                 continue
             if isinstance(value, _Section):
                 value = value.to_dict()
-            elif _named_sections_hint(_type_hints(type(self))[field.name]) is not None:
+            elif _named_sections_hint(_type_hints(typing.cast(type, type(self)))[field.name]) is not None:
                 value = {key: section.to_dict() for key, section in value.items()}
             out[field.name] = value
         return out
 
 
 @functools.cache
-def _type_hints(cls) -> dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 

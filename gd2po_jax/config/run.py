@@ -169,7 +169,7 @@ class RunConfig(_Section):
         values = self.to_dict()
         for dotted, value in changes.items():
             *parents, name = dotted.split(".")
-            node = values
+            node: Any = values  # a section (dict) or, past the last one, any value
             for depth, parent in enumerate(parents):
                 node = node.get(parent) if isinstance(node, dict) else None
                 if not isinstance(node, dict):

@@ -68,7 +68,7 @@ def upgrade(values: Mapping[str, Any]) -> dict[str, Any]:
     for step in range(version + 1, CONFIG_VERSION + 1):
         for dotted, old in OLD_DEFAULTS.get(step, {}).items():
             *parents, name = dotted.split(".")
-            node = out
+            node: Any = out  # a section (dict) or, past the last one, any value
             for parent in parents:
                 node = node.get(parent) if isinstance(node, Mapping) else None
             if isinstance(node, dict) and name not in node:

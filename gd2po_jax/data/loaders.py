@@ -181,7 +181,7 @@ def load_records(name: str, records: datasets.Dataset, *, kind: str = "auto", on
         if require_ground_truth and not has_ground_truth:
             raise DataFormatError(name, None, "reward_model.ground_truth",
                                   "missing; pass require_ground_truth=False to load prompt-only data")
-        convert = functools.partial(verl_row, has_ground_truth=has_ground_truth)
+        convert: Callable[[Any, int], dict] = functools.partial(verl_row, has_ground_truth=has_ground_truth)
     elif kind == "api_bank":
         convert = functools.partial(api_bank_row, level=None)
     elif kind in ("toolrl_sft", "jsonl"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -79,6 +79,6 @@ def decode_completions(
     """Texts of completions ``tokens [N, M]`` cut at ``lengths [N]`` (EOS dropped as special)."""
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     return [
-        tokenizer.decode(row[:n].tolist(), skip_special_tokens=skip_special_tokens)
+        cast(str, tokenizer.decode(row[:n].tolist(), skip_special_tokens=skip_special_tokens))  # one row: a str
         for row, n in zip(tokens, lengths)
     ]
