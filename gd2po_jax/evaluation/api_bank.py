@@ -250,7 +250,7 @@ def aggregate_api_bank(scores: Iterable[tuple[Hashable, ApiBankScore]]) -> ApiBa
     Levels are any sortable labels (API-Bank uses 1, 2, 3); keys are "level_<label>" in sorted
     order, then "overall", which pools all examples (not a mean of the level means).
     """
-    totals: dict[Hashable, list] = {}
+    totals: dict[Any, list] = {}  # level (hashable and sortable) -> [count, correct, format, length]
     for level, score in scores:
         entry = totals.setdefault(level, [0, 0, 0, 0.0])
         entry[0] += 1

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import load_data
@@ -55,6 +55,7 @@ from gd2po_jax.evaluation.safe_alignment import (
 )
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import build_reward_function
+from gd2po_jax.rewards.reward_model import RewardModelReward
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.distributed import is_primary
 from gd2po_jax.runtime.run_dir import RunDir, RunDirError
@@ -334,7 +335,8 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
         policy, reward_fn = policy_from_run(config, setup, workdir, options.checkpoint_step), setup.reward_fn
         batch_size = config.eval.batch_size
     return evaluate_safe_alignment(
-        policy, sets, reward_fn, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
+        policy, sets, cast(RewardModelReward, reward_fn),  # config.rewards.kind == "reward_model" (checked above)
+        RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or config.sampling.max_new_tokens, max_examples=options.max_examples,
         max_prompt_tokens=config.data.max_prompt_tokens, truncation=config.data.prompt_truncation,
         template_kwargs=config.data.template_kwargs,

@@ -33,6 +33,7 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
     a finished evaluation."""
     task = task_of(config)
     scorer = task.eval_scorer(config, setup.reward_fn)
+    summary: dict[str, Any]  # the numbers, then the report (split, names, extra)
     summary, records = evaluate(
         model, setup.evals[split], setup.tokenizer, scorer,
         batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,

@@ -119,6 +119,8 @@ def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn:
       name: the report's name (eval.py: `SAFE_ALIGNMENT`; a training run: before_rl, step_<N>, after_rl).
     """
     scorer = RewardModelScorer(reward_fn)
+    per_set: dict[str, dict[str, float]]
+    records: list[dict[str, Any]]
     per_set, records = {}, []
     for set_name, path in sets.items():
         prompts = set_prompts(path, policy.tokenizer, max_examples=max_examples, max_prompt_tokens=max_prompt_tokens,
