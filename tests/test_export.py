@@ -216,7 +216,7 @@ def test_export_py_names_the_steps_that_exist(run, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "export.py", f"--workdir={run}", "--step=7", f"--out={out}"], cwd=REPO,
                           env=subprocess_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"export.py: --step=7: no such checkpoint in {run / 'checkpoints'}; available steps: 1, 2, 3")
     assert not out.exists()

@@ -147,6 +147,6 @@ def test_train_py_finds_its_default_config_from_another_directory(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), "--workdir=run", "--config.rl.snr_tau=1.5"],
                           cwd=tmp_path, env=subprocess_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True,
                           timeout=300)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "train.py: config.rl.snr_tau: must be in [0.0, 1.0], got 1.5"
     assert not (tmp_path / "run").exists()

@@ -7,8 +7,13 @@ import json
 import pathlib
 import sys
 
-from gd2po_jax.config import TinyModelConfig
-from gd2po_jax.tasks.base import build_tiny_model
+try:
+    import gd2po_jax  # noqa: F401  (installed: pip install .)
+except ModuleNotFoundError:  # run from a checkout's examples/own_task/, as its README says: the checkout's package
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from gd2po_jax.config import TinyModelConfig  # noqa: E402
+from gd2po_jax.tasks.base import build_tiny_model  # noqa: E402
 
 SHAPE = TinyModelConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
                         num_kv_heads=4, head_dim=32, seed=0)

@@ -18,22 +18,27 @@ of its fields (ml_collections' config flags). A tuple-valued field takes a comma
 
 and, as before, a Python literal (``"('correctness', 'length')"``, ``[1, 0.5]``), which is how to
 pass an element that contains a comma.
+
+May import: errors, config, runtime, models, data, rewards, training, tasks, rl, sft, evaluation, jobs, experiments.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import logging
 import pathlib
 import re
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, cast
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, cast
 
 from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags import tuple_parser
+
+from gd2po_jax.errors import USER_ERROR_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
@@ -138,6 +143,22 @@ def main_module_name() -> str:
     return sys.argv[0]
 
 
+def exit_user_error(program: str, message: str) -> NoReturn:
+    """Print ``program: message`` on one line to standard error and exit with `USER_ERROR_EXIT_CODE`."""
+    print(f"{program}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(USER_ERROR_EXIT_CODE)
+
+
+@contextlib.contextmanager
+def user_errors(program: str) -> Iterator[None]:
+    """Where every command catches the errors a user can fix (`gd2po_jax.errors.UserError`): one line,
+    ``<program>: <message>``, and exit code 2. Other exceptions (bugs) keep their traceback."""
+    try:
+        yield
+    except UserError as error:
+        exit_user_error(program, one_line(error))
+
+
 def one_line(error: BaseException) -> str:
     """``str(error)`` on one line (a user's exception message may hold newlines)."""
     return " ".join(part.strip() for part in str(error).splitlines() if part.strip()) or type(error).__name__
@@ -174,14 +195,14 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         try:
             remaining = flags.FLAGS(list(argv))
         except flags.Error as error:  # what absl's own parser reports (a bad value, an unknown flag)
-            raise SystemExit(f"{program}: {one_line(error)} (--helpfull lists the flags)") from None
+            exit_user_error(program, f"{one_line(error)} (--helpfull lists the flags)")
     for name in _CONFIG_FLAGS:  # a config file that does not load fails when its value is first read
         try:
             cast(Any, flags.FLAGS[name].value).to_dict()  # a ConfigDict: a config flag's value
         except OSError as error:
             message = " ".join(line.strip() for line in str(error).splitlines()[1:] if line.strip())
-            raise SystemExit(f"{program}: --{name}={config_flags.get_config_filename(flags.FLAGS[name])}: cannot load "
-                             f"the config file ({message})") from None
+            exit_user_error(program, f"--{name}={config_flags.get_config_filename(flags.FLAGS[name])}: cannot load "
+                                     f"the config file ({message})")
         except KeyError:
             pass  # not defined by this command
     return remaining
@@ -205,7 +226,7 @@ class _overrides_in_one_line:  # noqa: N801 - a context manager used as a statem
     def __exit__(self, kind, error, traceback):
         if isinstance(error, (AttributeError, KeyError, TypeError, ValueError, flags.Error)):
             program = pathlib.Path(self.argv[0]).name if self.argv else "gd2po"
-            raise SystemExit(f"{program}: {override_error_message(self.argv, error)}") from None
+            exit_user_error(program, override_error_message(self.argv, error))
         return False
 
 

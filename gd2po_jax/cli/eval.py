@@ -26,14 +26,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from gd2po_jax import cli
-from gd2po_jax.config import ConfigError, DistributedConfig
-from gd2po_jax.data.loaders import DataFormatError
+from gd2po_jax.config import DistributedConfig
 from gd2po_jax.evaluation import command as evaluation
-from gd2po_jax.evaluation.command import EvalError, EvalOptions
-from gd2po_jax.rewards.base import RewardOutputError
-from gd2po_jax.rewards.scoring import RewardError
+from gd2po_jax.evaluation.command import EvalOptions
 from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime.run_dir import RunDirError
 
 _DEFAULTS = EvalOptions()
 FLAGS = flags.FLAGS
@@ -99,16 +95,12 @@ def options_from_flags() -> EvalOptions:
 
 def main(argv):
     cli.start(argv)
-    with distributed.stop_all_on_error():  # several processes: one's error stops them all
-        try:
-            # Before any other use of JAX.
-            distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))
-            evaluation.run(options_from_flags())
-        except (EvalError, RunDirError, ConfigError, distributed.DistributedError, DataFormatError,
-                RewardOutputError, RewardError) as err:
-            # a bad flag or file, a busy workdir, a damaged checkpoint, processes that did not join, a
-            # malformed data row, a reward function that failed or returned something that is not a reward
-            raise SystemExit(f"eval.py: {cli.one_line(err)}") from None
+    # Several processes: one's error stops them all. A bad flag or file, a busy workdir, a damaged
+    # checkpoint, a malformed data row, a failing reward function: one line (gd2po_jax.errors.UserError).
+    with distributed.stop_all_on_error(), cli.user_errors("eval.py"):
+        # Before any other use of JAX.
+        distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))
+        evaluation.run(options_from_flags())
 
 
 def run() -> None:

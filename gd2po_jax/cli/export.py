@@ -23,20 +23,21 @@ import jax.numpy as jnp
 from absl import flags
 
 from gd2po_jax import cli
-from gd2po_jax.config import DTYPES, ConfigError
+from gd2po_jax.config import DTYPES
+from gd2po_jax.errors import UserError
 from gd2po_jax.evaluation.policy import abstract_params, lora_from_checkpoint
 from gd2po_jax.models import save_pretrained
-from gd2po_jax.models.lora import merged_decoder
 from gd2po_jax.models.logprobs import merge_model
-from gd2po_jax.tasks.setup import build_setup
+from gd2po_jax.models.lora import merged_decoder
 from gd2po_jax.runtime import run_dir
-from gd2po_jax.runtime.checkpoints import Checkpoints, NonFiniteError
-from gd2po_jax.runtime.run_dir import RunDir, RunDirError
+from gd2po_jax.runtime.checkpoints import Checkpoints
+from gd2po_jax.runtime.run_dir import RunDir
+from gd2po_jax.tasks.setup import build_setup
 
 FLAGS = flags.FLAGS
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """An export that cannot be made; the message names the flag or file to fix."""
 
 
@@ -129,11 +130,8 @@ def define_flags() -> None:
 
 def main(argv):
     cli.start(argv)
-    try:
+    with cli.user_errors("export.py"):  # a bad flag, a missing file, a busy workdir, a damaged checkpoint
         exported = export_checkpoint(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype)
-    except (ExportError, RunDirError, ConfigError, NonFiniteError) as err:
-        # a bad flag, a missing file, a busy workdir, a damaged checkpoint: one line naming it
-        raise SystemExit(f"export.py: {err}") from None
     print(f"exported checkpoint step {exported.step} of {FLAGS.workdir} ({exported.dtype}) to {exported.out}: "
           f"{', '.join(exported.files)}")
 

@@ -12,7 +12,7 @@ gd2po_jax/experiments/sweep_report.py.
 from absl import flags
 
 from gd2po_jax import cli
-from gd2po_jax.experiments.sweep_report import ReportError, write_report
+from gd2po_jax.experiments.sweep_report import write_report
 
 FLAGS = flags.FLAGS
 
@@ -26,10 +26,8 @@ def define_flags() -> None:
 
 def main(argv):
     cli.start(argv)
-    try:
+    with cli.user_errors("report.py"):
         written = write_report(FLAGS.sweep_dir, FLAGS.out_dir or None)
-    except ReportError as err:
-        raise SystemExit(f"report.py: {err}") from None
     print(written["markdown"].read_text())
     print("written:", ", ".join(str(p) for p in [written["markdown"], written["csv"], *written["plots"]]))
 

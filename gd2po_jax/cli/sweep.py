@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from gd2po_jax import cli
-from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.config import RunConfig
 from gd2po_jax.experiments import sweeps
 
 FLAGS = flags.FLAGS
@@ -48,15 +48,13 @@ def _stop(signum, frame):
 
 def main(argv):
     cli.start(argv)
-    try:
+    with cli.user_errors("sweep.py"):
         sweep = sweeps.plan_sweep(
             FLAGS.sweep_dir, config=RunConfig.from_config_dict(FLAGS.config),
             config_file=config_flags.get_config_filename(FLAGS["config"]),
             overrides=config_flags.get_override_values(FLAGS["config"]),
             algorithms=FLAGS.algorithms, snr_taus=FLAGS.snr_taus, seeds=FLAGS.seeds, parallel=FLAGS.parallel,
         )
-    except (ConfigError, sweeps.SweepError) as err:
-        raise SystemExit(f"sweep.py: {cli.one_line(err)}") from None
     signal.signal(signal.SIGTERM, _stop)
     print(f"sweep: {len(sweep.specs)} runs in {sweep.sweep_dir / 'runs'}, "
           f"{len(sweep.devices)} at a time on {', '.join(d or 'cpu' for d in sweep.devices)}")

@@ -22,14 +22,9 @@ import jax
 from absl import flags
 
 from gd2po_jax import cli
-from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.data.loaders import DataFormatError
-from gd2po_jax.rewards.base import RewardOutputError
-from gd2po_jax.rewards.scoring import RewardError
+from gd2po_jax.config import RunConfig
 from gd2po_jax.jobs.train import train_and_evaluate
 from gd2po_jax.runtime import distributed, preemption
-from gd2po_jax.runtime.checkpoints import NonFiniteError
-from gd2po_jax.runtime.run_dir import RunDirError
 from gd2po_jax.sft.warm_start import build_warm_start
 
 FLAGS = flags.FLAGS
@@ -48,7 +43,9 @@ def main(argv):
     cli.start(argv)
     workdir = FLAGS.workdir or cli.default_workdir(FLAGS["config"])
     preempted = None
-    with distributed.stop_all_on_error():  # several processes: one's error stops them all
+    # Several processes: one's error stops them all. A user's error: one line naming the field, file (and
+    # its free space), row, reward function, arrays or processes (gd2po_jax.errors.UserError), exit code 2.
+    with distributed.stop_all_on_error(), cli.user_errors("train.py"):
         try:
             config = RunConfig.from_config_dict(FLAGS.config)  # the one typed config from here on
             distributed.initialize(config.distributed)  # before any other use of JAX
@@ -62,15 +59,6 @@ def main(argv):
             if stop.step is None and jax.process_count() > 1:
                 raise SystemExit(f"train.py: {stop}") from None  # this process alone: the others stop too
             preempted = stop  # every process saved the same step: each ends cleanly
-        except (ConfigError, RunDirError, NonFiniteError, distributed.DistributedError, DataFormatError,
-                RewardOutputError, RewardError) as err:
-            # An invalid config or one the workdir's run was not made with (a reward function that
-            # cannot be used: RewardFunctionError), a busy workdir, no intact checkpoint, parameters
-            # that became NaN, processes that did not join, a write that failed (WriteFailedError, a
-            # RunDirError: a full disk), a malformed data row, a reward function that returned
-            # something that is not a reward or failed: one line naming the field, file (and its free
-            # space), row, reward function, arrays or processes.
-            raise SystemExit(f"train.py: {cli.one_line(err)}") from None
     if preempted is not None:  # docs/preemption.md: exit code 128 + the signal's number (143: SIGTERM)
         print(f"train.py: {preempted}", file=sys.stderr)
         raise SystemExit(preempted.exit_code)

@@ -2,8 +2,9 @@
 
 Owns: every section of the run config (its fields, their documentation, defaults and checks), the
 batch-layout rule, and the config format's versions (`versions.upgrade` of an older config.json).
-May import: nothing of gd2po_jax (every other module may import it); its modules import only each
-other (tests/test_package.py).
+May import: errors.
+Its modules import only each other and `gd2po_jax.errors` (the base of `ConfigError`), checked by
+tests/test_package.py; every other package may import it.
 
 Experiments are Python files in ``configs/`` that return an ``ml_collections.ConfigDict``, so that
 ``--config.rl.snr_tau=0.5`` overrides any field from the command line. The entry points

@@ -15,11 +15,13 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from gd2po_jax.errors import UserError
+
 DTYPES = ("float32", "bfloat16")
 """The dtypes a model may compute in, or its weights be held or exported in."""
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value that cannot work; the message starts with the field's dotted name."""
 
 

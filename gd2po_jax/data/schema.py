@@ -68,6 +68,7 @@ from gd2po_jax.data.columns import (
     SOURCE,
     TARGET,
 )
+from gd2po_jax.errors import UserError
 
 logger = logging.getLogger("gd2po_jax.data.loaders")  # the loaders' warnings keep their logger's name
 
@@ -90,7 +91,7 @@ FEATURES = datasets.Features(
 """The schema of every loaded dataset (see the module docstring)."""
 
 
-class DataFormatError(ValueError):
+class DataFormatError(UserError, ValueError):
     """A data file, or one row of it, is not in the expected format.
 
     Attributes:

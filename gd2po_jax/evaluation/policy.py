@@ -27,6 +27,7 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
+from gd2po_jax.errors import UserError
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.config import load_hf_config
 from gd2po_jax.models.logprobs import merge_model
@@ -47,7 +48,7 @@ from gd2po_jax.runtime.sharding import make_mesh, variable_sharding
 from gd2po_jax.tasks.setup import RunSetup
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """A request eval.py (or export.py) cannot serve; the message names the flag or file to fix."""
 
 @dataclasses.dataclass

@@ -36,6 +36,7 @@ import numpy as np
 from scipy import stats
 
 from gd2po_jax.config import SNR_HALF_ALGORITHMS, ConfigError, RunConfig
+from gd2po_jax.errors import UserError
 from gd2po_jax.experiments.sweeps import (
     FINISHED,
     SNR_ALGORITHM,
@@ -59,7 +60,7 @@ ALGORITHM_ORDER = ("grpo", "gdpo", "gd2po_hard", SNR_ALGORITHM, *SNR_HALF_ALGORI
 DPI = 100
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """A sweep directory the report cannot read; the message names the file."""
 
 

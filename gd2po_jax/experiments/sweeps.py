@@ -44,6 +44,7 @@ import tqdm
 
 from gd2po_jax.config import ALGORITHMS as METHODS
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.errors import UserError
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 
@@ -63,7 +64,7 @@ FAILED = "failed"  # train.py or eval.py exited non-zero in this sweep
 INTERRUPTED = "interrupted"  # the sweep was stopped while this run was going
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A sweep request that cannot work; the message names the flag, field or file to fix."""
 
 

@@ -1,5 +1,8 @@
 """Decoder-only language models (Qwen2/Qwen2.5, Qwen3, Llama 3) and score models built on them, in Flax
-NNX, with HF checkpoint I/O."""
+NNX, with HF checkpoint I/O.
+
+May import: errors, config, runtime.
+"""
 
 from gd2po_jax.models.config import ModelConfig, RopeConfig, config_from_hf_dict, load_hf_config
 from gd2po_jax.models.decoder import Decoder, KVCache, default_positions, init_cache

@@ -1,5 +1,8 @@
 """Reward functions: the batch interface and registry (`base`), the ToolRL tool-calling rewards,
-reward models as rewards (`reward_model`), and the host-side scoring of rollouts (`scoring`)."""
+reward models as rewards (`reward_model`), and the host-side scoring of rollouts (`scoring`).
+
+May import: errors, config, runtime, models, data.
+"""
 
 from gd2po_jax.rewards.base import (
     RESPONSE_IDS,

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from gd2po_jax.errors import UserError
 from gd2po_jax.rewards.base import (
     CombinedReward,
     RewardFunction,
@@ -48,7 +49,7 @@ from gd2po_jax.rewards.base import (
 logger = logging.getLogger(__name__)
 
 
-class RewardError(RuntimeError):
+class RewardError(UserError, RuntimeError):
     """A reward function raised on a rollout; the message names the rollout and the exception."""
 
 

@@ -50,6 +50,7 @@ import optax
 from jax.sharding import Mesh
 
 from gd2po_jax.config import RLConfig, RunConfig, check_batch_layout
+from gd2po_jax.errors import UserError
 from gd2po_jax.models.logprobs import at_least_f32, completion_logprobs, logprob_temperature, merge_model
 from gd2po_jax.rl import losses
 from gd2po_jax.rl.advantages import AdvantageOutput, advantage_diagnostics, compute_advantages
@@ -745,6 +746,10 @@ def updated_if(condition: jax.Array, updated, current):
     return jax.tree.map(lambda new, old: jnp.where(condition, new, old), updated, current)
 
 
+class SkippedStepsError(UserError, RuntimeError):
+    """The optimizer update was skipped for a non-finite gradient in too many consecutive RL steps."""
+
+
 def count_skipped_steps(consecutive: int, skipped_updates: float, step: int, limit: int) -> int:
     """The number of consecutive RL steps, up to ``step``, in which an optimizer update was skipped
     for a non-finite gradient (``skipped_updates``: the step's ``update/skipped_updates``).
@@ -754,12 +759,12 @@ def count_skipped_steps(consecutive: int, skipped_updates: float, step: int, lim
       limit: ``train.max_consecutive_skipped_steps``.
 
     Raises:
-      RuntimeError: when the count reaches ``limit``: the gradients keep overflowing (or a reward,
+      SkippedStepsError: when the count reaches ``limit``: the gradients keep overflowing (or a reward,
         advantage or log-prob is inf / NaN), and the run would go on without learning.
     """
     consecutive = consecutive + 1 if skipped_updates else 0
     if consecutive >= limit:
-        raise RuntimeError(
+        raise SkippedStepsError(
             f"train.max_consecutive_skipped_steps={limit}: the gradient was not finite (inf or NaN) in "
             f"{consecutive} consecutive RL steps, up to step {step}, and their updates were skipped "
             "(metric update/skipped_updates), so the policy stopped learning. Look for an overflow "

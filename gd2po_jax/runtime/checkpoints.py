@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import run_dir
+from gd2po_jax.errors import UserError
+from gd2po_jax.runtime import distributed, run_dir
 from gd2po_jax.runtime.run_dir import RunDirError
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class CorruptCheckpointError(RunDirError):
     message names its directory."""
 
 
-class NonFiniteError(ValueError):
+class NonFiniteError(UserError, ValueError):
     """Arrays with NaN or infinite values where finite ones are needed (a checkpoint, or parameters
     about to be written: the policy, the warm start, a reward model); the message names them."""
 

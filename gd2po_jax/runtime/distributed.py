@@ -50,6 +50,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gd2po_jax.config import AUTO_COORDINATOR, ConfigError, DistributedConfig
+from gd2po_jax.errors import UserError
 from gd2po_jax.runtime.sharding import BATCH_AXES, named_sharding
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ _COORDINATOR_GRACE_S = 10.0  # how long process 0, whose exit ends the service, 
 _MESSAGE_LIMIT = 4000  # characters of an error passed to the other processes
 
 
-class DistributedError(RuntimeError):
+class DistributedError(UserError, RuntimeError):
     """The processes of a run could not join, or one of them failed; the message says which."""
 
 

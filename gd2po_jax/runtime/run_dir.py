@@ -46,11 +46,12 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from gd2po_jax.config import ConfigError, RunConfig, upgrade
+from gd2po_jax.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """A workdir file that is missing or unreadable; the message names the file."""
 
 

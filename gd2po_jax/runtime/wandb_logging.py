@@ -24,8 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gd2po_jax.config import ConfigError, RunConfig, WandbConfig
-from gd2po_jax.runtime import preemption
-from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime import preemption, run_dir
 from gd2po_jax.runtime.run_dir import RunDir
 
 logger = logging.getLogger(__name__)

@@ -54,6 +54,7 @@ from flax import nnx
 from gd2po_jax.config import ConfigError, RunConfig, TinyModelConfig
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
 from gd2po_jax.data.loaders import EXTRA_COLUMNS, FEATURES, PROMPT_TEXT
+from gd2po_jax.errors import UserError
 from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.models.config import tiny_qwen2_config
 from gd2po_jax.rewards.scorers import RewardFunctionScorer, RewardModelScorer, tool_calling_scorer
@@ -69,7 +70,7 @@ TOOL_CALLING_TEST_METRICS = (("test/correct_acc", "Correct Acc"), ("test/format_
 """(key, label) of the tool-calling test metrics (eval/test.json's ``correct_acc`` ...)."""
 
 
-class NoHabitsError(ValueError):
+class NoHabitsError(UserError, ValueError):
     """``eval.py --habits`` on a run whose task has no habit breakdown (`Task.habit_breakdown`)."""
 
 

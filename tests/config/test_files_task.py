@@ -58,7 +58,7 @@ def test_an_empty_data_path_is_one_line_from_train_py(tmp_path):
     command = [sys.executable, "train.py", "--config=configs/toolrl.py:qwen2.5-1.5b", f"--workdir={tmp_path}",
                "--config.model.path=/models/qwen"]
     done = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert re.fullmatch(r"train\.py: config\.data\.train: the files task needs a training data file \(.*"
                         r"github\.com/qiancheng0/ToolRL\)\n", done.stderr[done.stderr.rfind("train.py: "):])
 

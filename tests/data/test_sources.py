@@ -15,8 +15,8 @@ import pytest
 from gd2po_jax.config import ConfigError
 from gd2po_jax.data.loaders import DataFormatError, decode_extra_columns
 from gd2po_jax.data.sources import load_source
-from gd2po_jax.tasks.setup import build_setup
 from gd2po_jax.tasks.base import build_tiny_model
+from gd2po_jax.tasks.setup import build_setup
 from tests.fakes import tiny_run_config
 from tests.runtime.test_hub import write_cached_repo
 

@@ -111,12 +111,12 @@ def test_model_path_on_api_bank_command_line(tmp_path):
 def test_command_line_error_is_one_readable_line(tmp_path):
     done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}"], cwd=REPO, env=subprocess_env(),
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("eval.py: ")
     assert "config.json not found" in done.stderr
     done = subprocess.run([sys.executable, "eval.py", f"--workdir={tmp_path}", "--data=api_bank"], cwd=REPO,
                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("eval.py: --data=api_bank needs --api_bank_dir=DIR")
 
 

@@ -86,3 +86,14 @@ def test_a_hub_id_a_save_to_disk_folder_and_a_file_path_work_the_same(user_dir, 
     record = _rollouts(tmp_path / "run", 1)[0]
     assert set(record["rewards"]) == {"digits", "brevity"}
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["path"] == "me/tiny-own"
+
+
+def test_make_tiny_model_runs_from_the_example_directory_of_a_checkout(tmp_path):
+    """The example's README runs ``python make_tiny_model.py tiny_model`` in examples/own_task/ of a clone,
+    where gd2po_jax is not installed: the script finds the checkout's package (no PYTHONPATH given)."""
+    env = subprocess_env(XLA_FLAGS=xla_flags(1))
+    env["PYTHONPATH"] = str(REPO / "tests" / "runtime_install")  # test-only modules hidden; the checkout not on it
+    proc = subprocess.run([sys.executable, "make_tiny_model.py", str(tmp_path / "tiny_model")], cwd=EXAMPLE, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "tiny_model" / "config.json").is_file() and (tmp_path / "tiny_model" / "tokenizer.json").is_file()

@@ -169,7 +169,7 @@ def test_sweep_command_takes_the_overrides_ml_collections_parsed(tmp_path):
     # The space-separated form is an override like any other: the sweep sees it and refuses it.
     done = subprocess.run([sys.executable, str(REPO / "sweep.py"), f"--sweep_dir={tmp_path}", "--config.train.seed",
                            "3"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         "sweep.py: --config.train.seed: the sweep sets it for each run; use --seeds")
 
@@ -178,7 +178,7 @@ def test_an_invalid_config_is_one_line_naming_the_field(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "sweep.py"), f"--sweep_dir={tmp_path}",
                            "--config.rl.num_generations=1"], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=subprocess_env())
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("sweep.py: config.rl.num_generations: must be an integer")
 
 

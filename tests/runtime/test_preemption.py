@@ -289,7 +289,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes(uninterru
     copy_warm_start(uninterrupted, workdir)
     code = finish(start_train(workdir, faulty_config_file(tmp_path, site), train_env), workdir)
     log = workdir.with_name(workdir.name + ".log").read_text()
-    assert code == 1, log[-3000:]
+    assert code == 2, log[-3000:]
     line = log.rstrip().splitlines()[-1]
     assert line.startswith(f"train.py: {workdir}/{name}") and "No space left on device; " in line, line
     assert " GiB free of " in line and checkpoint_steps(workdir)[-1] == kept, line
