@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from typing import Any
+from typing import Any, cast
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.loaders import DataFormatError, dataset_columns
+from gd2po_jax.data.schema import OnError
 from gd2po_jax.data.sources import load_source
 from gd2po_jax.rewards.base import column_problems
 from gd2po_jax.tasks.base import Task, register_task
@@ -44,8 +45,8 @@ def load_file(source: str, config: RunConfig, field: str) -> Any:
     prompt_only = config.rewards.kind in PROMPT_ONLY_REWARD_KINDS or not config.rewards.kind
     options = {"require_ground_truth": False} if prompt_only else {}
     try:
-        result = load_source(source, kind=config.data.kind, on_error=config.data.on_error, what=f"config.{field}",
-                             **options)
+        on_error = cast(OnError, config.data.on_error)  # "raise" or "skip": DataConfig checks it
+        result = load_source(source, kind=config.data.kind, on_error=on_error, what=f"config.{field}", **options)
     except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
     if result.num_skipped:

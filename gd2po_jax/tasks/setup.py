@@ -237,11 +237,12 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     reward_weights = run_reward_weights(config, reward_fn)
     splits = task.usable_rows(config, splits, reward_fn)
     limit, truncation = config.data.max_prompt_tokens, config.data.prompt_truncation
+    template: dict[str, Any]  # build_prompt_set's keywords
     template = {"template_kwargs": config.data.template_kwargs, "tools_column": config.data.tools_column}
     train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data",
                              truncation=truncation, **template)
     check_user_functions(config, reward_fn, train)
-    evals = {}
+    evals: dict[str, PromptSet] = {}
     for split in ("validation", "test"):
         if split in splits and len(splits[split]):
             dataset = splits[split]

@@ -40,6 +40,7 @@ import logging
 import pathlib
 import shutil
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import datasets
@@ -97,6 +98,7 @@ def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, config
     """``out_dir`` with a tokenizer trained on the world (its train split and every sentence of it)
     and the random tiny Qwen2 of ``config.model.tiny`` (`gd2po_jax.tasks.base.build_tiny_model`)."""
     corpus = [*safety_world.iter_corpus(splits["train"]), *safety_world.world_corpus()]
+    assert config.data.safety is not None  # check_config: the task needs it
     return build_tiny_model(out_dir, corpus, config.model.tiny, config.data.safety.tokenizer_vocab_size)
 
 
@@ -108,6 +110,7 @@ def build_base_model(out_dir: pathlib.Path, splits: datasets.DatasetDict, config
 def reward_model_inputs(config: RunConfig) -> dict[str, Any]:
     """What the reward models are made of: the world, its tokenizer and the training settings
     (``data.safety``), and which rewards (``rewards.names``), as plain JSON values."""
+    assert config.data.safety is not None  # check_config: the task needs it
     return json.loads(json.dumps({"data.safety": config.data.safety.to_dict(),
                                   "rewards.names": list(config.rewards.names)}, sort_keys=True))
 
@@ -157,6 +160,7 @@ def train_one(config: RunConfig, reward: str, tokenizer, pairs: datasets.Dataset
     """Train the reward model of ``reward`` on ``pairs["train"]``, save it to ``out_dir`` (align-
     anything layout, float32, with ``tokenizer``), load it back with `load_score_model` and measure
     it on ``pairs["test"]``; returns its report (also written to ``out_dir/training_report.json``)."""
+    assert config.data.safety is not None  # check_config: the task needs it
     training = config.data.safety.reward_training
     column = safety_world.PREFERENCE_COLUMNS[reward]
     start = time.perf_counter()
@@ -216,6 +220,7 @@ def build_reward_models(config: RunConfig, workdir: pathlib.Path, tokenizer_dir:
             logger.info("reward model %r: reusing %s", reward, target)
         else:
             if pairs is None:
+                assert config.data.safety is not None  # check_config: the task needs it
                 pairs = safety_world.make_preference_pairs(world_config(config.data.safety))
             staging = run_dir.staging_name(target)
             try:
@@ -283,11 +288,11 @@ REQUEST_TYPES = {"benign": 0, "harmful": 1}
 """The evaluation levels of the world's requests."""
 
 
-def by_request_type(summary: dict[str, Any], reward_names) -> dict[str, dict[str, float]]:
+def by_request_type(summary: dict[str, Any], reward_names) -> dict[str, dict[str, float | None]]:
     """The per-level means of an evaluation summary, as {"benign": {...}, "harmful": {...}}: each
     reward's mean score and the ground-truth rates (``helpful``, ``harmful``, ``redirect``,
     ``refusal``, ``vague``)."""
-    out = {}
+    out: dict[str, dict[str, float | None]] = {}
     for request, level in REQUEST_TYPES.items():
         values = {name: summary.get(f"{name}/level_{level}") for name in reward_names}
         values.update({kind: summary.get(f"{GROUND_TRUTH_PREFIX}{kind}/level_{level}")
@@ -296,7 +301,7 @@ def by_request_type(summary: dict[str, Any], reward_names) -> dict[str, dict[str
     return out
 
 
-def by_request_table(columns: dict[str, dict[str, Any]], reward_names) -> str:
+def by_request_table(columns: Mapping[str, dict[str, Any] | None], reward_names) -> str:
     """Evaluation summaries side by side (column title -> summary, e.g. before / after RL), per
     request type: the mean reward-model scores and the ground-truth rates of the kinds the request
     type can get (a benign request's harmful rate too: a policy may write harm anywhere)."""
@@ -344,6 +349,7 @@ class SafetyTask(Task):
                               f"{tuple(safety_world.PREFERENCE_COLUMNS)} only")
 
     def load_splits(self, config: RunConfig, workdir: pathlib.Path) -> tuple[dict, pathlib.Path]:
+        assert config.data.safety is not None  # check_config: the task needs it
         splits = dict(safety_splits(config.data.safety))
         base_model = RunDir(workdir).base_model  # its tokenizer is also the reward models'
         if distributed.is_primary():

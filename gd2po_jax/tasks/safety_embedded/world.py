@@ -593,7 +593,7 @@ def make_preference_pairs(config: SafetyWorldConfig | None = None) -> datasets.D
     ``train`` trains the reward models, ``test`` (prompts no model trains on) measures them."""
     config = config or SafetyWorldConfig()
     requests = generate_requests(config)
-    rows = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
     for split in ("train", "test"):
         rows[split] = []
         for index, request in enumerate(requests[split]):

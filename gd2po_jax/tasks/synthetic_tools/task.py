@@ -63,7 +63,7 @@ class SyntheticToolsTask(Task):
 
     def load_splits(self, config: RunConfig, workdir: pathlib.Path) -> tuple[dict, pathlib.Path]:
         splits = dict(synthetic_splits(config.data.synthetic))
-        model_path = config.model.path
+        model_path: str | pathlib.Path = config.model.path
         if not model_path:  # several processes: process 0 builds it, the others read it
             model_path = RunDir(workdir).base_model
             if distributed.is_primary():
