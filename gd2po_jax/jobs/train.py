@@ -27,6 +27,7 @@ from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import EpochSampler
 from gd2po_jax.evaluation.during_training import eval_metrics, eval_target, evaluate_run, logged_before_rl
 from gd2po_jax.models import load_pretrained, save_pretrained
+from gd2po_jax.models.logprobs import logprob_temperature, merge_model, reference_logprobs_fn
 from gd2po_jax.models.lora import (
     LORA_BASE_KEY,
     base_reference,
@@ -39,12 +40,8 @@ from gd2po_jax.models.lora import (
 )
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures
-from gd2po_jax.models.logprobs import logprob_temperature, merge_model, reference_logprobs_fn
-from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
-from gd2po_jax.training.records import TrainState
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
-from gd2po_jax.tasks.setup import RunSetup, build_setup, uses_warm_start
 from gd2po_jax.rl.train_step import (
     StepConfig,
     count_skipped_steps,
@@ -52,14 +49,16 @@ from gd2po_jax.rl.train_step import (
     make_train_step,
     run_step_config,
 )
-from gd2po_jax.runtime import distributed, preemption
-from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime import distributed, preemption, run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
-from gd2po_jax.runtime.wandb_logging import WandbLogger
 from gd2po_jax.runtime.run_dir import RunDir
+from gd2po_jax.runtime.wandb_logging import WandbLogger
 from gd2po_jax.sft.warm_start import warm_start
 from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks.setup import RunSetup, build_setup, uses_warm_start
+from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
+from gd2po_jax.training.records import TrainState
 
 logger = logging.getLogger(__name__)
 

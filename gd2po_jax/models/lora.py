@@ -34,8 +34,8 @@ from gd2po_jax.models.decoder import LORA_A_INIT, LORA_TARGETS, Decoder, LoRASpe
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_file
 from gd2po_jax.runtime.checkpoints import state_integrity
 from gd2po_jax.runtime.distributed import host_value, is_primary
-from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 from gd2po_jax.runtime.run_dir import writing
+from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

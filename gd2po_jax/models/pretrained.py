@@ -26,8 +26,8 @@ from gd2po_jax.models.lora import init_adapters
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, TensorSource, write_checkpoint
 from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.runtime.hub import resolve_model_dir
-from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 from gd2po_jax.runtime.run_dir import writing
+from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 
 # Files copied by save_pretrained(copy_files_from=...): tokenizer, chat template, generation defaults.
 AUXILIARY_FILES = (

@@ -29,9 +29,9 @@ from gd2po_jax.rewards.base import (
 )
 from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
 from gd2po_jax.rl.micro_batches import verl_update_layout
-from gd2po_jax.training.records import RolloutBatch
 from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
 from gd2po_jax.runtime.sharding import mesh_of
+from gd2po_jax.training.records import RolloutBatch
 
 
 @dataclasses.dataclass

@@ -60,8 +60,7 @@ from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.rl.advantages import AdvantageOutput
 from gd2po_jax.rl.rollout import Rollouts
 from gd2po_jax.rl.train_step import StepConfig, step_advantages
-from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime import distributed, run_dir
 from gd2po_jax.runtime.run_dir import RunDir
 
 logger = logging.getLogger(__name__)

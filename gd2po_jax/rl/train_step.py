@@ -53,7 +53,14 @@ from gd2po_jax.config import RLConfig, RunConfig, check_batch_layout
 from gd2po_jax.errors import UserError
 from gd2po_jax.models.logprobs import at_least_f32, completion_logprobs, logprob_temperature, merge_model
 from gd2po_jax.rl import losses
-from gd2po_jax.rl.advantages import AdvantageOutput, advantage_diagnostics, compute_advantages
+from gd2po_jax.rl.advantages import (
+    AdvantageOutput,
+    BatchNorm,
+    HalvesRanking,
+    Method,
+    advantage_diagnostics,
+    compute_advantages,
+)
 from gd2po_jax.runtime.sharding import batch_sharding
 from gd2po_jax.training.records import RolloutBatch, TrainState
 
@@ -181,7 +188,8 @@ RL_FIELD_ALIASES = {"method": "algorithm"}
 def _split_rl_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(`RLConfig` fields, the others) of ``values`` (field -> value), aliases resolved."""
     rl_names = {field.name for field in dataclasses.fields(RLConfig)}
-    rl_values, own = {}, {}
+    rl_values: dict[str, Any] = {}
+    own: dict[str, Any] = {}
     for name, value in values.items():
         name = RL_FIELD_ALIASES.get(name, name)
         (rl_values if name in rl_names else own)[name] = value
@@ -281,11 +289,11 @@ def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, co
     """
     rl = config.rl
     return compute_advantages(
-        rewards, lengths, rl.algorithm, snr_tau=rl.snr_tau,
+        rewards, lengths, typing.cast(Method, rl.algorithm), snr_tau=rl.snr_tau,
         reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
-        batch_norm=rl.batch_norm, group_eps=rl.group_eps, valid=valid,
+        batch_norm=typing.cast(BatchNorm, rl.batch_norm), group_eps=rl.group_eps, valid=valid,
         drop_zero_variance_groups=rl.drop_zero_variance_groups, snr_eps=rl.snr_eps,
-        query_reweighting=rl.query_reweighting, halves_ranking=rl.halves_ranking,
+        query_reweighting=rl.query_reweighting, halves_ranking=typing.cast(HalvesRanking, rl.halves_ranking),
     )
 
 
@@ -385,7 +393,7 @@ def train_step(state: TrainState, batch: RolloutBatch, frozen, *, graphdef, opti
     grad_fn = jax.value_and_grad(functools.partial(micro_loss, graphdef=graphdef, config=config), has_aux=True)
     micro_grad_fn = on_prompt_windows(grad_fn, layout.windows, layout.prompt_length)
     rows, row_valid = update_rows(batch, adv, lengths, config, layout)
-    rollout_metrics = {}
+    rollout_metrics: dict[str, Any] = {}
     if config.rl.old_logprobs == "recompute":
         rows, rollout_metrics = with_recomputed_old_logprobs(rows, batch, row_valid, state.params, frozen,
                                                              graphdef=graphdef, config=config, layout=layout, mesh=mesh)
@@ -430,7 +438,7 @@ def micro_loss(params, rows: dict, denominator, frozen, dropout_key=None, *, gra
     out = losses.policy_loss(
         logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
         clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=config.dual_clip_bound,
-        agg_mode=rl.loss_agg_mode, norm_length=config.norm_length,
+        agg_mode=typing.cast(losses.LossAggMode, rl.loss_agg_mode), norm_length=config.norm_length,
         ref_logp=rows["ref_logp"] if rl.kl_coef else None, kl_coef=rl.kl_coef,
         kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
         is_weights=rows.get("is_weights"), row_weights=rows.get("row_weights"),
@@ -593,7 +601,8 @@ def minibatch_of(rows: dict, indices: jax.Array, config: StepConfig, layout: Upd
         denominator = jnp.float32(1.0)
     else:
         _, denominator = losses.aggregate_loss(
-            jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"], config.rl.loss_agg_mode,
+            jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"],
+            typing.cast(losses.LossAggMode, config.rl.loss_agg_mode),
             norm_length=config.norm_length,
         )
     if layout.skip_rows:

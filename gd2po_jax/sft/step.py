@@ -24,8 +24,8 @@ import optax
 from gd2po_jax.data.chat import check_template_kwargs, column_tools, render_sft_example, with_tools
 from gd2po_jax.data.loaders import dataset_columns
 from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
-from gd2po_jax.rl import losses
 from gd2po_jax.models.logprobs import completion_logprobs, merge_model
+from gd2po_jax.rl import losses
 from gd2po_jax.training.records import TrainState
 
 

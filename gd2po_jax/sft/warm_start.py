@@ -28,16 +28,15 @@ from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.models import load_pretrained, save_pretrained
-from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
-from gd2po_jax.training.records import TrainState
-from gd2po_jax.tasks.setup import RunSetup, build_setup
-from gd2po_jax.runtime import distributed
-from gd2po_jax.runtime import run_dir
+from gd2po_jax.runtime import distributed, run_dir
 from gd2po_jax.runtime.checkpoints import check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
 from gd2po_jax.runtime.run_dir import RunDir, publish_dir
 from gd2po_jax.sft.step import batch_window, build_sft_data, make_sft_step, padding_share
+from gd2po_jax.tasks.setup import RunSetup, build_setup
 from gd2po_jax.training.batches import sft_batches
+from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
+from gd2po_jax.training.records import TrainState
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from gd2po_jax.data.tokenization import eos_token_ids, pad_token_id
 from gd2po_jax.models import ScoreModel
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.reward_model import render_conversation
+from gd2po_jax.training.batches import sft_batches
 from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.training.records import TrainState
-from gd2po_jax.training.batches import sft_batches
 
 ADAM_B2 = 0.95  # align-anything's adam_betas: [0.9, 0.95]
 WARMUP_FRACTION = 0.03  # align-anything's lr_warmup_ratio
