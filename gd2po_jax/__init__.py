@@ -13,5 +13,4 @@ HOST_MALLOC_TUNED = retain_freed_memory()
 # Without torch (a test-only dependency), importing transformers logs "PyTorch was not found. Models
 # won't be available ...": true and beside the point here, where transformers serves tokenizers,
 # configs and chat templates. That one record is dropped; the logger's others pass.
-logging.getLogger("transformers").addFilter(
-    lambda record: not record.getMessage().startswith("PyTorch was not found."))
+logging.getLogger("transformers").addFilter(lambda record: not record.getMessage().startswith("PyTorch was not found."))

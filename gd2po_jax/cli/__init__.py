@@ -178,7 +178,7 @@ def override_error_message(argv: Sequence[str], error: BaseException) -> str:
     culprit = next((arg for arg in overrides if key and key in re.split(r"[.=]", arg.split("=", 1)[0])), None)
     if culprit and key:
         parts = culprit.split("=", 1)[0].lstrip("-").split(".")
-        parent = ".".join(parts[:parts.index(key)]) if key in parts[1:] else ".".join(parts[:-1])
+        parent = ".".join(parts[: parts.index(key)]) if key in parts[1:] else ".".join(parts[:-1])
         hint = f"; did you mean {suggestion.group(1)!r}?" if suggestion else ""
         return f"{culprit}: {parent} has no field {key!r}{hint} (the fields are those of the --config file)"
     detail = " ".join(line.strip() for line in text.splitlines() if line.strip())
@@ -201,8 +201,11 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
             cast(Any, flags.FLAGS[name].value).to_dict()  # a ConfigDict: a config flag's value
         except OSError as error:
             message = " ".join(line.strip() for line in str(error).splitlines()[1:] if line.strip())
-            exit_user_error(program, f"--{name}={config_flags.get_config_filename(flags.FLAGS[name])}: cannot load "
-                                     f"the config file ({message})")
+            exit_user_error(
+                program,
+                f"--{name}={config_flags.get_config_filename(flags.FLAGS[name])}: cannot load "
+                f"the config file ({message})",
+            )
         except KeyError:
             pass  # not defined by this command
     return remaining
@@ -242,8 +245,12 @@ def run(doc: str | None, define_flags: Callable[[], None], main: Callable[[list[
     app.run(main, flags_parser=parse_flags)
 
 
-def define_config_flag(name: str = "config", default: str | None = "configs/default.py",
-                       help_string: str = "Training config file (configs/*.py[:ARG]).", **kwargs):
+def define_config_flag(
+    name: str = "config",
+    default: str | None = "configs/default.py",
+    help_string: str = "Training config file (configs/*.py[:ARG]).",
+    **kwargs,
+):
     """``config_flags.DEFINE_config_file`` (locked config), with tuple fields parsed by `ListParser`.
 
     Args:
@@ -268,6 +275,18 @@ def default_workdir(config_flag) -> str:
     return str(pathlib.Path("runs") / pathlib.Path(filename).stem)
 
 
-__all__ = ["DEFAULT_CONFIG_FILE", "ListParser", "default_config_file", "default_workdir", "define_config_flag",
-           "main_module_name", "one_line", "override_error_message", "parse_flags", "parse_sequence", "run",
-           "sibling_config", "start"]
+__all__ = [
+    "DEFAULT_CONFIG_FILE",
+    "ListParser",
+    "default_config_file",
+    "default_workdir",
+    "define_config_flag",
+    "main_module_name",
+    "one_line",
+    "override_error_message",
+    "parse_flags",
+    "parse_sequence",
+    "run",
+    "sibling_config",
+    "start",
+]

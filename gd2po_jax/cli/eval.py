@@ -41,41 +41,88 @@ def define_flags() -> None:
     # Only --config.distributed.* (the run's own config comes from WORKDIR/config.json): several hosts
     # evaluate together as they train (docs/multihost.md).
     config = config_flags.DEFINE_config_dict(
-        "config", ml_collections.ConfigDict({"distributed": DistributedConfig().to_dict()}),
-        "Only config.distributed: --config.distributed.coordinator_address=HOST:PORT ... on several hosts.")
+        "config",
+        ml_collections.ConfigDict({"distributed": DistributedConfig().to_dict()}),
+        "Only config.distributed: --config.distributed.coordinator_address=HOST:PORT ... on several hosts.",
+    )
     FLAGS.register_key_flag_for_module(main_module, FLAGS[config.name])  # listed by --help, as before
-    flags.DEFINE_string("workdir", "", "Training run directory (holds config.json); where eval/ reports go.",
-                        module_name=main_module)
-    flags.DEFINE_enum("split", "test", ["test", "validation"], "Split of the run's data to evaluate.",
-                      module_name=main_module)
-    flags.DEFINE_integer("checkpoint_step", None, "Checkpoint to restore (default: the latest).",
-                         module_name=main_module)
-    flags.DEFINE_string("data", "", "A path to an API-Bank directory or level-N file ('api_bank': the "
-                        "--api_bank_dir directory), or to a directory of verl parquet sets or one such file, "
-                        "scored by the run's reward models (the helpfulness-safety sets); empty: evaluate --split.",
-                        module_name=main_module)
-    flags.DEFINE_string("api_bank_dir", "", "What --data=api_bank refers to (no default: an API-Bank directory).",
-                        module_name=main_module)
-    flags.DEFINE_string("model_path", "", "A Hugging Face model directory to evaluate instead of a training run.",
-                        module_name=main_module)
-    flags.DEFINE_enum("dtype", _DEFAULTS.dtype, ["bfloat16", "float32"], "Parameter dtype for --model_path.",
-                      module_name=main_module)
-    flags.DEFINE_integer("max_new_tokens", None, "Generation budget (default: the run's sampling.max_new_tokens; "
-                         "4096 for API-Bank).", module_name=main_module)
-    flags.DEFINE_integer("max_total_tokens", None, "API-Bank: prompt + response tokens at most, as vLLM's "
-                         "max_model_len (default: the run's eval.max_total_tokens; 4096 with --model_path); "
-                         "0: no cap.", module_name=main_module)
-    flags.DEFINE_integer("batch_size", None, "Prompts per generation batch (default: the run's eval.batch_size; "
-                         "32 with --model_path).", module_name=main_module)
-    flags.DEFINE_integer("max_examples", 0, "Evaluate only the first N examples (per level for API-Bank, per set "
-                         "for safe_alignment); 0: all.", module_name=main_module)
-    flags.DEFINE_integer("max_think_words", _DEFAULTS.max_think_words,
-                         "API-Bank length metric: think words for 1.0.", module_name=main_module)
-    flags.DEFINE_integer("max_prompt_tokens", _DEFAULTS.max_prompt_tokens,
-                         "API-Bank prompts longer than this fail.", module_name=main_module)
-    flags.DEFINE_bool("habits", False, "Print the habit breakdown of the run's saved generations instead of "
-                      "evaluating: before and after RL, or of --split if given (synthetic_tools task).",
-                      module_name=main_module)
+    flags.DEFINE_string(
+        "workdir", "", "Training run directory (holds config.json); where eval/ reports go.", module_name=main_module
+    )
+    flags.DEFINE_enum(
+        "split", "test", ["test", "validation"], "Split of the run's data to evaluate.", module_name=main_module
+    )
+    flags.DEFINE_integer(
+        "checkpoint_step", None, "Checkpoint to restore (default: the latest).", module_name=main_module
+    )
+    flags.DEFINE_string(
+        "data",
+        "",
+        "A path to an API-Bank directory or level-N file ('api_bank': the "
+        "--api_bank_dir directory), or to a directory of verl parquet sets or one such file, "
+        "scored by the run's reward models (the helpfulness-safety sets); empty: evaluate --split.",
+        module_name=main_module,
+    )
+    flags.DEFINE_string(
+        "api_bank_dir",
+        "",
+        "What --data=api_bank refers to (no default: an API-Bank directory).",
+        module_name=main_module,
+    )
+    flags.DEFINE_string(
+        "model_path",
+        "",
+        "A Hugging Face model directory to evaluate instead of a training run.",
+        module_name=main_module,
+    )
+    flags.DEFINE_enum(
+        "dtype", _DEFAULTS.dtype, ["bfloat16", "float32"], "Parameter dtype for --model_path.", module_name=main_module
+    )
+    flags.DEFINE_integer(
+        "max_new_tokens",
+        None,
+        "Generation budget (default: the run's sampling.max_new_tokens; 4096 for API-Bank).",
+        module_name=main_module,
+    )
+    flags.DEFINE_integer(
+        "max_total_tokens",
+        None,
+        "API-Bank: prompt + response tokens at most, as vLLM's "
+        "max_model_len (default: the run's eval.max_total_tokens; 4096 with --model_path); "
+        "0: no cap.",
+        module_name=main_module,
+    )
+    flags.DEFINE_integer(
+        "batch_size",
+        None,
+        "Prompts per generation batch (default: the run's eval.batch_size; 32 with --model_path).",
+        module_name=main_module,
+    )
+    flags.DEFINE_integer(
+        "max_examples",
+        0,
+        "Evaluate only the first N examples (per level for API-Bank, per set for safe_alignment); 0: all.",
+        module_name=main_module,
+    )
+    flags.DEFINE_integer(
+        "max_think_words",
+        _DEFAULTS.max_think_words,
+        "API-Bank length metric: think words for 1.0.",
+        module_name=main_module,
+    )
+    flags.DEFINE_integer(
+        "max_prompt_tokens",
+        _DEFAULTS.max_prompt_tokens,
+        "API-Bank prompts longer than this fail.",
+        module_name=main_module,
+    )
+    flags.DEFINE_bool(
+        "habits",
+        False,
+        "Print the habit breakdown of the run's saved generations instead of "
+        "evaluating: before and after RL, or of --split if given (synthetic_tools task).",
+        module_name=main_module,
+    )
 
 
 HABITS_BEFORE_AND_AFTER_RL = ("before_rl", "after_rl")  # the evaluations train.py saves
@@ -84,8 +131,9 @@ HABITS_BEFORE_AND_AFTER_RL = ("before_rl", "after_rl")  # the evaluations train.
 def options_from_flags() -> EvalOptions:
     """`EvalOptions` from the command line (one flag per field; ``--habits`` names the evaluations
     to read: ``--split``'s if given, else train.py's before and after RL)."""
-    values: dict[str, Any] = {f.name: FLAGS[f.name].value for f in dataclasses.fields(EvalOptions)
-                              if f.name != "progress"}
+    values: dict[str, Any] = {
+        f.name: FLAGS[f.name].value for f in dataclasses.fields(EvalOptions) if f.name != "progress"
+    }
     if FLAGS.habits:
         values["habits"] = (FLAGS.split,) if FLAGS["split"].present else HABITS_BEFORE_AND_AFTER_RL
     else:

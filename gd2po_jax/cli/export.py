@@ -62,8 +62,9 @@ def check_out_dir(out: pathlib.Path) -> None:
         raise ExportError(f"--out={out}: {what}; pass a new directory (an export never overwrites)")
 
 
-def export_checkpoint(workdir: str | pathlib.Path, out: str | pathlib.Path, *, step: int | None = None,
-                      dtype: str | None = None) -> Exported:
+def export_checkpoint(
+    workdir: str | pathlib.Path, out: str | pathlib.Path, *, step: int | None = None, dtype: str | None = None
+) -> Exported:
     """Write checkpoint ``step`` (default: the latest) of the run in ``workdir`` to ``out`` as a
     Hugging Face model directory, as the trainer exports its final policy (`save_pretrained` of the
     master weights cast to ``dtype``, with the run's tokenizer and the base model's tokenizer /
@@ -93,14 +94,21 @@ def export_checkpoint(workdir: str | pathlib.Path, out: str | pathlib.Path, *, s
         with Checkpoints(files.checkpoints, create=False) as checkpoints:
             steps = checkpoints.steps()
             if not steps:
-                raise ExportError(f"--workdir={workdir}: no checkpoint in {files.checkpoints}" + (
-                    f" (the run's final policy is in {files.policy})" if (files.policy / "config.json").is_file()
-                    else ""))
+                raise ExportError(
+                    f"--workdir={workdir}: no checkpoint in {files.checkpoints}"
+                    + (
+                        f" (the run's final policy is in {files.policy})"
+                        if (files.policy / "config.json").is_file()
+                        else ""
+                    )
+                )
             if step is None:
                 step = steps[-1]
             elif step not in steps:
-                raise ExportError(f"--step={step}: no such checkpoint in {files.checkpoints}; available steps: "
-                                  f"{', '.join(map(str, steps))}")
+                raise ExportError(
+                    f"--step={step}: no such checkpoint in {files.checkpoints}; available steps: "
+                    f"{', '.join(map(str, steps))}"
+                )
             setup = build_setup(config, workdir)
             if config.model.lora.enabled:  # the adapters on the base the checkpoint references, merged
                 graphdef, params, frozen = lora_from_checkpoint(config, setup.mesh, checkpoints, step)
@@ -110,8 +118,13 @@ def export_checkpoint(workdir: str | pathlib.Path, out: str | pathlib.Path, *, s
         out.parent.mkdir(parents=True, exist_ok=True)
         run_dir.remove_stale_staging(out.parent)  # what killed exports left (their processes are gone)
         staging = run_dir.staging_name(out)
-        save_pretrained(merged_decoder(merge_model(graphdef, params, dtype, frozen)), staging, dtype=jnp.dtype(dtype),
-                        tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
+        save_pretrained(
+            merged_decoder(merge_model(graphdef, params, dtype, frozen)),
+            staging,
+            dtype=jnp.dtype(dtype),
+            tokenizer=setup.tokenizer,
+            copy_files_from=setup.model_path,
+        )
         run_dir.publish_dir(staging, out)  # a rename: ``out`` appears whole (it may be an empty directory)
     return Exported(step=step, dtype=dtype, out=out, files=sorted(p.name for p in out.iterdir()))
 
@@ -119,21 +132,34 @@ def export_checkpoint(workdir: str | pathlib.Path, out: str | pathlib.Path, *, s
 def define_flags() -> None:
     """export.py's flags (`cli.run` calls this before parsing the command line)."""
     main_module = cli.main_module_name()
-    flags.DEFINE_string("workdir", None, "Training run directory (holds config.json and checkpoints/).",
-                        required=True, module_name=main_module)
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "Training run directory (holds config.json and checkpoints/).",
+        required=True,
+        module_name=main_module,
+    )
     flags.DEFINE_integer("step", None, "Checkpoint to export (default: the latest).", module_name=main_module)
-    flags.DEFINE_enum("dtype", None, list(DTYPES), "Stored dtype (default: the run's config.export.dtype, "
-                      "empty there: config.model.dtype).", module_name=main_module)
-    flags.DEFINE_string("out", None, "Hugging Face model directory to write (new or empty).", required=True,
-                        module_name=main_module)
+    flags.DEFINE_enum(
+        "dtype",
+        None,
+        list(DTYPES),
+        "Stored dtype (default: the run's config.export.dtype, empty there: config.model.dtype).",
+        module_name=main_module,
+    )
+    flags.DEFINE_string(
+        "out", None, "Hugging Face model directory to write (new or empty).", required=True, module_name=main_module
+    )
 
 
 def main(argv):
     cli.start(argv)
     with cli.user_errors("export.py"):  # a bad flag, a missing file, a busy workdir, a damaged checkpoint
         exported = export_checkpoint(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype)
-    print(f"exported checkpoint step {exported.step} of {FLAGS.workdir} ({exported.dtype}) to {exported.out}: "
-          f"{', '.join(exported.files)}")
+    print(
+        f"exported checkpoint step {exported.step} of {FLAGS.workdir} ({exported.dtype}) to {exported.out}: "
+        f"{', '.join(exported.files)}"
+    )
 
 
 def run() -> None:

@@ -32,14 +32,17 @@ def define_flags() -> None:
     """sweep.py's flags (`cli.run` calls this before parsing the command line)."""
     main_module = cli.main_module_name()
     cli.define_config_flag("config", cli.default_config_file(), "Training config file of every run.")
-    flags.DEFINE_string("sweep_dir", None, "Directory of the sweep (runs, sweep.json, report).", required=True,
-                        module_name=main_module)
-    flags.DEFINE_list("algorithms", "grpo,gdpo,gd2po_hard,gd2po_snr", "Algorithms (config.rl.algorithm).",
-                      module_name=main_module)
+    flags.DEFINE_string(
+        "sweep_dir", None, "Directory of the sweep (runs, sweep.json, report).", required=True, module_name=main_module
+    )
+    flags.DEFINE_list(
+        "algorithms", "grpo,gdpo,gd2po_hard,gd2po_snr", "Algorithms (config.rl.algorithm).", module_name=main_module
+    )
     flags.DEFINE_list("snr_taus", "0.2,0.5,0.8", "Thresholds config.rl.snr_tau of gd2po_snr.", module_name=main_module)
     flags.DEFINE_list("seeds", "0,1,2,3,4", "Seeds config.train.seed of every method.", module_name=main_module)
-    flags.DEFINE_integer("parallel", 0, "Runs at once, one GPU each; 0: one per visible GPU, 1 on CPU.",
-                         module_name=main_module)
+    flags.DEFINE_integer(
+        "parallel", 0, "Runs at once, one GPU each; 0: one per visible GPU, 1 on CPU.", module_name=main_module
+    )
 
 
 def _stop(signum, frame):
@@ -50,14 +53,20 @@ def main(argv):
     cli.start(argv)
     with cli.user_errors("sweep.py"):
         sweep = sweeps.plan_sweep(
-            FLAGS.sweep_dir, config=RunConfig.from_config_dict(FLAGS.config),
+            FLAGS.sweep_dir,
+            config=RunConfig.from_config_dict(FLAGS.config),
             config_file=config_flags.get_config_filename(FLAGS["config"]),
             overrides=config_flags.get_override_values(FLAGS["config"]),
-            algorithms=FLAGS.algorithms, snr_taus=FLAGS.snr_taus, seeds=FLAGS.seeds, parallel=FLAGS.parallel,
+            algorithms=FLAGS.algorithms,
+            snr_taus=FLAGS.snr_taus,
+            seeds=FLAGS.seeds,
+            parallel=FLAGS.parallel,
         )
     signal.signal(signal.SIGTERM, _stop)
-    print(f"sweep: {len(sweep.specs)} runs in {sweep.sweep_dir / 'runs'}, "
-          f"{len(sweep.devices)} at a time on {', '.join(d or 'cpu' for d in sweep.devices)}")
+    print(
+        f"sweep: {len(sweep.specs)} runs in {sweep.sweep_dir / 'runs'}, "
+        f"{len(sweep.devices)} at a time on {', '.join(d or 'cpu' for d in sweep.devices)}"
+    )
     try:
         outcomes = sweeps.run_sweep(sweep)
     except KeyboardInterrupt:

@@ -34,8 +34,13 @@ def define_flags() -> None:
     """train.py's flags (`cli.run` calls this before parsing the command line)."""
     main_module = cli.main_module_name()
     cli.define_config_flag("config", cli.default_config_file(), "Training config file (configs/*.py[:ARG]).")
-    flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and results; default runs/<config file "
-                        "name> (runs/default for configs/default.py).", module_name=main_module)
+    flags.DEFINE_string(
+        "workdir",
+        "",
+        "Directory for checkpoints, metrics and results; default runs/<config file "
+        "name> (runs/default for configs/default.py).",
+        module_name=main_module,
+    )
     flags.DEFINE_bool("warm_start_only", False, "Only build the SFT warm start, then stop.", module_name=main_module)
 
 

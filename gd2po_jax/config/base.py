@@ -61,8 +61,11 @@ def _number(value: Any, field: str) -> None:
 
 
 def _learning_rate(value: Any, field: str) -> None:
-    _require(_is_number(value) and 0 < value < 1, field,
-             f"must be a finite number in (0, 1) (an AdamW step size), got {value!r}")
+    _require(
+        _is_number(value) and 0 < value < 1,
+        field,
+        f"must be a finite number in (0, 1) (an AdamW step size), got {value!r}",
+    )
 
 
 def _flag(value: Any, field: str) -> None:
@@ -130,8 +133,10 @@ class _Section:
         unknown = sorted(set(values) - set(fields))
         if unknown:
             names = ", ".join(f"config.{dotted(name)}" for name in unknown)
-            raise ConfigError(f"{names}: unknown field{'s' if len(unknown) > 1 else ''}; {where} has "
-                              f"{', '.join(fields)} (see configs/default.py)")
+            raise ConfigError(
+                f"{names}: unknown field{'s' if len(unknown) > 1 else ''}; {where} has "
+                f"{', '.join(fields)} (see configs/default.py)"
+            )
         hints = _type_hints(typing.cast(type, cls))  # type[...] is not Hashable to mypy (mypy#11470)
         kwargs = {}
         for name, field in fields.items():

@@ -67,8 +67,11 @@ class DataConfig(_Section):
     none."""
 
     def __post_init__(self):
-        _require(isinstance(self.chat_template_kwargs, tuple), "data.chat_template_kwargs",
-                 f"must be a tuple of NAME=VALUE strings, got {self.chat_template_kwargs!r}")
+        _require(
+            isinstance(self.chat_template_kwargs, tuple),
+            "data.chat_template_kwargs",
+            f"must be a tuple of NAME=VALUE strings, got {self.chat_template_kwargs!r}",
+        )
         self.template_kwargs  # noqa: B018 - checks each entry, naming it
         _text(self.tools_column, "data.tools_column", "a column name (empty: no tools)")
         for split in ("train", "validation", "test"):
@@ -89,7 +92,10 @@ class DataConfig(_Section):
         kwargs = {}
         for i, entry in enumerate(self.chat_template_kwargs):
             name, equals, text = entry.partition("=") if isinstance(entry, str) else ("", "", "")
-            _require(bool(equals) and name.strip().isidentifier(), f"data.chat_template_kwargs[{i}]",
-                     f"{entry!r} is not NAME=VALUE (e.g. enable_thinking=False)")
+            _require(
+                bool(equals) and name.strip().isidentifier(),
+                f"data.chat_template_kwargs[{i}]",
+                f"{entry!r} is not NAME=VALUE (e.g. enable_thinking=False)",
+            )
             kwargs[name.strip()] = _literal_or_text(text.strip())
         return kwargs

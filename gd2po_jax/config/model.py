@@ -42,12 +42,22 @@ class TinyModelConfig(_Section):
     """Seed of the random initialization."""
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             _int_at_least(getattr(self, name), self._dotted(name))
         _int_at_least(self.seed, self._dotted("seed"), minimum=0)
-        _require(self.num_heads % self.num_kv_heads == 0, self._dotted("num_kv_heads"),
-                 f"{self.num_kv_heads} does not divide model.tiny.num_heads={self.num_heads}")
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            self._dotted("num_kv_heads"),
+            f"{self.num_kv_heads} does not divide model.tiny.num_heads={self.num_heads}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +86,14 @@ class LoRAConfig(_Section):
         _require(self.alpha > 0, "model.lora.alpha", f"must be > 0, got {self.alpha}")
         _number(self.dropout, "model.lora.dropout")
         _require(0 <= self.dropout < 1, "model.lora.dropout", f"must be in [0, 1), got {self.dropout}")
-        _require(isinstance(self.targets, tuple) and len(self.targets) > 0
-                 and all(t in LORA_TARGETS for t in self.targets) and len(set(self.targets)) == len(self.targets),
-                 "model.lora.targets", f"must be distinct names from {LORA_TARGETS}, got {self.targets!r}")
+        _require(
+            isinstance(self.targets, tuple)
+            and len(self.targets) > 0
+            and all(t in LORA_TARGETS for t in self.targets)
+            and len(set(self.targets)) == len(self.targets),
+            "model.lora.targets",
+            f"must be distinct names from {LORA_TARGETS}, got {self.targets!r}",
+        )
         _one_of(self.base_dtype, "model.lora.base_dtype", ("",) + DTYPES)
 
     @property

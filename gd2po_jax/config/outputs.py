@@ -82,8 +82,11 @@ class ExportConfig(_Section):
     (the master weights, in ``train.master_dtype``, are cast to it)."""
 
     def __post_init__(self):
-        _require(self.dtype == "" or self.dtype in DTYPES, "export.dtype",
-                 f"must be one of {DTYPES} or empty (model.dtype), got {self.dtype!r}")
+        _require(
+            self.dtype == "" or self.dtype in DTYPES,
+            "export.dtype",
+            f"must be one of {DTYPES} or empty (model.dtype), got {self.dtype!r}",
+        )
 
     def resolved_dtype(self, model_dtype: str) -> str:
         """The dtype an export is stored in: ``dtype``, or ``model_dtype`` when empty."""
@@ -113,8 +116,11 @@ class WandbConfig(_Section):
         for name in ("project", "name", "entity"):
             _text(getattr(self, name), f"logging.wandb.{name}")
         _one_of(self.mode, "logging.wandb.mode", WANDB_MODES)
-        _require(not self.enabled or self.project.strip() != "", "logging.wandb.project",
-                 "is empty; name the W&B project to log to")
+        _require(
+            not self.enabled or self.project.strip() != "",
+            "logging.wandb.project",
+            "is empty; name the W&B project to log to",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,8 +71,11 @@ class RewardModelConfig(_Section):
         _text(self.path, f"{prefix}.path", "a directory path")
         for name in ("negate", "normalize"):
             value = getattr(self, name)
-            _require(value is None or isinstance(value, bool), f"{prefix}.{name}",
-                     f"must be True, False or None (the checkpoint's own setting), got {value!r}")
+            _require(
+                value is None or isinstance(value, bool),
+                f"{prefix}.{name}",
+                f"must be True, False or None (the checkpoint's own setting), got {value!r}",
+            )
         _int_at_least(self.max_length, f"{prefix}.max_length", minimum=2)
         _one_of(self.truncation, f"{prefix}.truncation", REWARD_MODEL_TRUNCATIONS)
         _int_at_least(self.batch_size, f"{prefix}.batch_size")
@@ -131,31 +134,55 @@ class RewardsConfig(_Section):
 
     def __post_init__(self):
         _text(self.kind, "rewards.kind", "the name of a registered reward family, or empty (none)")
-        _require(isinstance(self.names, tuple) and all(isinstance(n, str) for n in self.names),
-                 "rewards.names", f"must be a tuple of reward names, got {self.names!r}")
-        _require(isinstance(self.functions, tuple), "rewards.functions",
-                 f"must be a tuple of module:callable entries, got {self.functions!r}")
+        _require(
+            isinstance(self.names, tuple) and all(isinstance(n, str) for n in self.names),
+            "rewards.names",
+            f"must be a tuple of reward names, got {self.names!r}",
+        )
+        _require(
+            isinstance(self.functions, tuple),
+            "rewards.functions",
+            f"must be a tuple of module:callable entries, got {self.functions!r}",
+        )
         entries = self.function_entries()
         if self.kind:
-            _require(len(self.names) >= 1, "rewards.names",
-                     f"rewards.kind={self.kind!r} needs at least one of its rewards named")
+            _require(
+                len(self.names) >= 1,
+                "rewards.names",
+                f"rewards.kind={self.kind!r} needs at least one of its rewards named",
+            )
         else:
-            _require(not self.names, "rewards.names",
-                     f"{self.names} names rewards of no family: rewards.kind is empty (set it, e.g. tool_calling, "
-                     "or leave rewards.names empty)")
-            _require(bool(entries), "rewards.functions",
-                     "no rewards: give reward functions (--config.rewards.functions=my_rewards:fn,...) or a "
-                     "reward family (rewards.kind and rewards.names)")
+            _require(
+                not self.names,
+                "rewards.names",
+                f"{self.names} names rewards of no family: rewards.kind is empty (set it, e.g. tool_calling, "
+                "or leave rewards.names empty)",
+            )
+            _require(
+                bool(entries),
+                "rewards.functions",
+                "no rewards: give reward functions (--config.rewards.functions=my_rewards:fn,...) or a "
+                "reward family (rewards.kind and rewards.names)",
+            )
         if entries and self.weights:
             weighted = [f"rewards.functions[{e.index}]" for e in entries if e.weight is not None]
-            _require(not weighted, "rewards.weights",
-                     f"is given, and so is a weight of {', '.join(weighted)}: give the weights in one place")
+            _require(
+                not weighted,
+                "rewards.weights",
+                f"is given, and so is a weight of {', '.join(weighted)}: give the weights in one place",
+            )
         _int_at_least(self.max_think_words, "rewards.max_think_words")
         _flag(self.conditional_length, "rewards.conditional_length")
-        _require(isinstance(self.weights, tuple) and all(map(_is_number, self.weights)),
-                 "rewards.weights", f"must be a tuple of finite numbers (empty: all ones), got {self.weights!r}")
-        _require(not self.weights or entries or len(self.weights) == len(self.names), "rewards.weights",
-                 f"has {len(self.weights)} entries for {len(self.names)} rewards {self.names}")
+        _require(
+            isinstance(self.weights, tuple) and all(map(_is_number, self.weights)),
+            "rewards.weights",
+            f"must be a tuple of finite numbers (empty: all ones), got {self.weights!r}",
+        )
+        _require(
+            not self.weights or entries or len(self.weights) == len(self.names),
+            "rewards.weights",
+            f"has {len(self.weights)} entries for {len(self.names)} rewards {self.names}",
+        )
         _one_of(self.on_error, "rewards.on_error", ("raise", "min", "abstain"))
         _int_at_least(self.num_workers, "rewards.num_workers")
         _number(self.timeout_s, "rewards.timeout_s")
@@ -163,21 +190,31 @@ class RewardsConfig(_Section):
         _in_range(self.max_failed_fraction, "rewards.max_failed_fraction", 0.0, 1.0)
         _flag(self.offload, "rewards.offload")
         for name, model in self.reward_models.items():
-            _require(isinstance(model, RewardModelConfig), f"rewards.reward_models.{name}",
-                     f"must be a group of fields (path, negate, ...), got {model!r}")
+            _require(
+                isinstance(model, RewardModelConfig),
+                f"rewards.reward_models.{name}",
+                f"must be a group of fields (path, negate, ...), got {model!r}",
+            )
             model.check(f"rewards.reward_models.{name}")
         if self.kind == "reward_model":
-            _require(self.on_error == "raise", "rewards.on_error",
-                     f"{self.on_error!r}: a reward model has no minimum to score a failed rollout with; use 'raise' "
-                     "(a NaN score always stops the run)")
+            _require(
+                self.on_error == "raise",
+                "rewards.on_error",
+                f"{self.on_error!r}: a reward model has no minimum to score a failed rollout with; use 'raise' "
+                "(a NaN score always stops the run)",
+            )
             _require(len(set(self.names)) == len(self.names), "rewards.names", f"repeats a name: {self.names}")
             missing = [name for name in self.names if name not in self.reward_models]
             extra = sorted(set(self.reward_models) - set(self.names))
-            _require(not missing and not extra, "rewards.reward_models",
-                     f"needs one reward model per name of rewards.names={self.names}; "
-                     + (f"none for {missing}" if missing else "") + ("; " if missing and extra else "")
-                     + (f"{extra} not in rewards.names" if extra else "")
-                     + " (e.g. --config.rewards.reward_models.<name>.path=DIR)")
+            _require(
+                not missing and not extra,
+                "rewards.reward_models",
+                f"needs one reward model per name of rewards.names={self.names}; "
+                + (f"none for {missing}" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"{extra} not in rewards.names" if extra else "")
+                + " (e.g. --config.rewards.reward_models.<name>.path=DIR)",
+            )
 
     def function_entries(self) -> tuple[FunctionEntry, ...]:
         """``functions`` as `FunctionEntry` objects, in order.
@@ -224,28 +261,55 @@ class FunctionEntry:
         field = f"rewards.functions[{index}]"
         if isinstance(entry, str):
             entry = {"fn": entry}
-        _require(isinstance(entry, Mapping), field,
-                 f"must be 'module:callable', 'path/file.py:callable' or a mapping with 'fn', got {entry!r}")
+        _require(
+            isinstance(entry, Mapping),
+            field,
+            f"must be 'module:callable', 'path/file.py:callable' or a mapping with 'fn', got {entry!r}",
+        )
         unknown = sorted(set(entry) - set(cls.KEYS))
-        _require(not unknown, field, f"unknown key{'s' if len(unknown) > 1 else ''} {unknown}; an entry has "
-                 f"{', '.join(cls.KEYS)}")
+        _require(
+            not unknown,
+            field,
+            f"unknown key{'s' if len(unknown) > 1 else ''} {unknown}; an entry has {', '.join(cls.KEYS)}",
+        )
         fn = entry.get("fn")
-        _require(isinstance(fn, str) and ":" in fn and all(p.strip() for p in fn.rsplit(":", 1)), f"{field}.fn",
-                 f"{fn!r} is not 'module:callable' or 'path/to/file.py:callable'")
+        _require(
+            isinstance(fn, str) and ":" in fn and all(p.strip() for p in fn.rsplit(":", 1)),
+            f"{field}.fn",
+            f"{fn!r} is not 'module:callable' or 'path/to/file.py:callable'",
+        )
         name = entry.get("name")
-        _require(name is None or (isinstance(name, str) and name.strip() != ""), f"{field}.name",
-                 f"must be a non-empty string, got {name!r}")
+        _require(
+            name is None or (isinstance(name, str) and name.strip() != ""),
+            f"{field}.name",
+            f"must be a non-empty string, got {name!r}",
+        )
         weight = entry.get("weight")
         _require(weight is None or _is_number(weight), f"{field}.weight", f"must be a finite number, got {weight!r}")
         options = entry.get("options") or {}
-        _require(isinstance(options, Mapping) and all(isinstance(k, str) for k in options), f"{field}.options",
-                 f"must be a mapping of keyword arguments, got {options!r}")
+        _require(
+            isinstance(options, Mapping) and all(isinstance(k, str) for k in options),
+            f"{field}.options",
+            f"must be a mapping of keyword arguments, got {options!r}",
+        )
         on_error = entry.get("on_error")
-        _require(on_error is None or on_error in FUNCTION_ON_ERROR, f"{field}.on_error",
-                 f"{on_error!r} is not one of {FUNCTION_ON_ERROR}")
+        _require(
+            on_error is None or on_error in FUNCTION_ON_ERROR,
+            f"{field}.on_error",
+            f"{on_error!r} is not one of {FUNCTION_ON_ERROR}",
+        )
         min_value = entry.get("min_value")
-        _require(min_value is None or _is_number(min_value), f"{field}.min_value",
-                 f"must be a finite number, got {min_value!r}")
-        return cls(index=index, fn=fn.strip(), name=name, weight=None if weight is None else float(weight),
-                   options=dict(options), on_error=on_error,
-                   min_value=None if min_value is None else float(min_value))
+        _require(
+            min_value is None or _is_number(min_value),
+            f"{field}.min_value",
+            f"must be a finite number, got {min_value!r}",
+        )
+        return cls(
+            index=index,
+            fn=fn.strip(),
+            name=name,
+            weight=None if weight is None else float(weight),
+            options=dict(options),
+            on_error=on_error,
+            min_value=None if min_value is None else float(min_value),
+        )

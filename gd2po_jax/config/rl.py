@@ -144,8 +144,11 @@ class RLConfig(_Section):
         _in_range(self.clip_low, "rl.clip_low", 0.0, 1.0)
         _in_range(self.clip_high, "rl.clip_high", 0.0, 10.0)
         _number(self.dual_clip, "rl.dual_clip")
-        _require(self.dual_clip <= 0 or self.dual_clip > 1, "rl.dual_clip",
-                 f"must be > 1 (or <= 0 to disable), got {self.dual_clip}")
+        _require(
+            self.dual_clip <= 0 or self.dual_clip > 1,
+            "rl.dual_clip",
+            f"must be > 1 (or <= 0 to disable), got {self.dual_clip}",
+        )
         _one_of(self.loss_agg_mode, "rl.loss_agg_mode", LOSS_AGG_MODES)
         _flag(self.filtered_in_denominator, "rl.filtered_in_denominator")
         _number(self.kl_coef, "rl.kl_coef")
@@ -160,17 +163,26 @@ class RLConfig(_Section):
         _one_of(self.old_logprobs, "rl.old_logprobs", OLD_LOGPROBS)
         _number(self.rollout_is_cap, "rl.rollout_is_cap")
         _require(self.rollout_is_cap >= 0, "rl.rollout_is_cap", f"must be >= 0 (0: off), got {self.rollout_is_cap}")
-        _require(not self.rollout_is_cap or self.old_logprobs == "recompute", "rl.rollout_is_cap",
-                 "corrects the sampler's log-probs towards the recomputed ones: it needs rl.old_logprobs='recompute'")
+        _require(
+            not self.rollout_is_cap or self.old_logprobs == "recompute",
+            "rl.rollout_is_cap",
+            "corrects the sampler's log-probs towards the recomputed ones: it needs rl.old_logprobs='recompute'",
+        )
         _flag(self.shuffle_minibatches, "rl.shuffle_minibatches")
         _int_at_least(self.micro_batch_max_tokens, "rl.micro_batch_max_tokens", minimum=0)
         _int_at_least(self.micro_batch_ranks, "rl.micro_batch_ranks")
         if self.micro_batch_max_tokens:
-            _require(not self.shuffle_minibatches, "rl.micro_batch_max_tokens",
-                     "verl's micro-batches are cut from minibatches taken in order: set rl.shuffle_minibatches=False")
-            _require(self.loss_agg_mode == "token-mean", "rl.micro_batch_max_tokens",
-                     f"verl's per-micro-batch weighting is implemented for rl.loss_agg_mode='token-mean', got "
-                     f"{self.loss_agg_mode!r} (the sequence modes weight micro-batches by their rows already)")
+            _require(
+                not self.shuffle_minibatches,
+                "rl.micro_batch_max_tokens",
+                "verl's micro-batches are cut from minibatches taken in order: set rl.shuffle_minibatches=False",
+            )
+            _require(
+                self.loss_agg_mode == "token-mean",
+                "rl.micro_batch_max_tokens",
+                f"verl's per-micro-batch weighting is implemented for rl.loss_agg_mode='token-mean', got "
+                f"{self.loss_agg_mode!r} (the sequence modes weight micro-batches by their rows already)",
+            )
         _flag(self.query_reweighting, "rl.query_reweighting")
         _number(self.snr_eps, "rl.snr_eps")
         _require(self.snr_eps > 0, "rl.snr_eps", f"must be > 0, got {self.snr_eps}")

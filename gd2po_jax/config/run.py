@@ -63,12 +63,11 @@ def _batch_layout(config: RunConfig, num_data_shards: int) -> tuple[int, int]:
     """`check_batch_layout` of a step's rollouts, its error as a `ConfigError`."""
     rollouts = config.train.prompts_per_step * config.rl.num_generations
     try:
-        return check_batch_layout(rollouts, config.rl.num_minibatches, config.rl.micro_batch_size,
-                                  num_data_shards)
+        return check_batch_layout(rollouts, config.rl.num_minibatches, config.rl.micro_batch_size, num_data_shards)
     except ValueError as err:
         message = str(err).removeprefix("config.")
         field = re.match(r"[A-Za-z_][\w.]*", message)
-        if field and message[field.end():].startswith(":"):
+        if field and message[field.end() :].startswith(":"):
             raise ConfigError(f"config.{message}") from None
         raise ConfigError(f"config.{field.group(0) if field else 'rl'}: {message}") from None
 
@@ -114,19 +113,28 @@ class RunConfig(_Section):
 
     def __post_init__(self):
         _text(self.task, "task", "the name of a registered task (gd2po_jax.tasks) or module:object of your own")
-        _require(_is_int(self.config_version) and self.config_version == CONFIG_VERSION, "config_version",
-                 f"{self.config_version!r}: this gd2po_jax reads version {CONFIG_VERSION}; an older config.json "
-                 "is upgraded by gd2po_jax.config.versions.upgrade (gd2po_jax.runtime.run_dir.load_run_config "
-                 "does it)")
+        _require(
+            _is_int(self.config_version) and self.config_version == CONFIG_VERSION,
+            "config_version",
+            f"{self.config_version!r}: this gd2po_jax reads version {CONFIG_VERSION}; an older config.json "
+            "is upgraded by gd2po_jax.config.versions.upgrade (gd2po_jax.runtime.run_dir.load_run_config "
+            "does it)",
+        )
         prompts, per_call = self.train.prompts_per_step, self.sampling.prompts_per_call
-        _require(per_call == 0 or per_call >= prompts or prompts % per_call == 0, "sampling.prompts_per_call",
-                 f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}")
+        _require(
+            per_call == 0 or per_call >= prompts or prompts % per_call == 0,
+            "sampling.prompts_per_call",
+            f"{per_call} must be 0 (all at once), at least, or a divisor of train.prompts_per_step={prompts}",
+        )
         _batch_layout(self, num_data_shards=1)
         if self.rl.micro_batch_max_tokens:
             rollouts, parts = prompts * self.rl.num_generations, self.rl.num_minibatches * self.rl.micro_batch_ranks
-            _require(rollouts % parts == 0, "rl.micro_batch_ranks",
-                     f"the {rollouts} rollouts of a step do not split into {self.rl.micro_batch_ranks} ranks x "
-                     f"{self.rl.num_minibatches} minibatches (rl.num_minibatches) of equal size")
+            _require(
+                rollouts % parts == 0,
+                "rl.micro_batch_ranks",
+                f"the {rollouts} rollouts of a step do not split into {self.rl.micro_batch_ranks} ranks x "
+                f"{self.rl.num_minibatches} minibatches (rl.num_minibatches) of equal size",
+            )
 
     @classmethod
     def from_config_dict(cls, config: Any) -> RunConfig:
@@ -148,12 +156,18 @@ class RunConfig(_Section):
           ConfigError: naming the field to change.
         """
         _batch_layout(self, num_data_shards)
-        _require(self.eval.batch_size % num_data_shards == 0, "eval.batch_size",
-                 f"{self.eval.batch_size} is not divisible by the {num_data_shards} data-parallel devices")
+        _require(
+            self.eval.batch_size % num_data_shards == 0,
+            "eval.batch_size",
+            f"{self.eval.batch_size} is not divisible by the {num_data_shards} data-parallel devices",
+        )
         if self.rewards.kind == "reward_model":
             for name, model in self.rewards.reward_models.items():
-                _require(model.batch_size % num_data_shards == 0, f"rewards.reward_models.{name}.batch_size",
-                         f"{model.batch_size} is not divisible by the {num_data_shards} data-parallel devices")
+                _require(
+                    model.batch_size % num_data_shards == 0,
+                    f"rewards.reward_models.{name}.batch_size",
+                    f"{model.batch_size} is not divisible by the {num_data_shards} data-parallel devices",
+                )
 
     def to_json(self) -> str:
         """The text of a run's ``config.json``: indented JSON with sorted keys (what
@@ -173,6 +187,6 @@ class RunConfig(_Section):
             for depth, parent in enumerate(parents):
                 node = node.get(parent) if isinstance(node, dict) else None
                 if not isinstance(node, dict):
-                    raise ConfigError(f"config.{'.'.join(parents[:depth + 1])}: not a section, cannot set {dotted}")
+                    raise ConfigError(f"config.{'.'.join(parents[: depth + 1])}: not a section, cannot set {dotted}")
             node[name] = value
         return RunConfig.from_dict(values)

@@ -34,8 +34,11 @@ class MeshConfig(_Section):
     def __post_init__(self):
         for name in ("data", "fsdp", "tensor"):
             value = getattr(self, name)
-            _require(_is_int(value) and (value >= 1 or value == -1), f"mesh.{name}",
-                     f"must be a device count >= 1, or -1 (all remaining devices), got {value!r}")
+            _require(
+                _is_int(value) and (value >= 1 or value == -1),
+                f"mesh.{name}",
+                f"must be a device count >= 1, or -1 (all remaining devices), got {value!r}",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,15 +64,23 @@ class DistributedConfig(_Section):
     """A process not heard from for this long is dead, and the others stop (JAX's coordination service)."""
 
     def __post_init__(self):
-        _text(self.coordinator_address, "distributed.coordinator_address",
-              f"HOST:PORT, {AUTO_COORDINATOR!r} or empty (one process)")
+        _text(
+            self.coordinator_address,
+            "distributed.coordinator_address",
+            f"HOST:PORT, {AUTO_COORDINATOR!r} or empty (one process)",
+        )
         address = self.coordinator_address
-        _require(not address or address == AUTO_COORDINATOR or re.fullmatch(r"\S+:\d+", address) is not None,
-                 "distributed.coordinator_address",
-                 f"{address!r} is not HOST:PORT (process 0's host and a free port), {AUTO_COORDINATOR!r} or empty")
+        _require(
+            not address or address == AUTO_COORDINATOR or re.fullmatch(r"\S+:\d+", address) is not None,
+            "distributed.coordinator_address",
+            f"{address!r} is not HOST:PORT (process 0's host and a free port), {AUTO_COORDINATOR!r} or empty",
+        )
         _int_at_least(self.num_processes, "distributed.num_processes", minimum=0)
         _int_at_least(self.process_id, "distributed.process_id", minimum=-1)
-        _require(self.num_processes == 0 or self.process_id < self.num_processes, "distributed.process_id",
-                 f"{self.process_id} is not below distributed.num_processes={self.num_processes}")
+        _require(
+            self.num_processes == 0 or self.process_id < self.num_processes,
+            "distributed.process_id",
+            f"{self.process_id} is not below distributed.num_processes={self.num_processes}",
+        )
         _int_at_least(self.initialization_timeout_s, "distributed.initialization_timeout_s")
         _int_at_least(self.heartbeat_timeout_s, "distributed.heartbeat_timeout_s")

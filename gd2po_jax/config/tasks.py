@@ -102,13 +102,24 @@ class RewardTrainingConfig(_Section):
     ``rewards.reward_models.<name>.max_length``."""
 
     def __post_init__(self):
-        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "num_steps", "batch_size"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "num_steps",
+            "batch_size",
+        ):
             _int_at_least(getattr(self, name), self._dotted(name))
         _int_at_least(self.seed, self._dotted("seed"), minimum=0)
         _int_at_least(self.max_length, self._dotted("max_length"), minimum=2)
-        _require(self.num_heads % self.num_kv_heads == 0, self._dotted("num_kv_heads"),
-                 f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            self._dotted("num_kv_heads"),
+            f"{self.num_kv_heads} does not divide num_heads={self.num_heads}",
+        )
         _learning_rate(self.learning_rate, self._dotted("learning_rate"))
         _number(self.regularization, self._dotted("regularization"))
         _require(self.regularization >= 0, self._dotted("regularization"), f"must be >= 0, got {self.regularization}")

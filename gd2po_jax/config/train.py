@@ -57,8 +57,9 @@ class SamplingConfig(_Section):
     def __post_init__(self):
         _int_at_least(self.max_new_tokens, "sampling.max_new_tokens")
         _number(self.temperature, "sampling.temperature")
-        _require(self.temperature > 0, "sampling.temperature",
-                 f"RL rollouts need temperature > 0, got {self.temperature}")
+        _require(
+            self.temperature > 0, "sampling.temperature", f"RL rollouts need temperature > 0, got {self.temperature}"
+        )
         _in_range(self.top_p, "sampling.top_p", 1e-6, 1.0)
         _int_at_least(self.top_k, "sampling.top_k", minimum=0)
         _int_at_least(self.prompts_per_call, "sampling.prompts_per_call", minimum=0)
@@ -114,23 +115,30 @@ class TrainConfig(_Section):
         _require(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _number(self.grad_clip, "train.grad_clip")
         _one_of(self.master_dtype, "train.master_dtype", DTYPES)
-        _require(self.master_dtype != "bfloat16" or self.learning_rate >= MIN_BF16_MASTER_LEARNING_RATE,
-                 "train.master_dtype",
-                 f"bfloat16 master weights lose AdamW updates of train.learning_rate={self.learning_rate}: "
-                 "bfloat16 keeps 8 significant bits, so an update below about |w| x 2^-9 rounds away (at lr "
-                 "1e-6 only 2% of a model's weights changed in 10 steps, against 100% in float32). Use "
-                 "train.master_dtype='float32' (model.dtype='bfloat16' still computes in bfloat16), or a "
-                 f"learning_rate >= {MIN_BF16_MASTER_LEARNING_RATE:g}")
+        _require(
+            self.master_dtype != "bfloat16" or self.learning_rate >= MIN_BF16_MASTER_LEARNING_RATE,
+            "train.master_dtype",
+            f"bfloat16 master weights lose AdamW updates of train.learning_rate={self.learning_rate}: "
+            "bfloat16 keeps 8 significant bits, so an update below about |w| x 2^-9 rounds away (at lr "
+            "1e-6 only 2% of a model's weights changed in 10 steps, against 100% in float32). Use "
+            "train.master_dtype='float32' (model.dtype='bfloat16' still computes in bfloat16), or a "
+            f"learning_rate >= {MIN_BF16_MASTER_LEARNING_RATE:g}",
+        )
         _int_at_least(self.logit_chunk_size, "train.logit_chunk_size")
         _int_at_least(self.log_every, "train.log_every")
         _int_at_least(self.max_consecutive_skipped_steps, "train.max_consecutive_skipped_steps")
-        _require(isinstance(self.preemption_signals, tuple) and all(
-            isinstance(name, str) and name in PREEMPTION_SIGNALS for name in self.preemption_signals),
-            "train.preemption_signals", f"must be a tuple of signal names from {PREEMPTION_SIGNALS}, "
-            f"got {self.preemption_signals!r}")
+        _require(
+            isinstance(self.preemption_signals, tuple)
+            and all(isinstance(name, str) and name in PREEMPTION_SIGNALS for name in self.preemption_signals),
+            "train.preemption_signals",
+            f"must be a tuple of signal names from {PREEMPTION_SIGNALS}, got {self.preemption_signals!r}",
+        )
         _number(self.preemption_grace_s, "train.preemption_grace_s")
-        _require(self.preemption_grace_s >= 0, "train.preemption_grace_s",
-                 f"must be >= 0 (0: no limit), got {self.preemption_grace_s}")
+        _require(
+            self.preemption_grace_s >= 0,
+            "train.preemption_grace_s",
+            f"must be >= 0 (0: no limit), got {self.preemption_grace_s}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,8 +47,10 @@ def version_of(values: Mapping[str, Any]) -> int:
     """
     version = values.get("config_version", 1)
     if not (_is_int(version) and 1 <= version <= CONFIG_VERSION):
-        raise ConfigError(f"config.config_version: {version!r} is not a config version this gd2po_jax reads "
-                          f"(1 to {CONFIG_VERSION}); a newer gd2po_jax wrote it?")
+        raise ConfigError(
+            f"config.config_version: {version!r} is not a config version this gd2po_jax reads "
+            f"(1 to {CONFIG_VERSION}); a newer gd2po_jax wrote it?"
+        )
     return version
 
 

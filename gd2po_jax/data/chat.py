@@ -14,8 +14,14 @@ from typing import Any
 Messages = Sequence[Mapping[str, str]]
 Tools = list[dict[str, Any]]
 
-FIXED_TEMPLATE_ARGUMENTS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message",
-                            "return_dict", "return_tensors")
+FIXED_TEMPLATE_ARGUMENTS = (
+    "conversation",
+    "tokenize",
+    "add_generation_prompt",
+    "continue_final_message",
+    "return_dict",
+    "return_tensors",
+)
 """Arguments of ``apply_chat_template`` the renderers set themselves (the output is text, with the
 assistant turn opened or closed): a template keyword argument of one of these names is refused."""
 
@@ -45,8 +51,11 @@ def with_tools(template_kwargs: Mapping[str, Any], tools: Tools | None) -> dict[
 
 
 def render_prompts(
-    prompts: Iterable[Messages], tokenizer: Any, *, row_tools: Sequence[Tools | None] | None = None,
-    **template_kwargs: Any
+    prompts: Iterable[Messages],
+    tokenizer: Any,
+    *,
+    row_tools: Sequence[Tools | None] | None = None,
+    **template_kwargs: Any,
 ) -> list[str]:
     """`render_prompt` over many conversations, e.g. `dataset["prompt"]` of a loaded dataset.
 
@@ -61,8 +70,10 @@ def render_prompts(
         raise ValueError("tools are given for all prompts (tools=) and for each one (row_tools=); give one")
     if len(row_tools) != len(prompts):
         raise ValueError(f"{len(row_tools)} tool lists for {len(prompts)} prompts")
-    return [render_prompt(messages, tokenizer, **with_tools(template_kwargs, tools))
-            for messages, tools in zip(prompts, row_tools)]
+    return [
+        render_prompt(messages, tokenizer, **with_tools(template_kwargs, tools))
+        for messages, tools in zip(prompts, row_tools)
+    ]
 
 
 def check_template_kwargs(template_kwargs: Mapping[str, Any], *, tools_column: str = "") -> dict[str, Any]:
@@ -74,11 +85,15 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any], *, tools_column: s
     """
     fixed = sorted(set(template_kwargs) & set(FIXED_TEMPLATE_ARGUMENTS))
     if fixed:
-        raise ValueError(f"config.data.chat_template_kwargs: {', '.join(fixed)} cannot be given: the renderer sets "
-                         f"{', '.join(FIXED_TEMPLATE_ARGUMENTS)} itself")
+        raise ValueError(
+            f"config.data.chat_template_kwargs: {', '.join(fixed)} cannot be given: the renderer sets "
+            f"{', '.join(FIXED_TEMPLATE_ARGUMENTS)} itself"
+        )
     if tools_column and "tools" in template_kwargs:
-        raise ValueError(f"config.data.chat_template_kwargs: gives tools, and so does config.data.tools_column="
-                         f"{tools_column!r}; give the tools in one place")
+        raise ValueError(
+            f"config.data.chat_template_kwargs: gives tools, and so does config.data.tools_column="
+            f"{tools_column!r}; give the tools in one place"
+        )
     return dict(template_kwargs)
 
 
@@ -96,8 +111,10 @@ def parse_tools(value: Any) -> Tools | None:
         except (json.JSONDecodeError, RecursionError) as err:
             raise ValueError(f"not valid JSON ({err}): {value!r:.80}") from None
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"expected a list of tool schemas (JSON-schema dicts) or that list as JSON text, got "
-                         f"{type(value).__name__} {value!r:.80}")
+        raise ValueError(
+            f"expected a list of tool schemas (JSON-schema dicts) or that list as JSON text, got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
     for i, tool in enumerate(value):
         if not isinstance(tool, Mapping):
             raise ValueError(f"tool {i} is not a JSON-schema dict: {tool!r:.80}")
@@ -113,21 +130,22 @@ def column_tools(columns: Mapping[str, Sequence[Any]], tools_column: str, where:
         there are) or a bad value (naming ``where``, the 0-based row and the column).
     """
     if tools_column not in columns:
-        raise ValueError(f"{where}: config.data.tools_column={tools_column!r} is not a column of the data; its "
-                         f"columns are {sorted(columns)}")
+        raise ValueError(
+            f"{where}: config.data.tools_column={tools_column!r} is not a column of the data; its "
+            f"columns are {sorted(columns)}"
+        )
     tools = []
     for row, value in enumerate(columns[tools_column]):
         try:
             tools.append(parse_tools(value))
         except ValueError as err:
-            raise ValueError(f"{where}, row {row} (0-based), column {tools_column!r} (config.data.tools_column): "
-                             f"{err}") from None
+            raise ValueError(
+                f"{where}, row {row} (0-based), column {tools_column!r} (config.data.tools_column): {err}"
+            ) from None
     return tools
 
 
-def render_sft_example(
-    messages: Messages, target: str, tokenizer: Any, **template_kwargs: Any
-) -> tuple[str, str]:
+def render_sft_example(messages: Messages, target: str, tokenizer: Any, **template_kwargs: Any) -> tuple[str, str]:
     """(prompt text, completion text) for supervised training on `target` as the assistant reply.
 
     The completion is what the template appends after the rendered prompt when the assistant
@@ -142,9 +160,7 @@ def render_sft_example(
     """
     prompt = render_prompt(messages, tokenizer, **template_kwargs)
     conversation = [dict(m) for m in messages] + [{"role": "assistant", "content": target}]
-    full = tokenizer.apply_chat_template(
-        conversation, tokenize=False, add_generation_prompt=False, **template_kwargs
-    )
+    full = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False, **template_kwargs)
     if not full.startswith(prompt):
         raise ValueError(
             "the chat template does not render the conversation as prompt + reply, so the target "

@@ -114,16 +114,10 @@ def build_tokenizer(
       A `PreTrainedTokenizerFast` with eos `<|im_end|>`, pad `<|endoftext|>`, no bos, left
       padding, and the ChatML `chat_template`.
     """
-    if (
-        isinstance(vocab_size, bool)
-        or not isinstance(vocab_size, int)
-        or vocab_size < MIN_VOCAB_SIZE
-    ):
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"vocab_size must be an int >= {MIN_VOCAB_SIZE}, got {vocab_size!r}")
     backend, trainer = _backend(vocab_size)
-    backend.train_from_iterator(
-        _without_tags([*_ROLE_LINES * _MIN_FREQUENCY, *corpus]), trainer=trainer
-    )
+    backend.train_from_iterator(_without_tags([*_ROLE_LINES * _MIN_FREQUENCY, *corpus]), trainer=trainer)
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

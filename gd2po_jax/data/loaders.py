@@ -111,9 +111,7 @@ def detect_kind(path: str | os.PathLike) -> str:
             None,
             f"cannot tell the format from keys {sorted(keys)}; pass kind= one of {KINDS}",
         )
-    raise ValueError(
-        f"cannot tell the data format of {path} from its extension; pass kind= one of {KINDS}"
-    )
+    raise ValueError(f"cannot tell the data format of {path} from its extension; pass kind= one of {KINDS}")
 
 
 def load_data(
@@ -156,12 +154,19 @@ def detect_record_kind(columns: Sequence[str]) -> str:
         return "verl"
     if names & {PROMPT, PROMPT_ALIAS}:
         return "jsonl"
-    raise DataFormatError("<records>", None, None, f"cannot tell the format from columns {sorted(names)}; "
-                          f"pass kind= one of {KINDS}")
+    raise DataFormatError(
+        "<records>", None, None, f"cannot tell the format from columns {sorted(names)}; pass kind= one of {KINDS}"
+    )
 
 
-def load_records(name: str, records: datasets.Dataset, *, kind: str = "auto", on_error: OnError = "raise",
-                 require_ground_truth: bool = True) -> LoadResult:
+def load_records(
+    name: str,
+    records: datasets.Dataset,
+    *,
+    kind: str = "auto",
+    on_error: OnError = "raise",
+    require_ground_truth: bool = True,
+) -> LoadResult:
     """The rows of ``records`` (a `datasets.Dataset` in one of the formats of `gd2po_jax.data.formats`,
     e.g. from ``datasets.load_from_disk`` or ``datasets.load_dataset``) in the `FEATURES` schema, its
     other columns kept as extra columns (a column a row lacks holds None there, as `datasets` gives it).
@@ -179,8 +184,12 @@ def load_records(name: str, records: datasets.Dataset, *, kind: str = "auto", on
     if kind == "verl":
         has_ground_truth = "reward_model" in records.column_names
         if require_ground_truth and not has_ground_truth:
-            raise DataFormatError(name, None, "reward_model.ground_truth",
-                                  "missing; pass require_ground_truth=False to load prompt-only data")
+            raise DataFormatError(
+                name,
+                None,
+                "reward_model.ground_truth",
+                "missing; pass require_ground_truth=False to load prompt-only data",
+            )
         convert: Callable[[Any, int], dict] = functools.partial(verl_row, has_ground_truth=has_ground_truth)
     elif kind == "api_bank":
         convert = functools.partial(api_bank_row, level=None)

@@ -55,9 +55,16 @@ class PromptSet:
         )
 
 
-def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens: int, where: str,
-                     truncation: str | None = "error", template_kwargs: Mapping[str, Any] | None = None,
-                     tools_column: str = "") -> PromptSet:
+def build_prompt_set(
+    dataset: datasets.Dataset,
+    tokenizer,
+    *,
+    max_prompt_tokens: int,
+    where: str,
+    truncation: str | None = "error",
+    template_kwargs: Mapping[str, Any] | None = None,
+    tools_column: str = "",
+) -> PromptSet:
     """Render ``dataset["prompt"]`` with the chat template and tokenize.
 
     Args:
@@ -77,11 +84,14 @@ def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens:
         row.
     """
     columns = dataset_columns(dataset, where=where)
-    for name, what in ((RESPONSE_IDS, "the sampled token ids of each response"),
-                       (ROLLOUT_INDEX, "the index of each rollout in its step")):
+    for name, what in (
+        (RESPONSE_IDS, "the sampled token ids of each response"),
+        (ROLLOUT_INDEX, "the index of each rollout in its step"),
+    ):
         if name in columns:
-            raise ValueError(f"{where}: a data column is named {name!r}, the name rollouts give {what}; rename "
-                             "the column")
+            raise ValueError(
+                f"{where}: a data column is named {name!r}, the name rollouts give {what}; rename the column"
+            )
     template_kwargs = check_template_kwargs(template_kwargs or {}, tools_column=tools_column)
     tools = column_tools(columns, tools_column, where) if tools_column else None
     texts = render_prompts(columns[PROMPT], tokenizer, row_tools=tools, **template_kwargs)
@@ -100,9 +110,15 @@ def build_prompt_set(dataset: datasets.Dataset, tokenizer, *, max_prompt_tokens:
         if not ids:
             raise ValueError(f"{where}, row {row} (0-based): the prompt renders to no tokens")
     if cut:
-        logger.warning("%s: %d of %d prompts are longer than config.data.max_prompt_tokens=%d and keep their last "
-                       "%d tokens (config.data.prompt_truncation='left')", where, cut, len(token_ids),
-                       max_prompt_tokens, max_prompt_tokens)
+        logger.warning(
+            "%s: %d of %d prompts are longer than config.data.max_prompt_tokens=%d and keep their last "
+            "%d tokens (config.data.prompt_truncation='left')",
+            where,
+            cut,
+            len(token_ids),
+            max_prompt_tokens,
+            max_prompt_tokens,
+        )
     return PromptSet(texts=texts, token_ids=token_ids, columns=columns)
 
 

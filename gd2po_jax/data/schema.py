@@ -76,9 +76,7 @@ OnError = Literal["raise", "skip"]
 
 FEATURES = datasets.Features(
     {
-        PROMPT: datasets.List(
-            {"role": datasets.Value("string"), "content": datasets.Value("string")}
-        ),
+        PROMPT: datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")}),
         GROUND_TRUTH: datasets.Value("string"),
         TARGET: datasets.Value("string"),
         LEVEL: datasets.Value("int64"),
@@ -152,8 +150,9 @@ def require_str(value: Any, field: str, *, allow_empty: bool = True) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as err:  # a lone surrogate, e.g. from a JSON "\ud800" escape
-        raise FieldError(field, f"not valid Unicode text: {value[err.start]!r} at character {err.start} "
-                                "(a lone surrogate)") from None
+        raise FieldError(
+            field, f"not valid Unicode text: {value[err.start]!r} at character {err.start} (a lone surrogate)"
+        ) from None
     if not allow_empty and not value.strip():
         raise FieldError(field, "expected a non-empty string")
     return value
@@ -171,9 +170,7 @@ def chat_messages(value: Any, field: str) -> list[dict[str, str]]:
     messages = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
-            raise FieldError(
-                f"{field}[{i}]", f"expected a message dict, got {type(message).__name__}"
-            )
+            raise FieldError(f"{field}[{i}]", f"expected a message dict, got {type(message).__name__}")
         role = require_str(message.get("role"), f"{field}[{i}].role", allow_empty=False)
         content = require_str(message.get("content"), f"{field}[{i}].content")
         messages.append({"role": role, "content": content})
@@ -195,8 +192,11 @@ def _extra_columns(record: dict) -> dict[str, Any]:
     raises `FieldError` on a key of `RESERVED_COLUMNS`."""
     for name in RESERVED_COLUMNS:
         if name in record:
-            raise FieldError(name, f"is a reserved column name ({', '.join(RESERVED_COLUMNS)}): the loader or "
-                                   "the rollouts set a column of that name, which would hide this one; rename it")
+            raise FieldError(
+                name,
+                f"is a reserved column name ({', '.join(RESERVED_COLUMNS)}): the loader or "
+                "the rollouts set a column of that name, which would hide this one; rename it",
+            )
     return {name: value for name, value in record.items() if name not in FEATURES and name != PROMPT_ALIAS}
 
 
@@ -212,8 +212,10 @@ def _pickled(extras: dict[str, Any]) -> bytes:
             try:
                 pickle.dumps(value)
             except _UNPICKLABLE as err:
-                raise FieldError(name, f"cannot be kept as an extra column: its value cannot be pickled "
-                                       f"({type(err).__name__}: {err})") from None
+                raise FieldError(
+                    name,
+                    f"cannot be kept as an extra column: its value cannot be pickled ({type(err).__name__}: {err})",
+                ) from None
         raise
 
 
@@ -284,8 +286,14 @@ def build_dataset(
                 raise error from None
             skipped.append(error)
     if not rows:
-        problem = (f"no usable rows: all {len(skipped)} rows are malformed (skipped with on_error='skip'); "
-                   f"first: {skipped[0]}") if skipped else "holds no rows"
+        problem = (
+            (
+                f"no usable rows: all {len(skipped)} rows are malformed (skipped with on_error='skip'); "
+                f"first: {skipped[0]}"
+            )
+            if skipped
+            else "holds no rows"
+        )
         raise DataFormatError(path, None, None, problem)
     if skipped:
         logger.warning("%s: skipped %d malformed row(s); first: %s", path, len(skipped), skipped[0])
@@ -308,7 +316,5 @@ def json_list(path: pathlib.Path) -> list[Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataFormatError(path, None, None, f"not valid JSON ({err})") from err
     if not isinstance(records, list):
-        raise DataFormatError(
-            path, None, None, f"expected a JSON list of records, got {type(records).__name__}"
-        )
+        raise DataFormatError(path, None, None, f"expected a JSON list of records, got {type(records).__name__}")
     return records

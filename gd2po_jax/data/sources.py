@@ -77,8 +77,9 @@ def _load_files(name: str, files: list[pathlib.Path], kind: str, on_error: OnErr
     return LoadResult(dataset, tuple(error for result in results for error in result.skipped))
 
 
-def load_source(source: str, *, kind: str = "auto", on_error: OnError = "raise", what: str = "data source",
-                **options) -> LoadResult:
+def load_source(
+    source: str, *, kind: str = "auto", on_error: OnError = "raise", what: str = "data source", **options
+) -> LoadResult:
     """The rows of ``source`` (any form of the module docstring) in the `FEATURES` schema.
 
     ``options`` go to the loader (e.g. ``require_ground_truth=False``); ``what`` names the source
@@ -107,7 +108,8 @@ def load_source(source: str, *, kind: str = "auto", on_error: OnError = "raise",
     if hub_id is None:
         raise FileNotFoundError(
             f"{what}: {source!r} does not exist; give a data file, a directory or glob of data files, a datasets "
-            "save_to_disk folder (DIR or DIR:split) or a Hugging Face Hub data set id (org/name or org/name:split)")
+            "save_to_disk folder (DIR or DIR:split) or a Hugging Face Hub data set id (org/name or org/name:split)"
+        )
     local = snapshot(hub_id, repo_type="dataset", what=what)
     records = datasets.load_dataset(str(local), split=split or "train")
     return load_records(source, records, kind=kind, on_error=on_error, **options)

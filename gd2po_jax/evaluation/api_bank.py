@@ -152,9 +152,7 @@ def length_score(output: str, max_think_words: int = DEFAULT_MAX_THINK_WORDS) ->
     return min(1.0, round(len(thought.split()) / max_think_words, 2))
 
 
-def score_api_bank(
-    response: str, answer: Any, max_think_words: int = DEFAULT_MAX_THINK_WORDS
-) -> ApiBankScore:
+def score_api_bank(response: str, answer: Any, max_think_words: int = DEFAULT_MAX_THINK_WORDS) -> ApiBankScore:
     """Correct, format and length of one model output against an API-Bank answer.
 
     Args:
@@ -168,11 +166,7 @@ def score_api_bank(
       ValueError: on a malformed `answer` or a non-positive `max_think_words` (data and
         configuration errors, never model errors).
     """
-    if (
-        isinstance(max_think_words, bool)
-        or not isinstance(max_think_words, int)
-        or max_think_words <= 0
-    ):
+    if isinstance(max_think_words, bool) or not isinstance(max_think_words, int) or max_think_words <= 0:
         raise ValueError(f"max_think_words must be a positive int, got {max_think_words!r}")
     reference_call(answer)
     if not isinstance(response, str):

@@ -66,8 +66,9 @@ from gd2po_jax.tasks.setup import build_setup, reward_spec
 
 API_BANK = "api_bank"
 """``--data=api_bank``: the API-Bank directory ``--api_bank_dir`` names (no default)."""
-API_BANK_ORIGIN = ("the level-{1,2,3}-api_processed.json files of tool-calling/API_Bank/ in "
-                   "github.com/Qwen-Applications/GD2PO")
+API_BANK_ORIGIN = (
+    "the level-{1,2,3}-api_processed.json files of tool-calling/API_Bank/ in github.com/Qwen-Applications/GD2PO"
+)
 """Where the API-Bank evaluation files are published (for errors that ask for them)."""
 API_BANK_MAX_NEW_TOKENS = 4096  # docs/algorithm.md#api-bank-metric
 API_BANK_MAX_TOTAL_TOKENS = 4096
@@ -144,13 +145,16 @@ def resolve_api_bank(data: str, api_bank_dir: str) -> pathlib.Path:
         flag and where the files are published (`API_BANK_ORIGIN`).
     """
     if data == API_BANK and not api_bank_dir:
-        raise EvalError(f"--data=api_bank needs --api_bank_dir=DIR (or pass --data=DIR): a directory of "
-                        f"{API_BANK_ORIGIN}")
+        raise EvalError(
+            f"--data=api_bank needs --api_bank_dir=DIR (or pass --data=DIR): a directory of {API_BANK_ORIGIN}"
+        )
     path = pathlib.Path(api_bank_dir if data == API_BANK else data)
     if not path.exists():
         flag = f"--api_bank_dir={api_bank_dir}" if data == API_BANK else f"--data={data}"
-        raise EvalError(f"{flag}: {path} does not exist (an API-Bank directory of level-N files, or one such "
-                        f"file: {API_BANK_ORIGIN})")
+        raise EvalError(
+            f"{flag}: {path} does not exist (an API-Bank directory of level-N files, or one such "
+            f"file: {API_BANK_ORIGIN})"
+        )
     return path
 
 
@@ -168,8 +172,10 @@ def habits_of_workdir(workdir: pathlib.Path, names: Sequence[str]) -> tuple[dict
     def generations(name: str):
         file = RunDir(workdir).eval_generations(name)
         if not file.is_file():
-            raise EvalError(f"--habits: {file} not found (evaluations are saved by train.py as "
-                            "before_rl / after_rl, by eval.py as test / validation)")
+            raise EvalError(
+                f"--habits: {file} not found (evaluations are saved by train.py as "
+                "before_rl / after_rl, by eval.py as test / validation)"
+            )
         return run_dir.read_jsonl(file)
 
     try:
@@ -195,20 +201,40 @@ def first_per_level(levels: list[Any], max_examples: int) -> list[int]:
     return keep
 
 
-def api_bank_prompts(path: pathlib.Path, tokenizer, max_examples: int, max_prompt_tokens: int,
-                     template_kwargs: Mapping[str, Any] | None = None) -> PromptSet:
+def api_bank_prompts(
+    path: pathlib.Path,
+    tokenizer,
+    max_examples: int,
+    max_prompt_tokens: int,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> PromptSet:
     """API-Bank system + user messages through the chat template (first ``max_examples`` per level),
     with ``template_kwargs`` (a run's ``data.template_kwargs``)."""
     dataset = load_data(path, kind="api_bank").dataset
     dataset = dataset.select(first_per_level(list(dataset["level"]), max_examples))
-    return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens,
-                            where=f"API-Bank data {path} (--max_prompt_tokens)", template_kwargs=template_kwargs)
+    return build_prompt_set(
+        dataset,
+        tokenizer,
+        max_prompt_tokens=max_prompt_tokens,
+        where=f"API-Bank data {path} (--max_prompt_tokens)",
+        template_kwargs=template_kwargs,
+    )
 
 
-def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path, *, batch_size: int,
-                      max_new_tokens: int, max_examples: int, max_think_words: int, max_prompt_tokens: int,
-                      progress: bool, template_kwargs: Mapping[str, Any] | None = None,
-                      max_total_tokens: int = 0) -> dict[str, Any]:
+def evaluate_api_bank(
+    policy: Policy,
+    path: pathlib.Path,
+    out_dir: pathlib.Path,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    max_examples: int,
+    max_think_words: int,
+    max_prompt_tokens: int,
+    progress: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
+    max_total_tokens: int = 0,
+) -> dict[str, Any]:
     """Greedy generation over API-Bank; writes ``out_dir/api_bank.json`` and ``api_bank.jsonl``.
 
     Each example gets at most ``max_new_tokens`` (the official ``max_tokens``) and, with
@@ -222,16 +248,30 @@ def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path,
     except ValueError as err:
         raise EvalError(str(err)) from None
     summary, records = evaluate(
-        policy.model, prompts, policy.tokenizer, api_bank_scorer(max_think_words), batch_size=batch_size,
-        max_new_tokens=max_new_tokens, eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id,
-        prompt_length=bucket_length(prompts.max_tokens), progress=progress, desc="API-Bank",
+        policy.model,
+        prompts,
+        policy.tokenizer,
+        api_bank_scorer(max_think_words),
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=policy.eos_ids,
+        pad_token_id=policy.pad_id,
+        prompt_length=bucket_length(prompts.max_tokens),
+        progress=progress,
+        desc="API-Bank",
         max_total_tokens=max_total_tokens,
     )
     report = api_bank_report(records)
     result = {
-        **report.to_dict(), "num_examples": len(records), "data": str(path), "policy": policy.source,
-        "max_new_tokens": max_new_tokens, "max_total_tokens": max_total_tokens, "max_think_words": max_think_words,
-        "truncation_rate": summary["truncation_rate"], "response_tokens": summary["response_tokens"],
+        **report.to_dict(),
+        "num_examples": len(records),
+        "data": str(path),
+        "policy": policy.source,
+        "max_new_tokens": max_new_tokens,
+        "max_total_tokens": max_total_tokens,
+        "max_think_words": max_think_words,
+        "truncation_rate": summary["truncation_rate"],
+        "response_tokens": summary["response_tokens"],
     }
     write_report(out_dir, API_BANK, result, records)
     return result
@@ -245,9 +285,15 @@ def evaluate_api_bank(policy: Policy, path: pathlib.Path, out_dir: pathlib.Path,
 def split_table(summary: dict[str, Any], task_lines: str = "") -> str:
     """The headline metrics of a split evaluation as a two-column text table, ``task_lines`` under it
     (the run's `gd2po_jax.tasks.Task.split_table_extra`: e.g. the safety_embedded task's per request type)."""
-    rows = [("examples", "num_examples"), ("Correct Acc", "correct_acc"), ("Format Acc", "format_acc"),
-            ("Length", "length"), ("Correctness", "correctness"), ("Truncation", "truncation_rate"),
-            ("Resp. tokens", "response_tokens")]
+    rows = [
+        ("examples", "num_examples"),
+        ("Correct Acc", "correct_acc"),
+        ("Format Acc", "format_acc"),
+        ("Length", "length"),
+        ("Correctness", "correctness"),
+        ("Truncation", "truncation_rate"),
+        ("Resp. tokens", "response_tokens"),
+    ]
     lines = [f"{summary['split']} split  ({_describe(summary['policy'])})"]
     for label, key in rows:
         value = summary.get(key)
@@ -277,15 +323,27 @@ def _run_setup(options: EvalOptions, workdir: pathlib.Path):
 def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> tuple[dict[str, Any], str]:
     """(the summary, its `split_table`) of ``--split`` of the run in ``workdir``."""
     if options.model_path:
-        raise EvalError("--model_path needs --data (api_bank, safe_alignment, or a path to such data): a plain "
-                        "model has no training config to take a --split from")
+        raise EvalError(
+            "--model_path needs --data (api_bank, safe_alignment, or a path to such data): a plain "
+            "model has no training config to take a --split from"
+        )
     config, setup = _run_setup(options, workdir)
     if options.split not in setup.evals:
-        raise EvalError(f"--split={options.split}: the run has no such split (config.data.{options.split} "
-                        f"is empty); available: {sorted(setup.evals)}")
+        raise EvalError(
+            f"--split={options.split}: the run has no such split (config.data.{options.split} "
+            f"is empty); available: {sorted(setup.evals)}"
+        )
     policy = policy_from_run(config, setup, workdir, options.checkpoint_step)
-    summary = evaluate_split(config, setup, policy.model, options.split, RunDir(workdir).eval_dir, options.split,
-                             progress=options.progress, extra={"policy": policy.source})
+    summary = evaluate_split(
+        config,
+        setup,
+        policy.model,
+        options.split,
+        RunDir(workdir).eval_dir,
+        options.split,
+        progress=options.progress,
+        extra={"policy": policy.source},
+    )
     return summary, split_table(summary, task_of(config).split_table_extra(config, summary))
 
 
@@ -305,10 +363,17 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
     if max_total_tokens < 0:
         raise EvalError(f"--max_total_tokens={max_total_tokens}: must be >= 0 (0: no cap)")
     return evaluate_api_bank(
-        policy, path, RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
-        max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS, max_examples=options.max_examples,
-        max_think_words=options.max_think_words, max_prompt_tokens=options.max_prompt_tokens,
-        progress=options.progress, template_kwargs=template_kwargs, max_total_tokens=max_total_tokens,
+        policy,
+        path,
+        RunDir(workdir).eval_dir,
+        batch_size=options.batch_size or batch_size,
+        max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS,
+        max_examples=options.max_examples,
+        max_think_words=options.max_think_words,
+        max_prompt_tokens=options.max_prompt_tokens,
+        progress=options.progress,
+        template_kwargs=template_kwargs,
+        max_total_tokens=max_total_tokens,
     )
 
 
@@ -321,26 +386,35 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
         raise EvalError(f"--data={options.data}: {err}") from None
     config = load_run_config_or_eval_error(workdir)
     if config.rewards.kind != "reward_model":
-        raise EvalError(f"--data={options.data}: helpfulness-safety sets are scored by a run's reward models, but "
-                        f"the run in {workdir} has config.rewards.kind={config.rewards.kind!r} (train with "
-                        "configs/safety.py, or pass its --workdir)")
+        raise EvalError(
+            f"--data={options.data}: helpfulness-safety sets are scored by a run's reward models, but "
+            f"the run in {workdir} has config.rewards.kind={config.rewards.kind!r} (train with "
+            "configs/safety.py, or pass its --workdir)"
+        )
     if options.model_path:
         policy = policy_from_model_path(options.model_path, options.dtype)
         config = task_of(config).prepare(config, workdir, progress=options.progress)  # e.g. the run's own reward models
-        reward_fn = build_reward_function(reward_spec(config, tokenizer=policy.tokenizer, eos_ids=policy.eos_ids,
-                                                      mesh=mesh_of(policy.model)))
+        reward_fn = build_reward_function(
+            reward_spec(config, tokenizer=policy.tokenizer, eos_ids=policy.eos_ids, mesh=mesh_of(policy.model))
+        )
         batch_size = MODEL_PATH_BATCH_SIZE
     else:
         config, setup = _run_setup(options, workdir)
         policy, reward_fn = policy_from_run(config, setup, workdir, options.checkpoint_step), setup.reward_fn
         batch_size = config.eval.batch_size
     return evaluate_safe_alignment(
-        policy, sets, cast(RewardModelReward, reward_fn),  # config.rewards.kind == "reward_model" (checked above)
-        RunDir(workdir).eval_dir, batch_size=options.batch_size or batch_size,
-        max_new_tokens=options.max_new_tokens or config.sampling.max_new_tokens, max_examples=options.max_examples,
-        max_prompt_tokens=config.data.max_prompt_tokens, truncation=config.data.prompt_truncation,
+        policy,
+        sets,
+        cast(RewardModelReward, reward_fn),  # config.rewards.kind == "reward_model" (checked above)
+        RunDir(workdir).eval_dir,
+        batch_size=options.batch_size or batch_size,
+        max_new_tokens=options.max_new_tokens or config.sampling.max_new_tokens,
+        max_examples=options.max_examples,
+        max_prompt_tokens=config.data.max_prompt_tokens,
+        truncation=config.data.prompt_truncation,
         template_kwargs=config.data.template_kwargs,
-        progress=options.progress, extra={"policy": policy.source},
+        progress=options.progress,
+        extra={"policy": policy.source},
     )
 
 

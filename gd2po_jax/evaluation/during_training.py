@@ -23,8 +23,17 @@ SETS = "sets"
 """What a training run with ``eval.sets`` evaluates, in place of a split's name (`eval_target`)."""
 
 
-def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
-                   *, progress: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate_split(
+    config: RunConfig,
+    setup: RunSetup,
+    model,
+    split: str,
+    out_dir: pathlib.Path,
+    name: str,
+    *,
+    progress: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Greedy evaluation on ``split`` of the run's data, scored as its task says
     (`gd2po_jax.tasks.Task.eval_scorer`); writes ``out_dir/<name>.json``
     (with the fields of ``extra``, e.g. which policy it was) and ``<name>.jsonl`` and returns the
@@ -35,10 +44,17 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
     scorer = task.eval_scorer(config, setup.reward_fn)
     summary: dict[str, Any]  # the numbers, then the report (split, names, extra)
     summary, records = evaluate(
-        model, setup.evals[split], setup.tokenizer, scorer,
-        batch_size=config.eval.batch_size, max_new_tokens=config.sampling.max_new_tokens,
-        eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length,
-        progress=progress, desc=f"eval {name}",
+        model,
+        setup.evals[split],
+        setup.tokenizer,
+        scorer,
+        batch_size=config.eval.batch_size,
+        max_new_tokens=config.sampling.max_new_tokens,
+        eos_token_ids=setup.eos_ids,
+        pad_token_id=setup.pad_id,
+        prompt_length=setup.prompt_length,
+        progress=progress,
+        desc=f"eval {name}",
     )
     reward_names = getattr(scorer, "names", None)  # scored by the run's reward functions or reward models
     if reward_names is None and config.rewards.kind == "reward_model":
@@ -46,8 +62,13 @@ def evaluate_split(config: RunConfig, setup: RunSetup, model, split: str, out_di
     if reward_names is not None:
         summary = {"split": split, **summary, "reward_names": list(reward_names), **(extra or {})}
     else:
-        summary = {"split": split, **summary, "correct_acc": summary.get("correct"),
-                   "format_acc": summary.get("format"), **(extra or {})}
+        summary = {
+            "split": split,
+            **summary,
+            "correct_acc": summary.get("correct"),
+            "format_acc": summary.get("format"),
+            **(extra or {}),
+        }
     summary = task.eval_summary(config, summary)
     write_report(out_dir, name, summary, records)
     return summary
@@ -70,15 +91,26 @@ def eval_target(config: RunConfig, setup: RunSetup) -> str | None:
     except FileNotFoundError as err:
         raise ConfigError(f"config.eval.sets={config.eval.sets!r}: {err}") from None
     if not isinstance(setup.reward_fn, RewardModelReward):
-        raise ConfigError(f"config.eval.sets: helpfulness-safety sets are scored by the run's reward models, but its "
-                          f"rewards are config.rewards.kind={config.rewards.kind!r}"
-                          f"{' with rewards.functions' if config.rewards.functions else ''}: use "
-                          "rewards.kind='reward_model' without rewards.functions, or leave config.eval.sets empty")
+        raise ConfigError(
+            f"config.eval.sets: helpfulness-safety sets are scored by the run's reward models, but its "
+            f"rewards are config.rewards.kind={config.rewards.kind!r}"
+            f"{' with rewards.functions' if config.rewards.functions else ''}: use "
+            "rewards.kind='reward_model' without rewards.functions, or leave config.eval.sets empty"
+        )
     return SETS
 
 
-def evaluate_run(config: RunConfig, setup: RunSetup, model, split: str, out_dir: pathlib.Path, name: str,
-                 *, progress: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate_run(
+    config: RunConfig,
+    setup: RunSetup,
+    model,
+    split: str,
+    out_dir: pathlib.Path,
+    name: str,
+    *,
+    progress: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One evaluation of a training run (``name``: before_rl, step_<N>, after_rl) on what `eval_target`
     gave: with `SETS`, the sets of ``config.eval.sets``, greedy at the run's ``sampling.max_new_tokens``,
     prompts as the training prompts (``data.max_prompt_tokens``, ``data.prompt_truncation``), the
@@ -89,10 +121,19 @@ def evaluate_run(config: RunConfig, setup: RunSetup, model, split: str, out_dir:
         return evaluate_split(config, setup, model, split, out_dir, name, progress=progress, extra=extra)
     policy = Policy(model=model, tokenizer=setup.tokenizer, eos_ids=setup.eos_ids, pad_id=setup.pad_id, source={})
     return evaluate_safe_alignment(
-        policy, resolve_sets(config.eval.sets), setup.reward_fn, out_dir, batch_size=config.eval.batch_size,
-        max_new_tokens=config.sampling.max_new_tokens, max_examples=config.eval.max_examples,
-        max_prompt_tokens=config.data.max_prompt_tokens, truncation=config.data.prompt_truncation,
-        template_kwargs=config.data.template_kwargs, progress=progress, extra=extra, name=name,
+        policy,
+        resolve_sets(config.eval.sets),
+        setup.reward_fn,
+        out_dir,
+        batch_size=config.eval.batch_size,
+        max_new_tokens=config.sampling.max_new_tokens,
+        max_examples=config.eval.max_examples,
+        max_prompt_tokens=config.data.max_prompt_tokens,
+        truncation=config.data.prompt_truncation,
+        template_kwargs=config.data.template_kwargs,
+        progress=progress,
+        extra=extra,
+        name=name,
     )
 
 

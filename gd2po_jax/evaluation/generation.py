@@ -27,8 +27,9 @@ from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.distributed import host_value, is_primary
 
 
-def response_budgets(prompt_lengths: Sequence[int], max_new_tokens: int, max_total_tokens: int,
-                     where: str = "eval") -> np.ndarray:
+def response_budgets(
+    prompt_lengths: Sequence[int], max_new_tokens: int, max_total_tokens: int, where: str = "eval"
+) -> np.ndarray:
     """``[N]`` the response tokens each prompt may get: ``max_new_tokens``, and with ``max_total_tokens``
     > 0 at most ``max_total_tokens`` minus the prompt's tokens, as vLLM stops a sequence that reaches
     ``max_model_len`` (``vllm/v1/core/sched/utils.py``, ``check_stop``).
@@ -44,9 +45,11 @@ def response_budgets(prompt_lengths: Sequence[int], max_new_tokens: int, max_tot
     too_long = np.flatnonzero(lengths >= max_total_tokens)
     if len(too_long):
         row = int(too_long[0])
-        raise ValueError(f"{where}, example {row} (0-based): the prompt has {lengths[row]} tokens, at least "
-                         f"max_total_tokens={max_total_tokens} (config.eval.max_total_tokens, eval.py "
-                         "--max_total_tokens): no token of a response fits")
+        raise ValueError(
+            f"{where}, example {row} (0-based): the prompt has {lengths[row]} tokens, at least "
+            f"max_total_tokens={max_total_tokens} (config.eval.max_total_tokens, eval.py "
+            "--max_total_tokens): no token of a response fits"
+        )
     return np.minimum(budgets, max_total_tokens - lengths)
 
 
@@ -88,8 +91,13 @@ def evaluate(
     for indices, real in tqdm.tqdm(batches, desc=desc, disable=not progress, leave=False):
         part = prompt_set.select(indices)
         out = generate(
-            model, part.token_ids, max_new_tokens=budget, temperature=0.0,
-            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, prompt_length=prompt_length,
+            model,
+            part.token_ids,
+            max_new_tokens=budget,
+            temperature=0.0,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=pad_token_id,
+            prompt_length=prompt_length,
         )
         # Whole on every process of a multi-host run, which all score every example alike.
         tokens, lengths, finished = host_value((out.tokens, out.lengths, out.finished))
@@ -97,19 +105,27 @@ def evaluate(
         cut = np.asarray(lengths) > own  # ran past its own budget: cut there, unfinished
         lengths, finished = np.where(cut, own, lengths), np.asarray(finished) & ~cut
         responses = decode_completions(tokenizer, tokens[:real], lengths[:real])
-        rows = [{name: values[i] for name, values in part.columns.items()} | {RESPONSE_IDS: tokens[i, :n].tolist()}
-                for i, n in enumerate(lengths[:real])]
+        rows = [
+            {name: values[i] for name, values in part.columns.items()} | {RESPONSE_IDS: tokens[i, :n].tolist()}
+            for i, n in enumerate(lengths[:real])
+        ]
         if hasattr(scorer, "score_rows"):
             scores = scorer.score_rows(part.texts[:real], responses, rows)
         else:
             scores = [scorer(response, row) for response, row in zip(responses, rows)]
         for i, (response, row) in enumerate(zip(responses, rows)):
-            records.append({
-                "row": row.get("row", indices[i]), "level": row.get("level"), "prompt": part.texts[i],
-                "response": response, "ground_truth": row.get("ground_truth"),
-                "truncated": bool(not finished[i]), "response_tokens": int(lengths[i]),
-                **scores[i],
-            })
+            records.append(
+                {
+                    "row": row.get("row", indices[i]),
+                    "level": row.get("level"),
+                    "prompt": part.texts[i],
+                    "response": response,
+                    "ground_truth": row.get("ground_truth"),
+                    "truncated": bool(not finished[i]),
+                    "response_tokens": int(lengths[i]),
+                    **scores[i],
+                }
+            )
     return summarize(records), records
 
 

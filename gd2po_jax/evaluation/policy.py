@@ -51,6 +51,7 @@ from gd2po_jax.tasks.setup import RunSetup
 class EvalError(UserError, ValueError):
     """A request eval.py (or export.py) cannot serve; the message names the flag or file to fix."""
 
+
 @dataclasses.dataclass
 class Policy:
     """A model ready to generate, with what decoding needs; ``source`` says where it came from."""
@@ -81,11 +82,14 @@ def lora_from_checkpoint(config: RunConfig, mesh, checkpoints: Checkpoints, step
     """
     meta = checkpoints.metadata(step).get(LORA_BASE_KEY)
     if meta is None:
-        raise EvalError(f"checkpoint {checkpoints.step_dir(step)} holds no LoRA adapters (the run's config.json "
-                        "sets config.model.lora.rank > 0)")
+        raise EvalError(
+            f"checkpoint {checkpoints.step_dir(step)} holds no LoRA adapters (the run's config.json "
+            "sets config.model.lora.rank > 0)"
+        )
     master = jnp.dtype(config.train.master_dtype)
-    model = load_pretrained(meta["path"], dtype=jnp.dtype(config.model.lora.base_dtype or master), mesh=mesh,
-                            lora=lora_spec(config))
+    model = load_pretrained(
+        meta["path"], dtype=jnp.dtype(config.model.lora.base_dtype or master), mesh=mesh, lora=lora_spec(config)
+    )
     graphdef, fresh, frozen = split_lora(model)
     try:
         check_base({LORA_BASE_KEY: meta}, base_reference(meta["path"], frozen), checkpoints.step_dir(step))
@@ -106,8 +110,10 @@ def policy_from_run(config: RunConfig, setup: RunSetup, workdir: pathlib.Path, s
     with Checkpoints(files.checkpoints, create=False) as checkpoints:
         steps = checkpoints.steps()
         if step is not None and step not in steps:
-            raise EvalError(f"--checkpoint_step={step}: no such checkpoint in {files.checkpoints}; "
-                            f"available steps: {steps or 'none'}")
+            raise EvalError(
+                f"--checkpoint_step={step}: no such checkpoint in {files.checkpoints}; "
+                f"available steps: {steps or 'none'}"
+            )
         if steps:
             step = steps[-1] if step is None else step
             if config.model.lora.enabled:
@@ -121,8 +127,10 @@ def policy_from_run(config: RunConfig, setup: RunSetup, workdir: pathlib.Path, s
     if (policy_dir / "config.json").is_file():
         model = load_pretrained(policy_dir, dtype=jnp.dtype(config.model.dtype), mesh=setup.mesh)
         return Policy(model=model, source={"model_path": str(policy_dir)}, **common)
-    raise EvalError(f"{workdir} has no checkpoint in {files.checkpoints} and no exported policy in "
-                    f"{policy_dir}: train first (python train.py --workdir={workdir}) or pass --model_path")
+    raise EvalError(
+        f"{workdir} has no checkpoint in {files.checkpoints} and no exported policy in "
+        f"{policy_dir}: train first (python train.py --workdir={workdir}) or pass --model_path"
+    )
 
 
 def policy_from_model_path(model_path: str, dtype: str) -> Policy:
@@ -134,8 +142,10 @@ def policy_from_model_path(model_path: str, dtype: str) -> Policy:
     except FileNotFoundError as err:
         raise EvalError(str(err)) from None
     if not (path / "config.json").is_file() and not (path / ADAPTER_CONFIG).is_file():
-        raise EvalError(f"--model_path={model_path}: no config.json there (a Hugging Face model directory) nor "
-                        f"{ADAPTER_CONFIG} (a PEFT LoRA adapter)")
+        raise EvalError(
+            f"--model_path={model_path}: no config.json there (a Hugging Face model directory) nor "
+            f"{ADAPTER_CONFIG} (a PEFT LoRA adapter)"
+        )
     mesh = make_mesh(data=1, fsdp=-1)
     if (path / ADAPTER_CONFIG).is_file():  # a PEFT LoRA adapter (a run's policy_adapter/) on its base
         model, base = adapter_on_base(path, dtype, mesh)

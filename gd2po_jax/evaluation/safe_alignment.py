@@ -45,10 +45,14 @@ from gd2po_jax.rewards.scorers import REWARD_SUM, RewardModelScorer
 
 SAFE_ALIGNMENT = "safe_alignment"
 """The name of the report. As ``--data=``, it names no directory: an error asks for ``--data=DIR``."""
-SETS_ORIGIN = ("alpaca_test.parquet, hh_rlhf_test.parquet and pku_saferlhf_test.parquet: the test.parquet files of "
-               "safe-alignment/dataset/{alpaca_prompt_only,anthropic_hh_rlhf,pku-saferlhf}/ in "
-               "github.com/Qwen-Applications/GD2PO, renamed")
+SETS_ORIGIN = (
+    "alpaca_test.parquet, hh_rlhf_test.parquet and pku_saferlhf_test.parquet: the test.parquet files of "
+    "safe-alignment/dataset/{alpaca_prompt_only,anthropic_hh_rlhf,pku-saferlhf}/ in "
+    "github.com/Qwen-Applications/GD2PO, renamed"
+)
 """The paper's helpfulness-safety test sets and where they are published (for errors that ask for them)."""
+
+
 def is_safe_alignment_data(data: str) -> bool:
     """Whether ``--data`` names helpfulness-safety sets: a ``.parquet`` file, a directory holding
     ``.parquet`` files (API-Bank's hold ``.json`` files), or ``safe_alignment`` (which `resolve_sets`
@@ -67,8 +71,10 @@ def resolve_sets(data: str) -> dict[str, pathlib.Path]:
         parquet file.
     """
     if data == SAFE_ALIGNMENT:
-        raise FileNotFoundError(f"pass --data=DIR, a directory of helpfulness-safety sets (the paper's: "
-                                f"{SETS_ORIGIN}), or --data=FILE.parquet")
+        raise FileNotFoundError(
+            f"pass --data=DIR, a directory of helpfulness-safety sets (the paper's: "
+            f"{SETS_ORIGIN}), or --data=FILE.parquet"
+        )
     path = pathlib.Path(data)
     if path.is_dir():
         files = sorted(path.glob("*.parquet"))
@@ -80,35 +86,61 @@ def resolve_sets(data: str) -> dict[str, pathlib.Path]:
     return {path.stem: path}
 
 
-def set_prompts(path: pathlib.Path, tokenizer, *, max_examples: int, max_prompt_tokens: int, truncation: str | None,
-                template_kwargs: Mapping[str, Any] | None = None):
+def set_prompts(
+    path: pathlib.Path,
+    tokenizer,
+    *,
+    max_examples: int,
+    max_prompt_tokens: int,
+    truncation: str | None,
+    template_kwargs: Mapping[str, Any] | None = None,
+):
     """The `PromptSet` of one set: its first ``max_examples`` prompts (0: all), rendered with the
     policy's chat template (and the run's ``data.template_kwargs``) and limited as the run's training prompts."""
     dataset = load_data(path, kind="verl", require_ground_truth=False).dataset
     if max_examples:
         dataset = dataset.select(range(min(max_examples, len(dataset))))
-    return build_prompt_set(dataset, tokenizer, max_prompt_tokens=max_prompt_tokens, where=str(path),
-                            truncation=truncation, template_kwargs=template_kwargs)
+    return build_prompt_set(
+        dataset,
+        tokenizer,
+        max_prompt_tokens=max_prompt_tokens,
+        where=str(path),
+        truncation=truncation,
+        template_kwargs=template_kwargs,
+    )
 
 
 def overall(per_set: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """The unweighted mean over the sets of each numeric metric every set has (each set counts once),
     with ``num_examples`` summed and ``num_sets``."""
     summaries = list(per_set.values())
-    metrics = [k for k, v in summaries[0].items()
-               if k != "num_examples" and isinstance(v, float) and all(isinstance(s.get(k), float) for s in summaries)]
+    metrics = [
+        k
+        for k, v in summaries[0].items()
+        if k != "num_examples" and isinstance(v, float) and all(isinstance(s.get(k), float) for s in summaries)
+    ]
     result = {name: float(np.mean([s[name] for s in summaries])) for name in metrics}
     result["num_examples"] = int(sum(s["num_examples"] for s in summaries))
     result["num_sets"] = len(summaries)
     return result
 
 
-def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn: RewardModelReward,
-                            out_dir: pathlib.Path, *, batch_size: int, max_new_tokens: int, max_examples: int,
-                            max_prompt_tokens: int, truncation: str | None, progress: bool,
-                            extra: Mapping[str, Any] | None = None,
-                            template_kwargs: Mapping[str, Any] | None = None,
-                            name: str = SAFE_ALIGNMENT) -> dict[str, Any]:
+def evaluate_safe_alignment(
+    policy,
+    sets: Mapping[str, pathlib.Path],
+    reward_fn: RewardModelReward,
+    out_dir: pathlib.Path,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    max_examples: int,
+    max_prompt_tokens: int,
+    truncation: str | None,
+    progress: bool,
+    extra: Mapping[str, Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    name: str = SAFE_ALIGNMENT,
+) -> dict[str, Any]:
     """Greedy generation on every set, scored by ``reward_fn``'s models; writes
     ``out_dir/<name>.json`` (the module docstring's report, with ``extra``) and ``<name>.jsonl``, and
     returns the report.
@@ -123,20 +155,41 @@ def evaluate_safe_alignment(policy, sets: Mapping[str, pathlib.Path], reward_fn:
     records: list[dict[str, Any]]
     per_set, records = {}, []
     for set_name, path in sets.items():
-        prompts = set_prompts(path, policy.tokenizer, max_examples=max_examples, max_prompt_tokens=max_prompt_tokens,
-                              truncation=truncation, template_kwargs=template_kwargs)
+        prompts = set_prompts(
+            path,
+            policy.tokenizer,
+            max_examples=max_examples,
+            max_prompt_tokens=max_prompt_tokens,
+            truncation=truncation,
+            template_kwargs=template_kwargs,
+        )
         summary, set_records = evaluate(
-            policy.model, prompts, policy.tokenizer, scorer, batch_size=batch_size, max_new_tokens=max_new_tokens,
-            eos_token_ids=policy.eos_ids, pad_token_id=policy.pad_id, prompt_length=bucket_length(prompts.max_tokens),
-            progress=progress, desc=f"{set_name} ({len(prompts)} prompts)",
+            policy.model,
+            prompts,
+            policy.tokenizer,
+            scorer,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=policy.eos_ids,
+            pad_token_id=policy.pad_id,
+            prompt_length=bucket_length(prompts.max_tokens),
+            progress=progress,
+            desc=f"{set_name} ({len(prompts)} prompts)",
         )
         per_set[set_name] = summary
         records.extend({"set": set_name, **record} for record in set_records)
     average = overall(per_set)
-    report = {**average, "sets": per_set, "overall": average, "reward_names": list(scorer.names),
-              "data": {set_name: str(path) for set_name, path in sets.items()}, "max_new_tokens": max_new_tokens,
-              "max_examples": max_examples,
-              "reward_models": {name: model.path for name, model in reward_fn.models.items()}, **(extra or {})}
+    report = {
+        **average,
+        "sets": per_set,
+        "overall": average,
+        "reward_names": list(scorer.names),
+        "data": {set_name: str(path) for set_name, path in sets.items()},
+        "max_new_tokens": max_new_tokens,
+        "max_examples": max_examples,
+        "reward_models": {name: model.path for name, model in reward_fn.models.items()},
+        **(extra or {}),
+    }
     write_report(out_dir, name, report, records)
     return report
 
@@ -145,6 +198,7 @@ def set_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a report (`evaluate_safe_alignment`) as metrics.jsonl names them (without the
     ``eval/`` prefix): ``<metric>`` of ``overall`` (the mean of the sets) and ``<set>/<metric>`` of
     each set (``alpaca_test/useful``, ``alpaca_test/harmless``, ``alpaca_test/reward_sum`` ...)."""
+
     def numbers(summary: Mapping[str, Any]) -> dict[str, float]:
         return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 

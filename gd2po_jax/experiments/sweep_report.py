@@ -127,9 +127,17 @@ def load_run(workdir: pathlib.Path) -> Run:
     algorithm, seed = config.rl.algorithm, config.train.seed
     snr_tau = float(config.rl.snr_tau) if algorithm == SNR_ALGORITHM else None
     reward_names = tuple(config.rewards.names)
-    return Run(method=method_name(algorithm, snr_tau), algorithm=algorithm, snr_tau=snr_tau, seed=seed,
-               workdir=workdir, reward_names=reward_names, test=test, metrics=metrics,
-               test_columns=test_metrics(workdir.parents[2], config))
+    return Run(
+        method=method_name(algorithm, snr_tau),
+        algorithm=algorithm,
+        snr_tau=snr_tau,
+        seed=seed,
+        workdir=workdir,
+        reward_names=reward_names,
+        test=test,
+        metrics=metrics,
+        test_columns=test_metrics(workdir.parents[2], config),
+    )
 
 
 def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
@@ -153,6 +161,7 @@ def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
 def method_order(methods: Sequence[str]) -> list[str]:
     """GRPO, GDPO, GD2PO-Hard, GD2PO-SNR by threshold, the low- then the high-conflict SNR half,
     then anything else by name."""
+
     def key(method: str):
         algorithm, tau = parse_method(method)
         rank = ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER)
@@ -260,9 +269,13 @@ def summarize(runs: Sequence[Run], baseline: str = BASELINE) -> list[MethodSumma
         estimates = {key: mean_ci([v.get(key, math.nan) for v in per_seed.values()]) for key, _ in columns}
         versus = None
         if method != baseline and baseline in by_method:
-            versus = {key: paired_test({s: v.get(key, math.nan) for s, v in per_seed.items()},
-                                       {s: v.get(key, math.nan) for s, v in by_method[baseline].items()})
-                      for key, _ in columns}
+            versus = {
+                key: paired_test(
+                    {s: v.get(key, math.nan) for s, v in per_seed.items()},
+                    {s: v.get(key, math.nan) for s, v in by_method[baseline].items()},
+                )
+                for key, _ in columns
+            }
         rows.append(MethodSummary(method, tuple(sorted(per_seed)), estimates, versus))
     return rows
 
@@ -284,12 +297,22 @@ def _format_p(p: Paired) -> str:
     return f"{p.p_value:.3g}" + (" (p<0.05)" if p.significant else "")
 
 
-def markdown_table(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, str]], *, baseline: str = BASELINE,
-                   title: str = "Sweep report", notes: Sequence[str] = ()) -> str:
+def markdown_table(
+    rows: Sequence[MethodSummary],
+    columns: Sequence[tuple[str, str]],
+    *,
+    baseline: str = BASELINE,
+    title: str = "Sweep report",
+    notes: Sequence[str] = (),
+) -> str:
     """The Markdown summary: estimates per method, then p-values against ``baseline``."""
-    lines = [f"# {title}", "",
-             f"Mean ± {CONFIDENCE:.0%} CI over seeds (t-distribution, n-1 degrees of freedom). Test metrics "
-             "from eval/test.json of each run; AUC: mean of the reward over RL steps (metrics.jsonl).", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Mean ± {CONFIDENCE:.0%} CI over seeds (t-distribution, n-1 degrees of freedom). Test metrics "
+        "from eval/test.json of each run; AUC: mean of the reward over RL steps (metrics.jsonl).",
+        "",
+    ]
     lines.extend(notes)
     if notes:
         lines.append("")
@@ -313,8 +336,18 @@ def markdown_table(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, s
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = ("method", "algorithm", "snr_tau", "metric", "n", "mean", "ci95_half_width",
-              "n_pairs_vs_gdpo", "p_value_vs_gdpo", "significant_vs_gdpo")
+CSV_FIELDS = (
+    "method",
+    "algorithm",
+    "snr_tau",
+    "metric",
+    "n",
+    "mean",
+    "ci95_half_width",
+    "n_pairs_vs_gdpo",
+    "p_value_vs_gdpo",
+    "significant_vs_gdpo",
+)
 
 
 def csv_rows(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -325,13 +358,20 @@ def csv_rows(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, str]]) 
         for key, _ in columns:
             e = row.estimates[key]
             p = (row.versus_baseline or {}).get(key)
-            out.append({
-                "method": row.method, "algorithm": algorithm, "snr_tau": tau or "", "metric": key, "n": e.n,
-                "mean": e.mean if e.n else "n/a", "ci95_half_width": e.half_width if e.n >= 2 else "n/a",
-                "n_pairs_vs_gdpo": p.n_pairs if p else "n/a",
-                "p_value_vs_gdpo": p.p_value if p and p.p_value is not None else "n/a",
-                "significant_vs_gdpo": ("yes" if p.significant else "no") if p and p.p_value is not None else "n/a",
-            })
+            out.append(
+                {
+                    "method": row.method,
+                    "algorithm": algorithm,
+                    "snr_tau": tau or "",
+                    "metric": key,
+                    "n": e.n,
+                    "mean": e.mean if e.n else "n/a",
+                    "ci95_half_width": e.half_width if e.n >= 2 else "n/a",
+                    "n_pairs_vs_gdpo": p.n_pairs if p else "n/a",
+                    "p_value_vs_gdpo": p.p_value if p and p.p_value is not None else "n/a",
+                    "significant_vs_gdpo": ("yes" if p.significant else "no") if p and p.p_value is not None else "n/a",
+                }
+            )
     return out
 
 
@@ -390,8 +430,9 @@ def plot_curves(runs: Sequence[Run], keys: Sequence[tuple[str, str]], path: path
                 continue
             ax.plot(steps, mean, color=colors[method], label=method, linewidth=1.2)
             band = np.isfinite(half)
-            ax.fill_between(steps[band], (mean - half)[band], (mean + half)[band], color=colors[method], alpha=0.2,
-                            linewidth=0)
+            ax.fill_between(
+                steps[band], (mean - half)[band], (mean + half)[band], color=colors[method], alpha=0.2, linewidth=0
+            )
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("RL step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -419,8 +460,7 @@ def tau_points(rows: Sequence[MethodSummary], key: str = "test/correct_acc") -> 
     return points
 
 
-def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path,
-             column: tuple[str, str] = TEST_METRICS[0]) -> bool:
+def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path, column: tuple[str, str] = TEST_METRICS[0]) -> bool:
     """The final test metric ``column`` (key, label) against tau (mean ± CI); False (nothing written)
     without gd2po_snr."""
     points = tau_points(rows, column[0])
@@ -466,16 +506,20 @@ def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | No
     sweep_dir = pathlib.Path(sweep_dir)
     runs, unfinished = find_runs(sweep_dir)
     if not runs:
-        raise ReportError(f"{sweep_dir / 'runs'}: no finished run (results.json and eval/test.json); "
-                          "run sweep.py first")
+        raise ReportError(
+            f"{sweep_dir / 'runs'}: no finished run (results.json and eval/test.json); run sweep.py first"
+        )
     out_dir = pathlib.Path(out_dir) if out_dir else sweep_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = metric_columns(runs)
     rows = summarize(runs)
     notes = [f"{len(runs)} finished runs in `{sweep_dir}`."]
     if unfinished:
-        notes.append(f"Not included ({len(unfinished)} unfinished): "
-                     + ", ".join(f"`{w.relative_to(sweep_dir / 'runs')}`" for w in unfinished) + ".")
+        notes.append(
+            f"Not included ({len(unfinished)} unfinished): "
+            + ", ".join(f"`{w.relative_to(sweep_dir / 'runs')}`" for w in unfinished)
+            + "."
+        )
     markdown = out_dir / "summary.md"
     markdown.write_text(markdown_table(rows, columns, title=f"Sweep report: {sweep_dir.name}", notes=notes))
     table = out_dir / "summary.csv"

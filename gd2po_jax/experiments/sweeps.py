@@ -125,8 +125,9 @@ def _parse_list(values: Sequence[Any], flag: str, kind: Callable[[str], Any]) ->
     return parsed
 
 
-def expand_grid(algorithms: Sequence[str], snr_taus: Sequence[str | float],
-                seeds: Sequence[str | int]) -> list[RunSpec]:
+def expand_grid(
+    algorithms: Sequence[str], snr_taus: Sequence[str | float], seeds: Sequence[str | int]
+) -> list[RunSpec]:
     """Every (algorithm, threshold, seed) of the grid, seed-major (all methods of seed 0 first, so
     that an interrupted sweep already has complete seeds to compare). The thresholds multiply
     GD2PO-SNR only.
@@ -153,7 +154,7 @@ def expand_grid(algorithms: Sequence[str], snr_taus: Sequence[str | float],
     specs = []
     for seed in seeds:
         for algorithm in algorithms:
-            for tau in (taus if algorithm == SNR_ALGORITHM else [None]):
+            for tau in taus if algorithm == SNR_ALGORITHM else [None]:
                 specs.append(RunSpec(algorithm, seed, tau))
     return specs
 
@@ -209,8 +210,10 @@ def check_same_config(workdir: pathlib.Path, config: RunConfig) -> None:
         raise SweepError(f"{err}; delete the run to start it again") from None
     changes = run_dir.config_changes(config_values(before), config_values(config))
     if changes:
-        raise SweepError(f"{file}: this run was started with other values of {changes}. Use a new "
-                         "--sweep_dir for other overrides, or delete the run.")
+        raise SweepError(
+            f"{file}: this run was started with other values of {changes}. Use a new "
+            "--sweep_dir for other overrides, or delete the run."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,8 +281,9 @@ def worker_devices(parallel: int, gpus: Sequence[str]) -> list[str | None]:
         return [None] * max(parallel, 1)
     parallel = parallel or len(gpus)
     if parallel > len(gpus):
-        raise SweepError(f"--parallel={parallel}: only {len(gpus)} GPUs are visible ({','.join(gpus)}); "
-                         "each run gets one GPU")
+        raise SweepError(
+            f"--parallel={parallel}: only {len(gpus)} GPUs are visible ({','.join(gpus)}); each run gets one GPU"
+        )
     return list(gpus[:parallel])
 
 
@@ -344,8 +348,15 @@ class ProcessGroup:
                 proc.kill()
 
 
-def _attempt(name: str, workdir: pathlib.Path, steps: list[list[str]], env_overrides: dict[str, str],
-             base_env: dict[str, str], cwd: pathlib.Path, group: ProcessGroup) -> Outcome:
+def _attempt(
+    name: str,
+    workdir: pathlib.Path,
+    steps: list[list[str]],
+    env_overrides: dict[str, str],
+    base_env: dict[str, str],
+    cwd: pathlib.Path,
+    group: ProcessGroup,
+) -> Outcome:
     """Run the ``steps`` (commands) one after another from ``cwd``, logging to workdir/log.txt."""
     start = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -361,8 +372,9 @@ def _attempt(name: str, workdir: pathlib.Path, steps: list[list[str]], env_overr
     return Outcome(name, workdir, FINISHED, 0, time.monotonic() - start)
 
 
-def execute_run(spec: RunSpec, sweep: Sweep, device: str | None, base_env: dict[str, str],
-                group: ProcessGroup) -> Outcome:
+def execute_run(
+    spec: RunSpec, sweep: Sweep, device: str | None, base_env: dict[str, str], group: ProcessGroup
+) -> Outcome:
     """Train (or resume) and evaluate one run, unless its workdir says that part is done. Before
     train.py starts, the run's resolved config is written to its config.json."""
     workdir, commands = sweep.workdir(spec), sweep.commands
@@ -410,10 +422,21 @@ class Sweep:
         return spec.apply(self.config)
 
 
-def plan_sweep(sweep_dir: str | pathlib.Path, *, config: RunConfig, algorithms: Sequence[str], snr_taus: Sequence[str],
-               seeds: Sequence[str], config_file: str = "", overrides: Mapping[str, Any] | None = None,
-               parallel: int = 0, gpus: Sequence[str] | None = None, repo: pathlib.Path = REPO_ROOT,
-               python: str = sys.executable, cwd: pathlib.Path | None = None) -> Sweep:
+def plan_sweep(
+    sweep_dir: str | pathlib.Path,
+    *,
+    config: RunConfig,
+    algorithms: Sequence[str],
+    snr_taus: Sequence[str],
+    seeds: Sequence[str],
+    config_file: str = "",
+    overrides: Mapping[str, Any] | None = None,
+    parallel: int = 0,
+    gpus: Sequence[str] | None = None,
+    repo: pathlib.Path = REPO_ROOT,
+    python: str = sys.executable,
+    cwd: pathlib.Path | None = None,
+) -> Sweep:
     """Check a sweep request and resolve it, before anything runs.
 
     Every run's config is resolved and validated here (`RunConfig`, without the mesh checks:
@@ -447,16 +470,28 @@ def plan_sweep(sweep_dir: str | pathlib.Path, *, config: RunConfig, algorithms: 
     except ConfigError as err:
         raise SweepError(str(err)) from None
     if not task.has_split(config, TEST_SPLIT):
-        raise SweepError(f"config.{task.split_field(config, TEST_SPLIT)} gives no {TEST_SPLIT} rows: the sweep "
-                         f"evaluates every run on the {TEST_SPLIT} split (eval.py --split={TEST_SPLIT})")
+        raise SweepError(
+            f"config.{task.split_field(config, TEST_SPLIT)} gives no {TEST_SPLIT} rows: the sweep "
+            f"evaluates every run on the {TEST_SPLIT} split (eval.py --split={TEST_SPLIT})"
+        )
     commands = Commands(python=python, repo=repo, cwd=(cwd or pathlib.Path.cwd()).resolve())
     devices = worker_devices(parallel, visible_gpus() if gpus is None else gpus)
-    grid = {"algorithms": list(dict.fromkeys(s.algorithm for s in specs)),
-            "snr_taus": sorted({s.snr_tau for s in specs if s.snr_tau is not None}),
-            "seeds": list(dict.fromkeys(s.seed for s in specs))}
-    sweep = Sweep(sweep_dir, specs, config, commands, devices, grid, config_file=config_file,
-                  overrides=cast("dict[str, Any]", overrides),  # the JSON of a dict: a dict
-                  test_metrics=task.test_metrics(config))
+    grid = {
+        "algorithms": list(dict.fromkeys(s.algorithm for s in specs)),
+        "snr_taus": sorted({s.snr_tau for s in specs if s.snr_tau is not None}),
+        "seeds": list(dict.fromkeys(s.seed for s in specs)),
+    }
+    sweep = Sweep(
+        sweep_dir,
+        specs,
+        config,
+        commands,
+        devices,
+        grid,
+        config_file=config_file,
+        overrides=cast("dict[str, Any]", overrides),  # the JSON of a dict: a dict
+        test_metrics=task.test_metrics(config),
+    )
     for spec in specs:
         check_same_config(sweep.workdir(spec), sweep.run_config(spec))
     return sweep
@@ -468,25 +503,36 @@ def sweep_record(sweep: Sweep, outcomes: dict[str, Outcome], warm_start: dict[st
     for spec in sweep.specs:
         workdir = sweep.workdir(spec)
         outcome = outcomes.get(spec.name)
-        entry = {"name": spec.name, "method": spec.method, "algorithm": spec.algorithm, "snr_tau": spec.snr_tau,
-                 "seed": spec.seed, "workdir": str(workdir.relative_to(sweep.sweep_dir)),
-                 "status": outcome.status if outcome else run_status(workdir)}
+        entry = {
+            "name": spec.name,
+            "method": spec.method,
+            "algorithm": spec.algorithm,
+            "snr_tau": spec.snr_tau,
+            "seed": spec.seed,
+            "workdir": str(workdir.relative_to(sweep.sweep_dir)),
+            "status": outcome.status if outcome else run_status(workdir),
+        }
         if outcome and outcome.status in (FAILED, INTERRUPTED):
             entry.update(returncode=outcome.returncode, log=str(outcome.log))
         if outcome and outcome.seconds:
             entry["seconds"] = round(outcome.seconds, 1)
         runs.append(entry)
     return {
-        "grid": sweep.grid, "config_file": sweep.config_file, "overrides": sweep.overrides,
-        "base_config": config_values(sweep.config), "warm_start": warm_start,
+        "grid": sweep.grid,
+        "config_file": sweep.config_file,
+        "overrides": sweep.overrides,
+        "base_config": config_values(sweep.config),
+        "warm_start": warm_start,
         "test_metrics": [list(column) for column in sweep.test_metrics],
         "devices": [d if d is not None else "cpu" for d in sweep.devices],
-        "updated": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs,
+        "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runs": runs,
     }
 
 
-def build_shared_warm_start(sweep: Sweep, group: ProcessGroup,
-                            base_env: dict[str, str]) -> tuple[dict[str, Any], Outcome | None]:
+def build_shared_warm_start(
+    sweep: Sweep, group: ProcessGroup, base_env: dict[str, str]
+) -> tuple[dict[str, Any], Outcome | None]:
     """Train the warm start the runs share, once, before they start (unless it exists or no run
     needs it). Returns (its sweep.json entry, the build's outcome or None if nothing was run)."""
     if not sweep.config.sft.enabled:
@@ -505,12 +551,20 @@ def build_shared_warm_start(sweep: Sweep, group: ProcessGroup,
     run_dir.write_config(workdir, sweep.config)
     run_dir.write_text(workdir / "command.txt", command_line(command, cwd=sweep.commands.cwd) + "\n")
     tqdm.tqdm.write(f"training the shared warm start {path} (log: {workdir / 'log.txt'})")
-    return entry, _attempt("warm start", workdir, [command], device_env(sweep.devices[0]), base_env,
-                           sweep.commands.cwd, group)
+    return entry, _attempt(
+        "warm start", workdir, [command], device_env(sweep.devices[0]), base_env, sweep.commands.cwd, group
+    )
 
 
-def _run_pool(sweep: Sweep, todo: list[RunSpec], outcomes: dict[str, Outcome], on_outcome: Callable[[], None],
-              base_env: dict[str, str], group: ProcessGroup, progress: bool) -> None:
+def _run_pool(
+    sweep: Sweep,
+    todo: list[RunSpec],
+    outcomes: dict[str, Outcome],
+    on_outcome: Callable[[], None],
+    base_env: dict[str, str],
+    group: ProcessGroup,
+    progress: bool,
+) -> None:
     """Run ``todo`` on a pool of workers, one per device, recording each `Outcome` in ``outcomes``.
 
     On an exception (Ctrl-C) runs not yet started are cancelled (sweep.json then gives them their
@@ -531,8 +585,9 @@ def _run_pool(sweep: Sweep, todo: list[RunSpec], outcomes: dict[str, Outcome], o
         finally:
             devices.put(device)
 
-    bar = tqdm.tqdm(total=len(sweep.specs), initial=len(sweep.specs) - len(todo), desc="sweep", unit="run",
-                    disable=not progress)
+    bar = tqdm.tqdm(
+        total=len(sweep.specs), initial=len(sweep.specs) - len(todo), desc="sweep", unit="run", disable=not progress
+    )
     with bar, futures.ThreadPoolExecutor(max_workers=len(sweep.devices)) as pool:
         pending = {pool.submit(work, spec): spec for spec in todo}
         try:
@@ -553,8 +608,9 @@ def _run_pool(sweep: Sweep, todo: list[RunSpec], outcomes: dict[str, Outcome], o
             for future, spec in pending.items():
                 if future not in cancelled and spec.name not in outcomes:
                     ended = future.done() and future.exception() is None
-                    outcomes[spec.name] = future.result() if ended else Outcome(
-                        spec.name, sweep.workdir(spec), INTERRUPTED)
+                    outcomes[spec.name] = (
+                        future.result() if ended else Outcome(spec.name, sweep.workdir(spec), INTERRUPTED)
+                    )
             raise
 
 

@@ -96,8 +96,14 @@ def load_policy(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -
     if spec is None:
         model = load_pretrained(policy_path, dtype=master, mesh=setup.mesh, remat=config.model.remat)
         return *nnx.split(model, nnx.Param), None
-    model = load_pretrained(policy_path, dtype=jnp.dtype(config.model.lora.base_dtype or master), mesh=setup.mesh,
-                            remat=config.model.remat, lora=spec, lora_seed=config.train.seed)
+    model = load_pretrained(
+        policy_path,
+        dtype=jnp.dtype(config.model.lora.base_dtype or master),
+        mesh=setup.mesh,
+        remat=config.model.remat,
+        lora=spec,
+        lora_seed=config.train.seed,
+    )
     return split_lora(model)
 
 
@@ -107,16 +113,26 @@ def init_state(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) ->
     else None: `load_policy`), AdamW over them (linear warm-up over ``train.warmup_steps``, then
     constant), the RL seed's key, all placed on the mesh."""
     graphdef, params, frozen = load_policy(config, setup, policy_path)
-    schedule = optax.linear_schedule(0.0, config.train.learning_rate, config.train.warmup_steps) \
-        if config.train.warmup_steps else config.train.learning_rate
+    schedule = (
+        optax.linear_schedule(0.0, config.train.learning_rate, config.train.warmup_steps)
+        if config.train.warmup_steps
+        else config.train.learning_rate
+    )
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
-    state = setup.place(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
-                                   jax.random.PRNGKey(config.train.seed)))
+    state = setup.place(
+        TrainState(
+            params,
+            init_optimizer_state(optimizer, params),
+            jnp.zeros((), jnp.int32),
+            jax.random.PRNGKey(config.train.seed),
+        )
+    )
     return graphdef, optimizer, state, frozen
 
 
-def resume(checkpoints: Checkpoints, state: TrainState, sampler: EpochSampler,
-           base: dict[str, Any] | None = None) -> tuple[TrainState, int]:
+def resume(
+    checkpoints: Checkpoints, state: TrainState, sampler: EpochSampler, base: dict[str, Any] | None = None
+) -> tuple[TrainState, int]:
     """(state, step) of the newest intact checkpoint (`Checkpoints.restore_intact`: a damaged newer
     one is named in a warning and set aside), placed like ``state``, with ``sampler`` moved to its
     data position; ``(state, 0)`` when there is none. ``base``: a LoRA run's `base_reference`.
@@ -146,7 +162,8 @@ def check_num_steps(config: RunConfig, checkpoints: Checkpoints) -> None:
         raise ConfigError(
             f"config.train.num_steps: {config.train.num_steps} is below step {latest}, which the run has "
             f"reached ({checkpoints.step_dir(latest)}); a resumed run cannot go back. Use a new --workdir, "
-            "or evaluate an earlier checkpoint with eval.py --checkpoint_step")
+            "or evaluate an earlier checkpoint with eval.py --checkpoint_step"
+        )
 
 
 def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progress: bool = True) -> dict[str, Any]:
@@ -171,13 +188,21 @@ def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progre
     workdir.mkdir(parents=True, exist_ok=True)
     primary = distributed.is_primary()  # several processes: process 0 locks, writes and reports
     with run_dir.lock_workdir(workdir, "train.py") if primary else contextlib.nullcontext():
-        with preemption.PreemptionWatch(config.train.preemption_signals, config.train.preemption_grace_s) as watch, \
-                WandbLogger(config, workdir, primary=primary) as wandb_log:  # finished however the run ends
+        with (
+            preemption.PreemptionWatch(config.train.preemption_signals, config.train.preemption_grace_s) as watch,
+            WandbLogger(config, workdir, primary=primary) as wandb_log,
+        ):  # finished however the run ends
             return _train_and_evaluate(config, workdir, progress=progress and primary, watch=watch, wandb_log=wandb_log)
 
 
-def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: bool,
-                        watch: preemption.PreemptionWatch, wandb_log: WandbLogger) -> dict[str, Any]:
+def _train_and_evaluate(
+    config: RunConfig,
+    workdir: pathlib.Path,
+    *,
+    progress: bool,
+    watch: preemption.PreemptionWatch,
+    wandb_log: WandbLogger,
+) -> dict[str, Any]:
     run = _open_run(config, workdir, wandb_log)
     sampler = EpochSampler(len(run.setup.train), config.train.seed)
     rl = _rl_start(config, run, sampler, progress=progress)
@@ -185,8 +210,13 @@ def _train_and_evaluate(config: RunConfig, workdir: pathlib.Path, *, progress: b
     ref_graphdef, ref_params, initial_policy = _reference_policy(config, rl)
     before = None
     if run.split is not None:
-        before = run_dir.read_json(run.files.eval_report("before_rl")) if rl.evaluated_before else evaluate_run(
-            config, run.setup, initial_policy(), run.split, run.files.eval_dir, "before_rl", progress=progress)
+        before = (
+            run_dir.read_json(run.files.eval_report("before_rl"))
+            if rl.evaluated_before
+            else evaluate_run(
+                config, run.setup, initial_policy(), run.split, run.files.eval_dir, "before_rl", progress=progress
+            )
+        )
     rl.initial_params = initial_policy = None  # freed: only the KL reference (ref_params) stays
 
     writer = MetricsWriter(workdir, resume_step=rl.start if rl.start else None) if run.primary else None
@@ -257,8 +287,11 @@ def _rl_start(config: RunConfig, run: OpenRun, sampler: EpochSampler, *, progres
     lora = config.model.lora.enabled
 
     def policy_before_rl() -> pathlib.Path:
-        return warm_start(config, setup, run.files.path, progress=progress) if uses_warm_start(config, setup) \
+        return (
+            warm_start(config, setup, run.files.path, progress=progress)
+            if uses_warm_start(config, setup)
             else setup.model_path
+        )
 
     # LoRA: the base (the warm start, or model.path without SFT) is always needed: the checkpoints
     # hold only the adapters.
@@ -297,8 +330,9 @@ def _reference_policy(config: RunConfig, rl: RLStart) -> tuple[Any, Any, Callabl
         return ref_graphdef, ref_params, lambda: merge_model(ref_graphdef, rl.frozen, config.model.dtype)
     # A copy: the update donates the state's buffers.
     initial_params = rl.initial_params
-    ref_params = None if not config.rl.kl_coef else \
-        jax.tree.map(jnp.copy, initial_params) if rl.start == 0 else initial_params
+    ref_params = (
+        None if not config.rl.kl_coef else jax.tree.map(jnp.copy, initial_params) if rl.start == 0 else initial_params
+    )
     return rl.graphdef, ref_params, lambda: merge_model(rl.graphdef, initial_params, config.model.dtype)
 
 
@@ -323,54 +357,99 @@ class RLLoopParts:
 
 def _rl_loop_parts(config: RunConfig, setup: RunSetup, rl: RLStart, ref_graphdef, ref_params) -> RLLoopParts:
     state_shardings = jax.tree.map(lambda x: x.sharding, rl.state)
-    step_config = run_step_config(config, setup.train.min_tokens, setup.prompt_length,
-                                  reward_names=setup.reward_names, reward_weights=setup.reward_weights)
+    step_config = run_step_config(
+        config,
+        setup.train.min_tokens,
+        setup.prompt_length,
+        reward_names=setup.reward_names,
+        reward_weights=setup.reward_weights,
+    )
     train_step = jit_train_step(make_train_step(rl.graphdef, rl.optimizer, step_config, setup.mesh), state_shardings)
-    ref_logp_fn = reference_logprobs_fn(ref_graphdef, config.model.dtype, chunk_size=config.train.logit_chunk_size,
-                                        temperature=logprob_temperature(config))
+    ref_logp_fn = reference_logprobs_fn(
+        ref_graphdef,
+        config.model.dtype,
+        chunk_size=config.train.logit_chunk_size,
+        temperature=logprob_temperature(config),
+    )
     return RLLoopParts(
-        train_step=train_step, step_config=step_config, ref_params=ref_params, ref_logp_fn=ref_logp_fn,
+        train_step=train_step,
+        step_config=step_config,
+        ref_params=ref_params,
+        ref_logp_fn=ref_logp_fn,
         step_args=() if rl.frozen is None else (rl.frozen,),  # LoRA: the base, the step's third argument
         checkpoint_meta={} if rl.base is None else {LORA_BASE_KEY: rl.base},
-        rollout_settings=RolloutSettings.of_run(config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id,
-                                                prompt_length=setup.prompt_length),
-        sample_key=jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1))
+        rollout_settings=RolloutSettings.of_run(
+            config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length
+        ),
+        sample_key=jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1),
+    )
 
 
-def _rl_step(config: RunConfig, setup: RunSetup, rl: RLStart, loop: RLLoopParts, state: TrainState, prompts,
-             step: int) -> tuple[TrainState, dict[str, float], Any]:
+def _rl_step(
+    config: RunConfig, setup: RunSetup, rl: RLStart, loop: RLLoopParts, state: TrainState, prompts, step: int
+) -> tuple[TrainState, dict[str, float], Any]:
     """One RL step: rollouts of ``prompts`` by the policy of ``state``, their rewards, the KL reference's
     log-probs, the update. Returns (state, metrics, rollouts)."""
     t0 = time.perf_counter()
     reward_names = setup.reward_names  # the family's rewards, then rewards.functions'
     begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
-    rollouts = collect_rollouts(loop.policy(config, rl, state.params), prompts, setup.tokenizer, setup.reward_fn,
-                                loop.rollout_settings, rng=jax.random.fold_in(loop.sample_key, step))
-    check_failures(rollouts.failed, reward_names, config.rewards.max_failed_fraction, step=step + 1,
-                   first_error=rollouts.first_failure)
+    rollouts = collect_rollouts(
+        loop.policy(config, rl, state.params),
+        prompts,
+        setup.tokenizer,
+        setup.reward_fn,
+        loop.rollout_settings,
+        rng=jax.random.fold_in(loop.sample_key, step),
+    )
+    check_failures(
+        rollouts.failed,
+        reward_names,
+        config.rewards.max_failed_fraction,
+        step=step + 1,
+        first_error=rollouts.first_failure,
+    )
     batch = rollouts.batch
     if loop.ref_params is not None:
-        batch = batch.replace(ref_logp=loop.ref_logp_fn(loop.ref_params, batch.input_ids, batch.attention_mask,
-                                                        batch.old_logp.shape[1]))
+        batch = batch.replace(
+            ref_logp=loop.ref_logp_fn(loop.ref_params, batch.input_ids, batch.attention_mask, batch.old_logp.shape[1])
+        )
     t1 = time.perf_counter()
     state, raw = loop.train_step(state, batch, *loop.step_args)
     raw = jax.device_get(raw)
     t2 = time.perf_counter()
-    timings = {"rollout": rollouts.sampling_seconds, "rewards": rollouts.reward_seconds,
-               "update": t2 - t1, "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds)}
+    timings = {
+        "rollout": rollouts.sampling_seconds,
+        "rewards": rollouts.reward_seconds,
+        "update": t2 - t1,
+        "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds),
+    }
     metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
     return state, metrics, rollouts
 
 
-def _rl_loop(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, sampler: EpochSampler,
-             writer: MetricsWriter | None, wandb_log: WandbLogger, watch: preemption.PreemptionWatch, *,
-             progress: bool) -> TrainState:
+def _rl_loop(
+    config: RunConfig,
+    run: OpenRun,
+    rl: RLStart,
+    loop: RLLoopParts,
+    sampler: EpochSampler,
+    writer: MetricsWriter | None,
+    wandb_log: WandbLogger,
+    watch: preemption.PreemptionWatch,
+    *,
+    progress: bool,
+) -> TrainState:
     """Steps ``rl.start`` .. ``train.num_steps``: each logged, evaluated and checkpointed on its
     schedule; a preemption signal stops the run after the step in flight, checkpointed. Returns the
     final state (the writer and checkpoints closed)."""
     setup, state = run.setup, rl.state
-    bar = tqdm.tqdm(range(rl.start, config.train.num_steps), desc=f"RL ({config.rl.algorithm})",
-                    initial=rl.start, total=config.train.num_steps, disable=not progress)
+    bar = tqdm.tqdm(
+        range(rl.start, config.train.num_steps),
+        desc=f"RL ({config.rl.algorithm})",
+        initial=rl.start,
+        total=config.train.num_steps,
+        disable=not progress,
+    )
     skipped_in_a_row = 0  # RL steps that skipped an update for a non-finite gradient
     watch.defer(True)  # a preemption signal now stops the run after the step in flight, checkpointed
     for step in bar:
@@ -378,10 +457,13 @@ def _rl_loop(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, sa
         state, metrics, rollouts = _rl_step(config, setup, rl, loop, state, prompts, step)
         done = step + 1
         _log_step(config, run, rl, loop, state, done, prompts, rollouts, metrics, writer, wandb_log)
-        skipped_in_a_row = count_skipped_steps(skipped_in_a_row, metrics["update/skipped_updates"], done,
-                                               config.train.max_consecutive_skipped_steps)
-        bar.set_postfix({n: f"{metrics[f'reward/{n}']:.2f}" for n in setup.reward_names}
-                        | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"})
+        skipped_in_a_row = count_skipped_steps(
+            skipped_in_a_row, metrics["update/skipped_updates"], done, config.train.max_consecutive_skipped_steps
+        )
+        bar.set_postfix(
+            {n: f"{metrics[f'reward/{n}']:.2f}" for n in setup.reward_names}
+            | {"kept": f"{metrics['advantages/kept_fraction']:.2f}"}
+        )
         stop = watch.stop_after_step()  # several processes: any one signalled stops all at this step
         if done % config.checkpoint.every_steps == 0 or done == config.train.num_steps or stop:
             run.checkpoints.save(done, state, {"step": done, "data": sampler.state(), **loop.checkpoint_meta})
@@ -397,17 +479,34 @@ def _rl_loop(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, sa
     return state
 
 
-def _log_step(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, state: TrainState, done: int,
-              prompts, rollouts, metrics: dict[str, float], writer: MetricsWriter | None,
-              wandb_log: WandbLogger) -> None:
+def _log_step(
+    config: RunConfig,
+    run: OpenRun,
+    rl: RLStart,
+    loop: RLLoopParts,
+    state: TrainState,
+    done: int,
+    prompts,
+    rollouts,
+    metrics: dict[str, float],
+    writer: MetricsWriter | None,
+    wandb_log: WandbLogger,
+) -> None:
     """After step ``done``: its rollouts saved, the evaluation (into ``metrics``) and the metrics
     written, each on its schedule; a skipped update warned about."""
     setup = run.setup
     if is_logged_step(done, config.logging.rollouts_every, config.train.num_steps):  # all processes (a gather)
         save_step_rollouts(run.files, done, prompts, rollouts, setup.tokenizer, loop.step_config, setup.reward_names)
     if config.eval.every_steps and run.split and done % config.eval.every_steps == 0 and done < config.train.num_steps:
-        summary = evaluate_run(config, setup, loop.policy(config, rl, state.params), run.split, run.files.eval_dir,
-                               f"step_{done}", progress=False)
+        summary = evaluate_run(
+            config,
+            setup,
+            loop.policy(config, rl, state.params),
+            run.split,
+            run.files.eval_dir,
+            f"step_{done}",
+            progress=False,
+        )
         metrics.update(eval_metrics(summary))
     skipped = metrics["update/skipped_updates"]
     if writer and (done % config.train.log_every == 0 or done == config.train.num_steps or skipped):
@@ -416,28 +515,46 @@ def _log_step(config: RunConfig, run: OpenRun, rl: RLStart, loop: RLLoopParts, s
         logger.warning("step %d: %d optimizer update(s) skipped for a non-finite gradient", done, skipped)
 
 
-def _finish(config: RunConfig, run: OpenRun, rl: RLStart, state: TrainState, before: dict[str, Any] | None, *,
-            progress: bool) -> dict[str, Any]:
+def _finish(
+    config: RunConfig, run: OpenRun, rl: RLStart, state: TrainState, before: dict[str, Any] | None, *, progress: bool
+) -> dict[str, Any]:
     """The evaluation after RL, the export of ``policy/`` (and LoRA's adapters), results.json."""
     setup, files, lora = run.setup, run.files, config.model.lora.enabled
     check_finite(state.params, f"the policy after RL step {config.train.num_steps}")  # not exported
     final = merge_model(rl.graphdef, state.params, config.model.dtype, rl.frozen)
-    after = evaluate_run(config, setup, final, run.split, files.eval_dir, "after_rl", progress=progress) \
-        if run.split else None
+    after = (
+        evaluate_run(config, setup, final, run.split, files.eval_dir, "after_rl", progress=progress)
+        if run.split
+        else None
+    )
     staging = run_dir.staging_name(files.policy)  # policy/ appears whole (eval.py may read it)
     # The master weights stored in config.export.dtype (default model.dtype: the policy as it computes,
     # `final`; float32 keeps a bf16-compute run's master precision). Several processes: each parameter
     # is gathered in turn and process 0 writes it. LoRA: the adapters merged into the base.
     export_dtype = jnp.dtype(config.export.resolved_dtype(config.model.dtype))
-    save_pretrained(merged_decoder(merge_model(rl.graphdef, state.params, export_dtype, rl.frozen)), staging,
-                    dtype=export_dtype, tokenizer=setup.tokenizer, copy_files_from=setup.model_path)
+    save_pretrained(
+        merged_decoder(merge_model(rl.graphdef, state.params, export_dtype, rl.frozen)),
+        staging,
+        dtype=export_dtype,
+        tokenizer=setup.tokenizer,
+        copy_files_from=setup.model_path,
+    )
     if lora:  # and the adapters alone, in PEFT's format, on the run's base directory
         assert rl.base is not None
         adapter_staging = run_dir.staging_name(files.policy_adapter)
-        save_peft_adapter(nnx.merge(rl.graphdef, state.params, rl.frozen), adapter_staging, rl.base["path"],
-                          dropout=config.model.lora.dropout)
-    results = {"algorithm": config.rl.algorithm, "steps": config.train.num_steps, "split": run.split,
-               "before_rl": before, "after_rl": after}
+        save_peft_adapter(
+            nnx.merge(rl.graphdef, state.params, rl.frozen),
+            adapter_staging,
+            rl.base["path"],
+            dropout=config.model.lora.dropout,
+        )
+    results = {
+        "algorithm": config.rl.algorithm,
+        "steps": config.train.num_steps,
+        "split": run.split,
+        "before_rl": before,
+        "after_rl": after,
+    }
     if run.primary:
         run_dir.replace_dir(staging, files.policy)
         if lora:

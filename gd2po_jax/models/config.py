@@ -37,9 +37,7 @@ class RopeConfig:
         """Value of one scaling parameter, with an error naming the missing key."""
         values = dict(self.scaling)
         if name not in values:
-            raise ValueError(
-                f"rope_parameters of type {self.rope_type!r} needs {name!r}; got {sorted(values)}"
-            )
+            raise ValueError(f"rope_parameters of type {self.rope_type!r} needs {name!r}; got {sorted(values)}")
         return float(values[name])
 
 
@@ -72,18 +70,13 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {self.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
-            )
+            raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_attention_heads={self.num_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_kv_heads}"
+                f"num_attention_heads={self.num_heads} must be a multiple of num_key_value_heads={self.num_kv_heads}"
             )
         if self.rope.rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"rope_type {self.rope.rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
-            )
+            raise ValueError(f"rope_type {self.rope.rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
 
     @property
     def num_groups(self) -> int:
@@ -120,9 +113,7 @@ def _rope_from_hf(hf: dict, where: str) -> RopeConfig:
         params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"{where}: rope_type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})"
-        )
+        raise ValueError(f"{where}: rope_type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     skip = {"rope_type", "type", "rope_theta"}
     scaling = tuple(sorted((k, v) for k, v in params.items() if k not in skip and v is not None))
@@ -244,8 +235,15 @@ def tiny_qwen2_config(shape, vocab_size: int, max_position_embeddings: int) -> M
     ``intermediate_size``, ``num_layers``, ``num_heads``, ``num_kv_heads`` and ``head_dim`` (the
     embedded tasks' ``config.model.tiny``, their reward models' ``data.safety.reward_training``)."""
     return ModelConfig(
-        model_type="qwen2", vocab_size=vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
-        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, qkv_bias=True, tie_word_embeddings=True,
+        model_type="qwen2",
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_layers=shape.num_layers,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        qkv_bias=True,
+        tie_word_embeddings=True,
         max_position_embeddings=max_position_embeddings,
     )

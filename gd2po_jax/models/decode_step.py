@@ -115,25 +115,33 @@ def decode_weights(model: Decoder, merge_adapters: bool = True) -> DecodeWeights
             adapter = getattr(module, f"{name}_lora") if merge_adapters else None
             return effective_kernel(getattr(module, f"{name}_kernel"), adapter, module.lora_scale)
 
-        adapters = {} if merge_adapters else {
-            name: (adapter.lora_a[...].T, (module.lora_scale * adapter.lora_b[...].T).astype(adapter.lora_b.dtype))
-            for module, names in ((attn, ("q", "k", "v", "o")), (mlp, ("gate", "up", "down")))
-            for name in names if (adapter := getattr(module, f"{name}_lora")) is not None}
-        layers.append(LayerWeights(
-            qkv=_rows(kernel(attn, "q"), kernel(attn, "k"), kernel(attn, "v")),
-            qkv_bias=_concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
-            o=kernel(attn, "o").reshape(h * hd, d).T,
-            o_bias=_column(attn.o_bias),
-            gate_up=_rows(kernel(mlp, "gate"), kernel(mlp, "up")),
-            gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias),
-            down=kernel(mlp, "down").T,
-            down_bias=_column(mlp.down_bias),
-            attn_norm=cast(jax.Array, _column(layer.attn_norm.scale)),  # a norm's scale is never None
-            mlp_norm=cast(jax.Array, _column(layer.mlp_norm.scale)),
-            q_norm=None if attn.q_norm is None else _column(attn.q_norm.scale),
-            k_norm=None if attn.k_norm is None else _column(attn.k_norm.scale),
-            adapters=adapters,
-        ))
+        adapters = (
+            {}
+            if merge_adapters
+            else {
+                name: (adapter.lora_a[...].T, (module.lora_scale * adapter.lora_b[...].T).astype(adapter.lora_b.dtype))
+                for module, names in ((attn, ("q", "k", "v", "o")), (mlp, ("gate", "up", "down")))
+                for name in names
+                if (adapter := getattr(module, f"{name}_lora")) is not None
+            }
+        )
+        layers.append(
+            LayerWeights(
+                qkv=_rows(kernel(attn, "q"), kernel(attn, "k"), kernel(attn, "v")),
+                qkv_bias=_concat_bias(attn.q_bias, attn.k_bias, attn.v_bias),
+                o=kernel(attn, "o").reshape(h * hd, d).T,
+                o_bias=_column(attn.o_bias),
+                gate_up=_rows(kernel(mlp, "gate"), kernel(mlp, "up")),
+                gate_up_bias=_concat_bias(mlp.gate_bias, mlp.up_bias),
+                down=kernel(mlp, "down").T,
+                down_bias=_column(mlp.down_bias),
+                attn_norm=cast(jax.Array, _column(layer.attn_norm.scale)),  # a norm's scale is never None
+                mlp_norm=cast(jax.Array, _column(layer.mlp_norm.scale)),
+                q_norm=None if attn.q_norm is None else _column(attn.q_norm.scale),
+                k_norm=None if attn.k_norm is None else _column(attn.k_norm.scale),
+                adapters=adapters,
+            )
+        )
     if not model.has_lm_head:
         raise ValueError("this Decoder was built with lm_head=False (a score model's body): it cannot decode")
     return DecodeWeights(
@@ -144,30 +152,35 @@ def decode_weights(model: Decoder, merge_adapters: bool = True) -> DecodeWeights
     )
 
 
-def _attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
-            key_masks: list[jax.Array]) -> jax.Array:
+def _attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array], key_masks: list[jax.Array]) -> jax.Array:
     """Attention over a cache held in segments (one softmax over all of their slots).
 
     q: [N, KV, G, hd]; keys[j]: [N, KV, hd, S_j]; values[j]: [N, KV, S_j, hd] (`KVCache`'s
     layouts); key_masks[j]: [N, S_j]. Returns [N, KV, G, hd] in the values' dtype.
     """
     hd = q.shape[-1]
-    scores = [jnp.where(mask[:, None, None, :],
-                        jnp.einsum("bkgd,bkds->bkgs", q, k, preferred_element_type=jnp.float32) * (hd**-0.5),
-                        MASK_VALUE)
-              for k, mask in zip(keys, key_masks)]
+    scores = [
+        jnp.where(
+            mask[:, None, None, :],
+            jnp.einsum("bkgd,bkds->bkgs", q, k, preferred_element_type=jnp.float32) * (hd**-0.5),
+            MASK_VALUE,
+        )
+        for k, mask in zip(keys, key_masks)
+    ]
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(values[0].dtype)
     out, start = None, 0
     for v in values:
-        part = jnp.einsum("bkgs,bksd->bkgd", probs[..., start : start + v.shape[2]], v,
-                          preferred_element_type=jnp.float32)
+        part = jnp.einsum(
+            "bkgs,bksd->bkgd", probs[..., start : start + v.shape[2]], v, preferred_element_type=jnp.float32
+        )
         out = part if out is None else out + part
         start += v.shape[2]
     return cast(jax.Array, out).astype(values[0].dtype)  # values has one segment at least
 
 
-def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
-                caches: tuple[KVCache, ...]) -> tuple[jax.Array, tuple[KVCache, ...]]:
+def decode_step(
+    config: ModelConfig, weights: DecodeWeights, tokens: jax.Array, caches: tuple[KVCache, ...]
+) -> tuple[jax.Array, tuple[KVCache, ...]]:
     """Feeds one token per row and returns the next-token logits.
 
     Args:
@@ -215,14 +228,20 @@ def decode_step(config: ModelConfig, weights: DecodeWeights, tokens: jax.Array,
         q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
         cache_k, cache_v = cache.keys[i], cache.values[i]
         cache_k = jax.lax.dynamic_update_slice(
-            cache_k, k.transpose(2, 0, 1)[..., None].astype(cache_k.dtype), (0, 0, 0, index))
+            cache_k, k.transpose(2, 0, 1)[..., None].astype(cache_k.dtype), (0, 0, 0, index)
+        )
         cache_v = jax.lax.dynamic_update_slice(
-            cache_v, v.transpose(2, 0, 1)[:, :, None].astype(cache_v.dtype), (0, 0, index, 0))
+            cache_v, v.transpose(2, 0, 1)[:, :, None].astype(cache_v.dtype), (0, 0, index, 0)
+        )
         keys.append(cache_k)
         values.append(cache_v)
         q_rows = q.reshape(kv_heads, groups, hd, n).transpose(3, 0, 1, 2)  # [N, KV, G, hd]
-        out = _attend(q_rows, [c.keys[i].astype(q.dtype) for c in done] + [cache_k.astype(q.dtype)],
-                      [c.values[i].astype(q.dtype) for c in done] + [cache_v.astype(q.dtype)], key_masks)
+        out = _attend(
+            q_rows,
+            [c.keys[i].astype(q.dtype) for c in done] + [cache_k.astype(q.dtype)],
+            [c.values[i].astype(q.dtype) for c in done] + [cache_v.astype(q.dtype)],
+            key_masks,
+        )
         out = out.reshape(n, h_heads * hd).T
         attn_out = _affine(layer.o, out, layer.o_bias)
         h = h + (attn_out if not layer.adapters else attn_out + _adapted(layer, "o", out, layer.o.shape[0]))

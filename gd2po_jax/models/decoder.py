@@ -100,14 +100,20 @@ def _adapter(spec: LoRASpec, in_features: int, out_features: int, in_axis, out_a
     """An `nnx.LoRA` ``A [in, r]``, ``B [r, out]`` (PEFT's init), sharded as its projection's in and
     out axes."""
     return nnx.LoRA(
-        in_features, spec.rank, out_features, param_dtype=jnp.dtype(spec.dtype), a_initializer=LORA_A_INIT,
-        rngs=rngs, a_metadata={"out_sharding": (in_axis, None), "eager_sharding": False},
+        in_features,
+        spec.rank,
+        out_features,
+        param_dtype=jnp.dtype(spec.dtype),
+        a_initializer=LORA_A_INIT,
+        rngs=rngs,
+        a_metadata={"out_sharding": (in_axis, None), "eager_sharding": False},
         b_metadata={"out_sharding": (None, out_axis), "eager_sharding": False},
     )
 
 
-def lora_delta(adapter: nnx.LoRA | None, scale: float, x: jax.Array, y: jax.Array, dropout=None,
-               slot: int = 0) -> jax.Array:
+def lora_delta(
+    adapter: nnx.LoRA | None, scale: float, x: jax.Array, y: jax.Array, dropout=None, slot: int = 0
+) -> jax.Array:
     """``y + scale * (dropout(x) @ A) @ B`` (``x [..., in]``, ``y [..., out]``); ``y`` without an adapter.
 
     dropout: None, or ``(key, rate)``: PEFT's ``lora_dropout`` on the adapter's input (zeroes with
@@ -153,6 +159,7 @@ class KVCache:
     index: jax.Array
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+
         def replace(self, **changes: Any) -> KVCache: ...
 
     @property
@@ -329,8 +336,12 @@ class Attention(nnx.Module):
         """An `nnx.LoRA` on each of q, k, v, o that ``spec`` targets (see the module docstring)."""
         d, h, hd = self.q_kernel.shape
         kv = self.k_kernel.shape[1]
-        shapes = {"q": (d, h * hd, "fsdp", "tensor"), "k": (d, kv * hd, "fsdp", "tensor"),
-                  "v": (d, kv * hd, "fsdp", "tensor"), "o": (h * hd, d, "tensor", "fsdp")}
+        shapes = {
+            "q": (d, h * hd, "fsdp", "tensor"),
+            "k": (d, kv * hd, "fsdp", "tensor"),
+            "v": (d, kv * hd, "fsdp", "tensor"),
+            "o": (h * hd, d, "tensor", "fsdp"),
+        }
         for name, (fan_in, fan_out, in_axis, out_axis) in shapes.items():
             if name in spec.targets:
                 setattr(self, f"{name}_lora", _adapter(spec, fan_in, fan_out, in_axis, out_axis, rngs))
@@ -365,8 +376,9 @@ class Attention(nnx.Module):
         if kv_cache is None:
             k = k.transpose(0, 2, 1, 3)
         else:
-            k = jax.lax.dynamic_update_slice(kv_cache[0], k.transpose(0, 2, 3, 1).astype(kv_cache[0].dtype),
-                                             (0, 0, 0, index))
+            k = jax.lax.dynamic_update_slice(
+                kv_cache[0], k.transpose(0, 2, 3, 1).astype(kv_cache[0].dtype), (0, 0, 0, index)
+            )
             v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, index, 0))
         # The cache's keys are [B, KV, hd, S]; a call with the cache (prefill, a chunk of tokens)
         # attends with them as [B, KV, S, hd], the training forward's layout, materialized (the
@@ -376,8 +388,9 @@ class Attention(nnx.Module):
         out = dot_product_attention(q, keys.astype(q.dtype), v.astype(q.dtype), mask)
         h, hd, d = self.o_kernel.shape
         out = out.reshape(*out.shape[:2], h * hd)
-        out = lora_delta(self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)),
-                         dropout, 3)
+        out = lora_delta(
+            self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)), dropout, 3
+        )
         if self.o_bias is not None:
             out = out + self.o_bias[...]
         return out, (k, v)
@@ -437,8 +450,9 @@ class DecoderLayer(nnx.Module):
         return h + self.mlp(self.mlp_norm(h), dropout), kv
 
 
-def _run_layer(layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_key=None, dropout_rate=0.0,
-               window=None):
+def _run_layer(
+    layer: DecoderLayer, h, cos, sin, mask, kv_cache, index, dropout_key=None, dropout_rate=0.0, window=None
+):
     dropout = None if dropout_key is None else (dropout_key, dropout_rate)
     return layer(h, cos, sin, mask, kv_cache, index, dropout, window)
 
@@ -504,7 +518,13 @@ class Decoder(nnx.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, remat: bool = False, lm_head: bool = True,
+        self,
+        config: ModelConfig,
+        *,
+        dtype=jnp.float32,
+        rngs: nnx.Rngs,
+        remat: bool = False,
+        lm_head: bool = True,
         lora: LoRASpec | None = None,
     ):
         self.config = config
@@ -525,8 +545,9 @@ class Decoder(nnx.Module):
                 layer.attn.add_adapters(lora, rngs)
                 layer.mlp.add_adapters(lora, rngs)
 
-    def hidden_states(self, input_ids, attention_mask=None, *, positions=None, cache=None, lora_dropout=None,
-                      window=None):
+    def hidden_states(
+        self, input_ids, attention_mask=None, *, positions=None, cache=None, lora_dropout=None, window=None
+    ):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache (None without a cache).
 
         input_ids: [B, T] int; attention_mask: [B, T] (1 = token, 0 = left pad), default all ones;
@@ -571,8 +592,15 @@ class Decoder(nnx.Module):
         # The layers before the last one as a scan (remat), or all of them (no window); then the rest.
         scanned = len(self.layers) - (window is not None) if remat else 0
         if scanned > 1 or (scanned == 1 and window is not None):
-            h = _remat_scan(self.layers[:scanned], h, cos, sin, attn_mask, index,
-                            None if lora_dropout is None else (lora_dropout[0], rate))
+            h = _remat_scan(
+                self.layers[:scanned],
+                h,
+                cos,
+                sin,
+                attn_mask,
+                index,
+                None if lora_dropout is None else (lora_dropout[0], rate),
+            )
         else:
             scanned = 0
         rematted = wrap(run)

@@ -112,9 +112,7 @@ def chunked_token_logprobs(
     @jax.checkpoint
     def one_chunk(args):
         hidden_chunk, target_chunk = args
-        logits = jnp.einsum(
-            "bth,hv->btv", hidden_chunk, unembedding, preferred_element_type=jnp.float32
-        )
+        logits = jnp.einsum("bth,hv->btv", hidden_chunk, unembedding, preferred_element_type=jnp.float32)
         if temperature != 1.0:
             logits = logits / temperature
         logp = token_logprobs(logits, target_chunk)
@@ -138,8 +136,15 @@ def unembedding(model) -> jax.Array:
 
 
 def completion_logprobs(
-    model, input_ids: jax.Array, attention_mask: jax.Array, num_completion: int, *,
-    chunk_size: int = 128, with_entropy: bool = False, temperature: float = 1.0, lora_dropout=None,
+    model,
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    num_completion: int,
+    *,
+    chunk_size: int = 128,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    lora_dropout=None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-probs (and entropy) of the last ``M`` tokens of each row given everything before.
 
@@ -164,8 +169,12 @@ def completion_logprobs(
     else:
         hidden, _ = model.hidden_states(input_ids, attention_mask, lora_dropout=lora_dropout, window=window)
     return chunked_token_logprobs(
-        hidden, unembedding(model), input_ids[:, start:],
-        chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature,
+        hidden,
+        unembedding(model),
+        input_ids[:, start:],
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        temperature=temperature,
     )
 
 
@@ -196,8 +205,9 @@ def reference_logprobs_fn(graphdef, compute_dtype, *, chunk_size: int = 128, tem
 
     def reference_logprobs(params, input_ids, attention_mask, num_completion: int) -> jax.Array:
         model = merge_model(graphdef, params, compute_dtype)
-        return completion_logprobs(model, input_ids, attention_mask, num_completion, chunk_size=chunk_size,
-                                   temperature=temperature)[0]
+        return completion_logprobs(
+            model, input_ids, attention_mask, num_completion, chunk_size=chunk_size, temperature=temperature
+        )[0]
 
     return jax.jit(reference_logprobs, static_argnums=(3,))
 

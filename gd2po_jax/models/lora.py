@@ -40,8 +40,15 @@ from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
-HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-              "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+HF_MODULES = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
 """Our target -> its module in a Hugging Face decoder layer (PEFT's ``target_modules`` are the last names)."""
 
 
@@ -116,8 +123,9 @@ def lora_spec(config: RunConfig) -> LoRASpec | None:
     lora = config.model.lora
     if not lora.enabled:
         return None
-    return LoRASpec(rank=lora.rank, alpha=float(lora.alpha), targets=tuple(lora.targets),
-                    dtype=config.train.master_dtype)
+    return LoRASpec(
+        rank=lora.rank, alpha=float(lora.alpha), targets=tuple(lora.targets), dtype=config.train.master_dtype
+    )
 
 
 def base_reference(policy_path: pathlib.Path, frozen) -> dict[str, Any]:
@@ -134,12 +142,16 @@ def check_base(meta: dict[str, Any], reference: dict[str, Any] | None, step_dir:
     """
     saved = meta.get(LORA_BASE_KEY)
     if (saved is None) != (reference is None):
-        raise ConfigError(f"config.model.lora.rank: checkpoint {step_dir} was saved "
-                          f"{'without' if saved is None else 'with'} LoRA adapters; resume with the run's setting")
+        raise ConfigError(
+            f"config.model.lora.rank: checkpoint {step_dir} was saved "
+            f"{'without' if saved is None else 'with'} LoRA adapters; resume with the run's setting"
+        )
     if saved is not None and reference is not None and saved["checksum"] != reference["checksum"]:
-        raise ConfigError(f"checkpoint {step_dir} holds LoRA adapters of the base {saved['path']} (checksum "
-                          f"{saved['checksum']}); the base loaded now from {reference['path']} has checksum "
-                          f"{reference['checksum']}: adapters apply only to their own base")
+        raise ConfigError(
+            f"checkpoint {step_dir} holds LoRA adapters of the base {saved['path']} (checksum "
+            f"{saved['checksum']}); the base loaded now from {reference['path']} has checksum "
+            f"{reference['checksum']}: adapters apply only to their own base"
+        )
 
 
 LORA_BASE_KEY = "lora_base"
@@ -159,15 +171,26 @@ def peft_name(layer: int, target: str, factor: str) -> str:
 def adapter_config(spec: LoRASpec, base_model_path: str, dropout: float = 0.0) -> dict[str, Any]:
     """The ``adapter_config.json`` of ``spec`` (PEFT's ``LoraConfig`` fields; the others default)."""
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-        "lora_dropout": dropout, "target_modules": sorted(HF_MODULES[t].split(".")[-1] for t in spec.targets),
-        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
-        "init_lora_weights": True, "modules_to_save": None, "base_model_name_or_path": str(base_model_path),
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "lora_dropout": dropout,
+        "target_modules": sorted(HF_MODULES[t].split(".")[-1] for t in spec.targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "base_model_name_or_path": str(base_model_path),
     }
 
 
-def save_peft_adapter(model: Decoder, out_dir: str | pathlib.Path, base_model_path: str | pathlib.Path, *,
-                      dropout: float = 0.0) -> list[str]:
+def save_peft_adapter(
+    model: Decoder, out_dir: str | pathlib.Path, base_model_path: str | pathlib.Path, *, dropout: float = 0.0
+) -> list[str]:
     """Writes ``model``'s adapters as PEFT does (``adapter_config.json``, ``adapter_model.safetensors``
     in the adapters' dtype), loadable by ``peft.PeftModel.from_pretrained(base, out_dir)``.
     Several processes: all call it (each adapter is gathered in turn); process 0 writes."""
@@ -176,8 +199,14 @@ def save_peft_adapter(model: Decoder, out_dir: str | pathlib.Path, base_model_pa
     tensors = []
     for i, target, adapter in adapters_of(model):
         for factor, variable in (("A", adapter.lora_a), ("B", adapter.lora_b)):
-            tensors.append((peft_name(i, target, factor), tuple(reversed(variable.shape)),
-                            np.dtype(variable.dtype), lambda v=variable: np.asarray(host_value(v[...])).T))
+            tensors.append(
+                (
+                    peft_name(i, target, factor),
+                    tuple(reversed(variable.shape)),
+                    np.dtype(variable.dtype),
+                    lambda v=variable: np.asarray(host_value(v[...])).T,
+                )
+            )
     if not is_primary():
         for tensor in tensors:
             tensor[3]()  # the gathers process 0's writes need
@@ -203,28 +232,50 @@ def read_adapter_config(adapter_dir: str | pathlib.Path, dtype: str = "float32")
         raise FileNotFoundError(f"{adapter_dir}: no {ADAPTER_CONFIG} (not a PEFT adapter directory)")
     config = json.loads(file.read_text())
     plain: tuple[tuple[str, Any], ...]
-    plain = (("peft_type", "LORA"), ("use_dora", False), ("use_rslora", False), ("bias", "none"),
-             ("fan_in_fan_out", False), ("rank_pattern", {}), ("alpha_pattern", {}), ("lora_bias", False),
-             ("layers_to_transform", None), ("layers_pattern", None), ("layer_replication", None),
-             ("exclude_modules", None), ("target_parameters", None), ("trainable_token_indices", None),
-             ("use_qalora", False))
-    unsupported = [f"{key}={config.get(key)!r}" for key, ok in plain
-                   if config.get(key, ok) not in (ok, None) and config.get(key) != []]
+    plain = (
+        ("peft_type", "LORA"),
+        ("use_dora", False),
+        ("use_rslora", False),
+        ("bias", "none"),
+        ("fan_in_fan_out", False),
+        ("rank_pattern", {}),
+        ("alpha_pattern", {}),
+        ("lora_bias", False),
+        ("layers_to_transform", None),
+        ("layers_pattern", None),
+        ("layer_replication", None),
+        ("exclude_modules", None),
+        ("target_parameters", None),
+        ("trainable_token_indices", None),
+        ("use_qalora", False),
+    )
+    unsupported = [
+        f"{key}={config.get(key)!r}"
+        for key, ok in plain
+        if config.get(key, ok) not in (ok, None) and config.get(key) != []
+    ]
     by_name = {HF_MODULES[t].split(".")[-1]: t for t in LORA_TARGETS}
     modules = config.get("target_modules") or []
     modules = [modules] if isinstance(modules, str) else modules
     unknown = [m for m in modules if m not in by_name]
     if unsupported or unknown or not modules:
-        raise ValueError(f"{file}: a LoRA adapter this package cannot load ({', '.join(unsupported)}"
-                         f"{'; target_modules ' + repr(unknown or modules) if unknown or not modules else ''}); "
-                         f"it loads plain LoRA on {sorted(by_name)}")
+        raise ValueError(
+            f"{file}: a LoRA adapter this package cannot load ({', '.join(unsupported)}"
+            f"{'; target_modules ' + repr(unknown or modules) if unknown or not modules else ''}); "
+            f"it loads plain LoRA on {sorted(by_name)}"
+        )
     targets = tuple(t for t in LORA_TARGETS if HF_MODULES[t].split(".")[-1] in modules)
     spec = LoRASpec(rank=int(config["r"]), alpha=float(config["lora_alpha"]), targets=targets, dtype=dtype)
     return spec, str(config.get("base_model_name_or_path") or "")
 
 
-def load_peft_adapter(model: Decoder, adapter_dir: str | pathlib.Path, mesh: Mesh | None = None,
-                      prefix: str = "base_model.model.", others: tuple[str, ...] = ()) -> None:
+def load_peft_adapter(
+    model: Decoder,
+    adapter_dir: str | pathlib.Path,
+    mesh: Mesh | None = None,
+    prefix: str = "base_model.model.",
+    others: tuple[str, ...] = (),
+) -> None:
     """Sets the adapters of ``model`` (built with `read_adapter_config`'s spec; may be abstract) from
     ``adapter_model.safetensors``, on their shardings when ``mesh`` is given.
 
@@ -247,5 +298,7 @@ def load_peft_adapter(model: Decoder, adapter_dir: str | pathlib.Path, mesh: Mes
             variable.set_value(place_host_array(np.asarray(tensor).T, variable.dtype, sharding))
     extra = sorted(checkpoint.names() - expected - set(others))
     if extra:
-        raise ValueError(f"{adapter_dir}: {ADAPTER_WEIGHTS} holds tensors this model has no place for "
-                         f"(adapters it lacks, or modules_to_save): {extra[:4]}{' ...' if len(extra) > 4 else ''}")
+        raise ValueError(
+            f"{adapter_dir}: {ADAPTER_WEIGHTS} holds tensors this model has no place for "
+            f"(adapters it lacks, or modules_to_save): {extra[:4]}{' ...' if len(extra) > 4 else ''}"
+        )

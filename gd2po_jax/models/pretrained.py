@@ -69,15 +69,13 @@ def tensor_maps(config: ModelConfig, lm_head: bool = True) -> list[TensorMap]:
         maps += [TensorMap(f"{hf}self_attn.{p}_proj.weight", ours + ("attn", f"{p}_kernel"), k) for p, k in attn]
         if config.qkv_bias:
             maps += [
-                TensorMap(f"{hf}self_attn.{p}_proj.bias", ours + ("attn", f"{p}_bias"), "bias_heads")
-                for p in "qkv"
+                TensorMap(f"{hf}self_attn.{p}_proj.bias", ours + ("attn", f"{p}_bias"), "bias_heads") for p in "qkv"
             ]
         if config.o_bias:
             maps.append(TensorMap(f"{hf}self_attn.o_proj.bias", ours + ("attn", "o_bias"), "copy"))
         if config.qk_norm:
             maps += [
-                TensorMap(f"{hf}self_attn.{p}_norm.weight", ours + ("attn", f"{p}_norm", "scale"), "copy")
-                for p in "qk"
+                TensorMap(f"{hf}self_attn.{p}_norm.weight", ours + ("attn", f"{p}_norm", "scale"), "copy") for p in "qk"
             ]
         for p in ("gate", "up", "down"):
             maps.append(TensorMap(f"{hf}mlp.{p}_proj.weight", ours + ("mlp", f"{p}_kernel"), "linear"))
@@ -138,8 +136,15 @@ def get_variable(model: nnx.Module, path: tuple) -> nnx.Variable:
     return node
 
 
-def load_pretrained(path, dtype=jnp.float32, mesh: Mesh | None = None, *, remat: bool = False,
-                    lora: LoRASpec | None = None, lora_seed: int = 0) -> Decoder:
+def load_pretrained(
+    path,
+    dtype=jnp.float32,
+    mesh: Mesh | None = None,
+    *,
+    remat: bool = False,
+    lora: LoRASpec | None = None,
+    lora_seed: int = 0,
+) -> Decoder:
     """A `Decoder` with the weights of the Hugging Face checkpoint directory ``path``.
 
     Args:

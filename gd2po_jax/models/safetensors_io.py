@@ -59,8 +59,10 @@ def read_header(file: pathlib.Path) -> tuple[dict, int]:
             raise ValueError(f"{file}: not a safetensors file (shorter than 8 bytes)")
         (size,) = struct.unpack("<Q", raw)
         if 8 + size > file_size:
-            raise ValueError(f"{file}: truncated or not a safetensors file (its header claims {size} bytes, "
-                             f"the file has {file_size})")
+            raise ValueError(
+                f"{file}: truncated or not a safetensors file (its header claims {size} bytes, "
+                f"the file has {file_size})"
+            )
         try:
             header = json.loads(f.read(size))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -85,11 +87,15 @@ def _check_entry(file: pathlib.Path, name: str, entry, data_size: int) -> None:
     if not 0 <= begin <= end:
         raise ValueError(f"{file}: tensor {name!r} has invalid data offsets [{begin}, {end})")
     if end > data_size:
-        raise ValueError(f"{file} is truncated: tensor {name!r} needs data bytes [{begin}, {end}), but the file "
-                         f"has {data_size} bytes of data; the file is incomplete (a killed or failed copy or save)")
+        raise ValueError(
+            f"{file} is truncated: tensor {name!r} needs data bytes [{begin}, {end}), but the file "
+            f"has {data_size} bytes of data; the file is incomplete (a killed or failed copy or save)"
+        )
     if code in _DTYPES and end - begin != _nbytes(shape, _DTYPES[code]):
-        raise ValueError(f"{file}: tensor {name!r} spans {end - begin} bytes, but its shape {shape} and dtype "
-                         f"{code} need {_nbytes(shape, _DTYPES[code])}")
+        raise ValueError(
+            f"{file}: tensor {name!r} spans {end - begin} bytes, but its shape {shape} and dtype "
+            f"{code} need {_nbytes(shape, _DTYPES[code])}"
+        )
 
 
 class SafetensorsCheckpoint:
@@ -103,8 +109,9 @@ class SafetensorsCheckpoint:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{index}: not a safetensors index (a JSON object with a weight_map): "
-                                 f"{type(err).__name__}: {err}") from None
+                raise ValueError(
+                    f"{index}: not a safetensors index (a JSON object with a weight_map): {type(err).__name__}: {err}"
+                ) from None
             files = sorted({self.directory / f for f in weight_map.values()})
         else:
             files = sorted(self.directory.glob("*.safetensors"))
@@ -146,8 +153,7 @@ class SafetensorsCheckpoint:
         shape = tuple(entry["shape"])
         if shape != tuple(expected_shape):
             raise ValueError(
-                f"{file}: tensor {name!r} has shape {shape}, expected {tuple(expected_shape)} "
-                "from config.json"
+                f"{file}: tensor {name!r} has shape {shape}, expected {tuple(expected_shape)} from config.json"
             )
         code = entry["dtype"]
         if code not in _DTYPES:

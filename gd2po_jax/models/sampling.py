@@ -106,6 +106,7 @@ class DecodeState:
     rng: jax.Array
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+
         def replace(self, **changes: Any) -> DecodeState: ...
 
 
@@ -250,8 +251,7 @@ def _constrain_state(state: DecodeState, mesh: Mesh | None) -> DecodeState:
     return state.replace(caches=caches, **rows)
 
 
-def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...],
-             params: SamplingParams) -> DecodeState:
+def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...], params: SamplingParams) -> DecodeState:
     """Samples token ``state.step`` from ``logits [N, V]`` and records it (pad after EOS)."""
     tokens, logp = sample_logits(logits, jax.random.fold_in(state.rng, state.step), params)
     tokens = jnp.where(state.finished, params.pad_token_id, tokens)
@@ -385,8 +385,9 @@ def generate(
     graphdef, state = nnx.split(model)
     mesh = mesh_of(model)
     # Each process pads only the prompts its devices hold (all of them in one process).
-    ids, mask = batch_rows(lambda rows: left_pad([prompts[i] for i in rows], length, params.pad_token_id),
-                           len(prompts), mesh)
+    ids, mask = batch_rows(
+        lambda rows: left_pad([prompts[i] for i in rows], length, params.pad_token_id), len(prompts), mesh
+    )
     dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, mesh)
     dstate = decode_fn(graphdef, state, dstate, params, mesh)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731

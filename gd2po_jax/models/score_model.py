@@ -358,13 +358,23 @@ def load_score_model(
         lora = read_adapter_config(adapter, dtype=dtype.name)[0]
     model = nnx.eval_shape(
         lambda: ScoreModel(
-            config, dtype=dtype, rngs=nnx.Rngs(0), head_bias=head_bias, negate=negate, normalizer=normalizer,
-            remat=remat, lora=lora,
+            config,
+            dtype=dtype,
+            rngs=nnx.Rngs(0),
+            head_bias=head_bias,
+            negate=negate,
+            normalizer=normalizer,
+            remat=remat,
+            lora=lora,
         )
     )
     if lora is not None:  # read from the adapter: then adapter is its resolved directory
-        load_peft_adapter(model.decoder, cast(pathlib.Path, adapter), mesh,
-                          others=(f"base_model.model.{_HEAD_PREFIX[layout]}.weight",))
+        load_peft_adapter(
+            model.decoder,
+            cast(pathlib.Path, adapter),
+            mesh,
+            others=(f"base_model.model.{_HEAD_PREFIX[layout]}.weight",),
+        )
     maps = score_tensor_maps(config, layout, head_bias)
     fill_from_checkpoint(model, maps, checkpoint, dtype, mesh)
     expected = {tm.hf_name for tm in maps} | (set(NORMALIZER_BUFFERS) if layout == "beaver" else set())
@@ -383,8 +393,9 @@ def _load_adapter_head(model: ScoreModel, adapter: pathlib.Path, layout: str, dt
     if name in adapter_tensors.names():
         tensor = adapter_tensors.get(name, (1, model.config.hidden_size))
         sharding = variable_sharding(model.head_kernel, mesh) if mesh is not None else None
-        model.head_kernel.set_value(place_host_array(hf_to_ours(tensor, "linear", (model.config.hidden_size, 1)),
-                                                     dtype, sharding))
+        model.head_kernel.set_value(
+            place_host_array(hf_to_ours(tensor, "linear", (model.config.hidden_size, 1)), dtype, sharding)
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,11 +441,15 @@ def _check_saveable(model: ScoreModel, layout: str) -> None:
     if layout not in SCORE_LAYOUTS:
         raise ValueError(f"save_score_model: layout={layout!r}; expected one of {SCORE_LAYOUTS}")
     if layout != "beaver":
-        kept = [what for what, present in (
-            ("a head bias", model.head_bias is not None),
-            ("negate=True", model.negate),
-            ("a normalizer", model.normalizer is not None and model.normalizer.enabled),
-        ) if present]
+        kept = [
+            what
+            for what, present in (
+                ("a head bias", model.head_bias is not None),
+                ("negate=True", model.negate),
+                ("a normalizer", model.normalizer is not None and model.normalizer.enabled),
+            )
+            if present
+        ]
         if kept:
             raise ValueError(
                 f"save_score_model: the {layout} layout cannot store {', '.join(kept)}; a reload would "
@@ -500,6 +515,5 @@ def save_score_model(
             ("normalizer.count", normalizer.count, np.int64),
         ):
             # mypy cannot type a lambda whose defaults bind the loop's values (of several types)
-            tensors.append((name, (1,), np.dtype(buffer_dtype),
-                            lambda v=value, d=buffer_dtype: np.array([v], d)))  # type: ignore[misc]
+            tensors.append((name, (1,), np.dtype(buffer_dtype), lambda v=value, d=buffer_dtype: np.array([v], d)))  # type: ignore[misc]
     return written + write_checkpoint(out_dir, tensors, max_shard_bytes)

@@ -63,6 +63,7 @@ class RewardFunction(Protocol):
     """Scores N responses with K named rewards; returns [N, K] numbers (NaN / None: abstained)."""
 
     if TYPE_CHECKING:  # read only: an attribute or a property (`CombinedReward.names`) does
+
         @property
         def names(self) -> tuple[str, ...]: ...
     else:
@@ -86,8 +87,7 @@ class RewardOutputError(UserError, ValueError):
       problem: what is wrong.
     """
 
-    def __init__(self, function: str, problem: str, *, reward: str | None = None,
-                 rollout: int | None = None):
+    def __init__(self, function: str, problem: str, *, reward: str | None = None, rollout: int | None = None):
         self.function, self.problem, self.reward, self.rollout = function, problem, reward, rollout
         where = [f"reward function {function}"]
         if reward is not None:
@@ -128,13 +128,16 @@ def check_reward_output(fn: RewardFunction, rewards: Any, num_responses: int) ->
         array_like = hasattr(rewards, "__array__") and not isinstance(rewards, (list, tuple))
         values = np.asarray(rewards) if array_like else np.asarray(rewards, dtype=object)
     except ValueError as err:  # ragged nesting
-        raise RewardOutputError(function, f"returned {type(rewards).__name__} that is not an "
-                                f"[N, K] array ({err})") from None
+        raise RewardOutputError(
+            function, f"returned {type(rewards).__name__} that is not an [N, K] array ({err})"
+        ) from None
     numeric = values.dtype.kind in "fiu"
     if values.shape != (num_responses, len(names)):
         raise RewardOutputError(
-            function, f"returned shape {values.shape} for rewards {names}, expected "
-            f"({num_responses}, {len(names)}) = (responses, rewards)")
+            function,
+            f"returned shape {values.shape} for rewards {names}, expected "
+            f"({num_responses}, {len(names)}) = (responses, rewards)",
+        )
     out = np.empty(values.shape, np.float32)
     with np.errstate(over="ignore"):  # values beyond float32 become inf, rejected below
         if numeric:
@@ -144,14 +147,21 @@ def check_reward_output(fn: RewardFunction, rewards: Any, num_responses: int) ->
                 number = _reward_value(value)
                 if number is None:
                     raise RewardOutputError(
-                        function, f"returned {value!r} ({type(value).__name__}); a reward is a "
-                        "finite number, or None / NaN to abstain", reward=names[k], rollout=i)
+                        function,
+                        f"returned {value!r} ({type(value).__name__}); a reward is a "
+                        "finite number, or None / NaN to abstain",
+                        reward=names[k],
+                        rollout=i,
+                    )
                 out[i, k] = number
     if np.isinf(out).any():
         i, k = (int(x) for x in np.argwhere(np.isinf(out))[0])
         raise RewardOutputError(
-            function, f"returned {values[i, k]!r}, not finite in float32; a reward is a finite "
-            "number, or None / NaN to abstain", reward=names[k], rollout=i)
+            function,
+            f"returned {values[i, k]!r}, not finite in float32; a reward is a finite number, or None / NaN to abstain",
+            reward=names[k],
+            rollout=i,
+        )
     return out
 
 
@@ -200,10 +210,7 @@ class CombinedReward:
         columns: Mapping[str, Sequence[Any]],
     ) -> np.ndarray:
         """Rewards [N, sum of K] from every function, checked and concatenated (NaN: abstained)."""
-        parts = [
-            check_reward_output(fn, fn(prompts, responses, columns), len(responses))
-            for fn in self.functions
-        ]
+        parts = [check_reward_output(fn, fn(prompts, responses, columns), len(responses)) for fn in self.functions]
         return np.concatenate(parts, axis=1)
 
 
@@ -313,6 +320,8 @@ def build_reward_function(spec: Mapping[str, Any] | Sequence[Mapping[str, Any]])
 
 def unknown_kind_message(kind: str) -> str:
     """The error for ``config.rewards.kind`` naming no registered family."""
-    return (f"config.rewards.kind: {kind!r} is not a registered reward family; registered: "
-            f"{', '.join(reward_kinds())} (or empty: none). Reward functions of your own go in "
-            "config.rewards.functions (module:callable or path/to/file.py:callable; docs/own_task.md)")
+    return (
+        f"config.rewards.kind: {kind!r} is not a registered reward family; registered: "
+        f"{', '.join(reward_kinds())} (or empty: none). Reward functions of your own go in "
+        "config.rewards.functions (module:callable or path/to/file.py:callable; docs/own_task.md)"
+    )

@@ -39,9 +39,7 @@ def nesting_depth(text: str) -> int:
     return max(0, max(itertools.accumulate(map(_DELTA.__getitem__, brackets))))
 
 
-def loads_bounded(
-    text: str, *, max_chars: int = MAX_JSON_CHARS, max_depth: int = MAX_JSON_DEPTH
-) -> Any:
+def loads_bounded(text: str, *, max_chars: int = MAX_JSON_CHARS, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """`json.loads(text)` after checking that `text` is a str of at most `max_chars` characters
     nested at most `max_depth` deep.
 

@@ -86,8 +86,12 @@ MIN_BUCKET = 128
 
 _PROBE_CONVERSATIONS = (
     ({"role": "user", "content": "Hi there"},),
-    ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"},
-     {"role": "assistant", "content": "A."}, {"role": "user", "content": "And then?"}),
+    (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Q?"},
+        {"role": "assistant", "content": "A."},
+        {"role": "user", "content": "And then?"},
+    ),
 )
 _PROBE_REPLIES = ("Sure.", "\n two\nlines \n", "<think>x</think> y", "")
 """What `template_closing` renders: conversations with and without a system turn and history, and
@@ -135,8 +139,10 @@ def plain_format(messages: Sequence[Mapping[str, Any]], add_generation_prompt: b
         elif isinstance(content, (list, tuple)):
             lines.extend(f"{role}: {part['text']}\n" for part in content if part.get("type") == "text")
         else:
-            raise ValueError(f"a {message['role']!r} turn has content of type {type(content).__name__}; "
-                             "a chat message's content is a string or a list of text parts")
+            raise ValueError(
+                f"a {message['role']!r} turn has content of type {type(content).__name__}; "
+                "a chat message's content is a string or a list of text parts"
+            )
     return "".join(lines) + ("ASSISTANT: " if add_generation_prompt else "")
 
 
@@ -144,8 +150,9 @@ def render_messages(tokenizer, messages: Sequence[Mapping[str, Any]], add_genera
     """``messages`` rendered by ``tokenizer``'s chat template, or `plain_format` for a tokenizer
     without one (as align-anything's ``ModelFormatter`` chooses)."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt
+        )
     return plain_format(messages, add_generation_prompt)
 
 
@@ -200,7 +207,7 @@ def template_closing(tokenizer) -> str | None:
                 full = render_conversation(tokenizer, messages, reply)
                 if not full.startswith(prompt + reply):
                     return None
-                tail = full[len(prompt) + len(reply):]
+                tail = full[len(prompt) + len(reply) :]
                 if closing is not None and tail != closing:
                     return None
                 closing = tail
@@ -246,7 +253,7 @@ def plan_batches(lengths: Sequence[int], batch_size: int, buckets: Sequence[int]
     for bucket in sorted(by_bucket):
         rows = by_bucket[bucket]
         for start in range(0, len(rows), batch_size):
-            real = rows[start:start + batch_size]
+            real = rows[start : start + batch_size]
             batches.append(Batch(bucket, tuple(real + [real[0]] * (batch_size - len(real))), len(real)))
     return batches
 
@@ -256,8 +263,8 @@ def right_padded(token_lists: Sequence[Sequence[int]], length: int, pad_id: int)
     ids = np.full((len(token_lists), length), pad_id, np.int32)
     mask = np.zeros((len(token_lists), length), bool)
     for i, tokens in enumerate(token_lists):
-        ids[i, :len(tokens)] = tokens
-        mask[i, :len(tokens)] = True
+        ids[i, : len(tokens)] = tokens
+        mask[i, : len(tokens)] = True
     return ids, mask
 
 
@@ -309,33 +316,55 @@ class RewardModel:
         layout, no tokenizer, a bad batch size or truncation.
     """
 
-    def __init__(self, name: str, path: str, *, negate: bool | None = None, normalize: bool | None = None,
-                 max_length: int = 2048, truncation: str = "right", batch_size: int = 32, dtype: str = "bfloat16",
-                 mesh: Mesh | None = None, offload: bool = False, adapter: str = ""):
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        *,
+        negate: bool | None = None,
+        normalize: bool | None = None,
+        max_length: int = 2048,
+        truncation: str = "right",
+        batch_size: int = 32,
+        dtype: str = "bfloat16",
+        mesh: Mesh | None = None,
+        offload: bool = False,
+        adapter: str = "",
+    ):
         self.name, self.path = name, str(path)
         self.max_length, self.batch_size, self.mesh, self.offload = int(max_length), int(batch_size), mesh, offload
         self.truncation = truncation
         where = f"reward model {name!r} ({self.path})"
         if truncation not in ("right", "error"):
-            raise ValueError(f"{where}: truncation={truncation!r} is not 'right' or 'error' "
-                             f"(config.rewards.reward_models.{name}.truncation)")
+            raise ValueError(
+                f"{where}: truncation={truncation!r} is not 'right' or 'error' "
+                f"(config.rewards.reward_models.{name}.truncation)"
+            )
         if not self.path or not pathlib.Path(self.path).is_dir():
             raise ValueError(f"{where}: no such directory (config.rewards.reward_models.{name}.path)")
         shards = mesh.shape["data"] * mesh.shape["fsdp"] if mesh is not None else 1
         if self.batch_size < 1 or self.batch_size % shards:
-            raise ValueError(f"{where}: batch_size={batch_size} must be a positive multiple of the {shards} "
-                             "data-parallel devices (config.rewards.reward_models.<name>.batch_size)")
+            raise ValueError(
+                f"{where}: batch_size={batch_size} must be a positive multiple of the {shards} "
+                "data-parallel devices (config.rewards.reward_models.<name>.batch_size)"
+            )
         try:
             self.tokenizer = load_tokenizer(self.path)
         except (OSError, ValueError) as err:
-            raise ValueError(f"{where}: cannot load its tokenizer ({type(err).__name__}: {err}); a reward "
-                             "model directory needs the tokenizer it was trained with") from None
+            raise ValueError(
+                f"{where}: cannot load its tokenizer ({type(err).__name__}: {err}); a reward "
+                "model directory needs the tokenizer it was trained with"
+            ) from None
         if not getattr(self.tokenizer, "chat_template", None):
-            logger.info("%s: its tokenizer has no chat template; conversations are rendered as align-anything's "
-                        "plain 'ROLE: content' lines", where)
+            logger.info(
+                "%s: its tokenizer has no chat template; conversations are rendered as align-anything's "
+                "plain 'ROLE: content' lines",
+                where,
+            )
         try:
-            model = load_score_model(self.path, dtype, mesh, negate=negate, normalize=normalize,
-                                     adapter=adapter or None)
+            model = load_score_model(
+                self.path, dtype, mesh, negate=negate, normalize=normalize, adapter=adapter or None
+            )
         except (FileNotFoundError, KeyError, ValueError, RuntimeError) as err:
             raise ValueError(f"{where}: {err}") from None
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -358,8 +387,9 @@ class RewardModel:
         texts = [render_messages(self.tokenizer, messages, add_generation_prompt=True) for messages in prompts_messages]
         return [len(ids) for ids in encode(self.tokenizer, texts)]
 
-    def encode(self, prompts: Sequence[str], responses: Sequence[str], messages: Sequence | None,
-               fast: bool) -> Encoded:
+    def encode(
+        self, prompts: Sequence[str], responses: Sequence[str], messages: Sequence | None, fast: bool
+    ) -> Encoded:
         """The conversations of N rollouts as this model scores them (module docstring, steps 2-4).
 
         Args:
@@ -376,7 +406,7 @@ class RewardModel:
             texts = [render_conversation(self.tokenizer, m, r) for m, r in zip(messages, responses)]
         token_ids = encode(self.tokenizer, texts)
         lengths = np.array([len(ids) for ids in token_ids], np.int64)
-        return Encoded([ids[:self.max_length] for ids in token_ids], lengths > self.max_length, lengths, fast)
+        return Encoded([ids[: self.max_length] for ids in token_ids], lengths > self.max_length, lengths, fast)
 
     def scores(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """``[N]`` float32 scores of conversations of at most ``max_length`` tokens each, in fixed-shape
@@ -393,7 +423,7 @@ class RewardModel:
                     mask = jax.device_put(mask, batch_sharding(self.mesh, mask.shape))
                 self.batch_shapes.add(ids.shape)
                 scores = np.asarray(host_value(score_batch_jit(self._graphdef, params, ids, mask)), np.float32)
-                out[list(batch.rows[:batch.num_real])] = scores[:batch.num_real]
+                out[list(batch.rows[: batch.num_real])] = scores[: batch.num_real]
         finally:
             if self._state is None:  # offloaded: free the device copy now
                 jax.tree.map(lambda x: x.delete(), params)
@@ -437,21 +467,35 @@ class RewardModelReward:
 
     scores_on_devices = True  # one program over the run's mesh: several processes score every rollout
 
-    def __init__(self, names: Sequence[str], reward_models: Mapping[str, Mapping[str, Any]], *,
-                 policy_tokenizer=None, policy_eos_ids: Sequence[int] = (), mesh: Mesh | None = None,
-                 offload: bool = False):
+    def __init__(
+        self,
+        names: Sequence[str],
+        reward_models: Mapping[str, Mapping[str, Any]],
+        *,
+        policy_tokenizer=None,
+        policy_eos_ids: Sequence[int] = (),
+        mesh: Mesh | None = None,
+        offload: bool = False,
+    ):
         self.names = tuple(names)
         missing = [n for n in self.names if n not in reward_models]
         extra = sorted(set(reward_models) - set(self.names))
         if not self.names or missing or extra or len(set(self.names)) != len(self.names):
-            raise ValueError(f"the reward_model reward needs one reward model per name of {self.names}; got "
-                             f"models for {sorted(reward_models)} (config.rewards.reward_models)")
-        self.models = {name: RewardModel(name, **dict(reward_models[name]), mesh=mesh, offload=offload)
-                       for name in self.names}
+            raise ValueError(
+                f"the reward_model reward needs one reward model per name of {self.names}; got "
+                f"models for {sorted(reward_models)} (config.rewards.reward_models)"
+            )
+        self.models = {
+            name: RewardModel(name, **dict(reward_models[name]), mesh=mesh, offload=offload) for name in self.names
+        }
         self.policy_tokenizer = policy_tokenizer
         self.eos = eos_text(policy_tokenizer, policy_eos_ids) if policy_tokenizer is not None else ""
-        self.fast = {name: policy_tokenizer is not None and model.closing is not None
-                     and same_tokenizer(policy_tokenizer, model.tokenizer) for name, model in self.models.items()}
+        self.fast = {
+            name: policy_tokenizer is not None
+            and model.closing is not None
+            and same_tokenizer(policy_tokenizer, model.tokenizer)
+            for name, model in self.models.items()
+        }
         self._lock = threading.Lock()  # one scoring at a time (rewards.num_workers chunks queue here)
         self._seconds = dict.fromkeys(self.names, 0.0)
         self._truncated = dict.fromkeys(self.names, 0)
@@ -467,23 +511,29 @@ class RewardModelReward:
         if ids is None:
             return list(responses)
         if self.policy_tokenizer is None:
-            raise ValueError("the reward_model reward got sampled token ids (columns['response_ids']) but no "
-                             "policy_tokenizer to decode them")
+            raise ValueError(
+                "the reward_model reward got sampled token ids (columns['response_ids']) but no "
+                "policy_tokenizer to decode them"
+            )
         texts = self.policy_tokenizer.batch_decode([list(row) for row in ids], skip_special_tokens=False)
         return [text.replace(self.eos, "") for text in texts] if self.eos else texts
 
-    def encode(self, prompts: Sequence[str], responses: Sequence[str],
-               columns: Mapping[str, Sequence[Any]]) -> dict[str, Encoded]:
+    def encode(
+        self, prompts: Sequence[str], responses: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> dict[str, Encoded]:
         """What each model scores for N rollouts (the module docstring's steps 1-4), by reward name."""
         texts = self.response_texts(responses, columns)
         return {name: self._encode(name, prompts, texts, columns) for name in self.names}
 
-    def _encode(self, name: str, prompts: Sequence[str], texts: Sequence[str],
-                columns: Mapping[str, Sequence[Any]]) -> Encoded:
+    def _encode(
+        self, name: str, prompts: Sequence[str], texts: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> Encoded:
         model, messages = self.models[name], columns.get("prompt")
         if not self.fast[name] and messages is None:
-            raise ValueError(f"reward model {name!r} ({model.path}) renders each conversation with its own chat "
-                             "template and needs the chat messages of each prompt: the dataset column 'prompt'")
+            raise ValueError(
+                f"reward model {name!r} ({model.path}) renders each conversation with its own chat "
+                "template and needs the chat messages of each prompt: the dataset column 'prompt'"
+            )
         return model.encode(prompts, texts, messages, self.fast[name])
 
     # ---------------------------------------------------------------- data checks
@@ -505,9 +555,11 @@ class RewardModelReward:
 
     def _too_long(self, name: str, length: int) -> str:
         model = self.models[name]
-        return (f"the prompt renders to {length} tokens with reward model {name!r} ({model.path}), at least its "
-                f"max_length={model.max_length} (config.rewards.reward_models.{name}.max_length, truncation='error'): "
-                "no token of a response would be scored")
+        return (
+            f"the prompt renders to {length} tokens with reward model {name!r} ({model.path}), at least its "
+            f"max_length={model.max_length} (config.rewards.reward_models.{name}.max_length, truncation='error'): "
+            "no token of a response would be scored"
+        )
 
     def _check_truncated(self, name: str, encoded: Encoded, columns) -> None:
         """What a conversation over the model's max_length does: with ``truncation="error"`` raises
@@ -522,25 +574,35 @@ class RewardModelReward:
             data_row = columns["row"][i] if "row" in columns else None
             where = "" if data_row is None else f" (data row {data_row}, 0-based)"
             raise RewardModelInputError(
-                type(self).__name__, f"the conversation renders to {encoded.lengths[i]} tokens with reward model "
+                type(self).__name__,
+                f"the conversation renders to {encoded.lengths[i]} tokens with reward model "
                 f"{name!r} ({model.path}), more than its max_length={model.max_length} "
                 f"(config.rewards.reward_models.{name}.max_length; truncation='right' cuts it){where}",
-                reward=name, rollout=i)
+                reward=name,
+                rollout=i,
+            )
         if name in self._warned_prompt_only or "prompt" not in columns:
             return
         lengths = model.prompt_lengths([columns["prompt"][i] for i in rows])
         cut = sum(length >= model.max_length for length in lengths)
         if cut:
             self._warned_prompt_only.add(name)
-            logger.warning("reward model %r (%s): %d conversation(s) whose prompt alone fills max_length=%d were "
-                           "scored without any response token (truncation='right', as the official runs; "
-                           "reward_truncated/%s counts them; warned once)", name, model.path, cut, model.max_length,
-                           name)
+            logger.warning(
+                "reward model %r (%s): %d conversation(s) whose prompt alone fills max_length=%d were "
+                "scored without any response token (truncation='right', as the official runs; "
+                "reward_truncated/%s counts them; warned once)",
+                name,
+                model.path,
+                cut,
+                model.max_length,
+                name,
+            )
 
     # ---------------------------------------------------------------- scoring
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str],
-              columns: Mapping[str, Sequence[Any]]) -> RewardModelScores:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> RewardModelScores:
         """Scores of N rollouts by every model, with which conversations were cut.
 
         Raises:
@@ -562,15 +624,19 @@ class RewardModelReward:
                 bad = np.flatnonzero(~np.isfinite(scores))
                 if len(bad):
                     raise RewardOutputError(
-                        type(self).__name__, f"reward model {model.path} scored {scores[bad[0]]} (a score model "
+                        type(self).__name__,
+                        f"reward model {model.path} scored {scores[bad[0]]} (a score model "
                         "must give a finite number for every conversation; check its weights and dtype)",
-                        reward=name, rollout=int(bad[0]))
+                        reward=name,
+                        rollout=int(bad[0]),
+                    )
                 values[:, k], truncated[:, k] = scores, encoded.truncated
                 self._seconds[name] += time.perf_counter() - start + decoding
         return RewardModelScores(values, truncated)
 
-    def __call__(self, prompts: Sequence[str], responses: Sequence[str],
-                 columns: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    def __call__(
+        self, prompts: Sequence[str], responses: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> np.ndarray:
         """Rewards ``[N, K]`` float32 of N rollouts (`score`), counted in `step_metrics`."""
         scored = self.score(prompts, responses, columns)
         with self._lock:

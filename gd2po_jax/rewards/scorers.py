@@ -28,8 +28,9 @@ class BatchScorer(Protocol):
     """Scores a generation batch at once (a reward model): ``score_rows(prompts, responses, rows)``
     with the rendered prompts, the responses and their rows (as `Scorer`'s) -> one dict per row."""
 
-    def score_rows(self, prompts: list[str], responses: list[str],
-                   rows: list[dict[str, Any]]) -> list[dict[str, float]]: ...
+    def score_rows(
+        self, prompts: list[str], responses: list[str], rows: list[dict[str, Any]]
+    ) -> list[dict[str, float]]: ...
 
 
 def tool_calling_scorer(max_think_words: int) -> Scorer:
@@ -68,8 +69,9 @@ class RewardModelScorer:
     def names(self) -> tuple[str, ...]:
         return self.reward_fn.names
 
-    def score_rows(self, prompts: list[str], responses: list[str],
-                   rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    def score_rows(
+        self, prompts: list[str], responses: list[str], rows: list[dict[str, Any]]
+    ) -> list[dict[str, float]]:
         """One dict of scores per response (``rows``: each response's data row, with its token ids).
 
         Raises:
@@ -91,7 +93,6 @@ class RewardModelScorer:
         return out
 
 
-
 class RewardFunctionScorer:
     """Scores generation batches with a reward function (a `BatchScorer`):
     per response each reward's value (NaN where it abstained or failed, so the summary's mean is over
@@ -104,8 +105,15 @@ class RewardFunctionScorer:
       on_error, num_workers, timeout_s: as training scores (``config.rewards``).
     """
 
-    def __init__(self, reward_fn, weights: tuple[float, ...] = (), *, on_error: str = "raise", num_workers: int = 1,
-                 timeout_s: float = 0.0):
+    def __init__(
+        self,
+        reward_fn,
+        weights: tuple[float, ...] = (),
+        *,
+        on_error: str = "raise",
+        num_workers: int = 1,
+        timeout_s: float = 0.0,
+    ):
         self.reward_fn = reward_fn
         self.weights = np.asarray(weights or (1.0,) * len(reward_fn.names), np.float32)
         self.on_error, self.num_workers, self.timeout_s = on_error, num_workers, timeout_s
@@ -114,8 +122,9 @@ class RewardFunctionScorer:
     def names(self) -> tuple[str, ...]:
         return tuple(self.reward_fn.names)
 
-    def score_rows(self, prompts: list[str], responses: list[str],
-                   rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    def score_rows(
+        self, prompts: list[str], responses: list[str], rows: list[dict[str, Any]]
+    ) -> list[dict[str, float]]:
         """One dict of scores per response (``rows``: each response's data row, with its token ids).
 
         Raises:
@@ -123,8 +132,15 @@ class RewardFunctionScorer:
         """
         columns = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
         try:
-            scores = score_batch(self.reward_fn, prompts, responses, columns, on_error=self.on_error,
-                                 num_workers=self.num_workers, timeout_s=self.timeout_s)
+            scores = score_batch(
+                self.reward_fn,
+                prompts,
+                responses,
+                columns,
+                on_error=self.on_error,
+                num_workers=self.num_workers,
+                timeout_s=self.timeout_s,
+            )
         except RewardOutputError as err:
             row = rows[err.rollout].get("row", err.rollout) if err.rollout is not None else None
             raise ValueError(f"data row {row} (0-based): {err}") from err

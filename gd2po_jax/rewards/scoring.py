@@ -151,13 +151,17 @@ class _Policy:
         """The failure message of rollouts ``first..last`` that got no result in time (raises it
         with on_error='raise')."""
         rollouts = f"rollout {first}" if first == last else f"rollouts {first}-{last}"
-        message = (f"reward function {function_label(reward_fn)} gave no result for {rollouts} within "
-                   f"config.rewards.timeout_s={self.timeout_s:g} s of the step's scoring (the call is "
-                   "abandoned: its thread cannot be stopped)")
+        message = (
+            f"reward function {function_label(reward_fn)} gave no result for {rollouts} within "
+            f"config.rewards.timeout_s={self.timeout_s:g} s of the step's scoring (the call is "
+            "abandoned: its thread cannot be stopped)"
+        )
         if self.on_error == "raise":
-            raise RewardTimeoutError(f"{message}. Fix or speed up the reward, raise "
-                                     "config.rewards.timeout_s, or set config.rewards.on_error='min' "
-                                     "to score such rollouts as the minimum")
+            raise RewardTimeoutError(
+                f"{message}. Fix or speed up the reward, raise "
+                "config.rewards.timeout_s, or set config.rewards.on_error='min' "
+                "to score such rollouts as the minimum"
+            )
         return message
 
 
@@ -181,8 +185,9 @@ def _score_one(reward_fn, prompt, response, columns, index, rollout, policy) -> 
                 f"(response {response[:200]!r}): {type(err).__name__}: {err}. Fix the reward or "
                 "set config.rewards.on_error='min' to score such rollouts as the minimum"
             ) from err
-        return policy.failed_values(reward_fn), (f"reward function {function_label(reward_fn)} failed on rollout "
-                                                 f"{rollout}: {type(err).__name__}: {err}")
+        return policy.failed_values(reward_fn), (
+            f"reward function {function_label(reward_fn)} failed on rollout {rollout}: {type(err).__name__}: {err}"
+        )
     try:
         return check_reward_output(reward_fn, raw, 1)[0], None
     except RewardOutputError as err:
@@ -202,8 +207,10 @@ def _score_chunk(reward_fn, prompts, responses, columns, start, policy) -> tuple
     except RewardOutputError as err:
         raise err.shifted(start) from None
     except Exception:  # noqa: BLE001 - re-raised by _score_one with the rollout that failed
-        rows = [_score_one(reward_fn, prompt, response, columns, i, start + i, policy)
-                for i, (prompt, response) in enumerate(zip(prompts, responses))]
+        rows = [
+            _score_one(reward_fn, prompt, response, columns, i, start + i, policy)
+            for i, (prompt, response) in enumerate(zip(prompts, responses))
+        ]
         return np.stack([values for values, _ in rows]), [error for _, error in rows]
     try:
         return check_reward_output(reward_fn, raw, n), [None] * n
@@ -211,8 +218,7 @@ def _score_chunk(reward_fn, prompts, responses, columns, start, policy) -> tuple
         raise err.shifted(start) from None
 
 
-def _score_function(reward_fn, chunks: list[tuple[Any, Any, Any, int]],
-                    policy) -> tuple[np.ndarray, list[str | None]]:
+def _score_function(reward_fn, chunks: list[tuple[Any, Any, Any, int]], policy) -> tuple[np.ndarray, list[str | None]]:
     """([N, K_f] rewards, N failure messages or None) of one reward function over all chunks."""
     if len(chunks) == 1:
         parts = [_score_chunk(reward_fn, *chunks[0], policy)]
@@ -269,8 +275,14 @@ def score_batch(
         bad = [e for e in errors if e is not None]
         if bad:
             outcome = "left unscored" if policy.of(fn).on_error == "abstain" else "scored as the minimum"
-            logger.warning("reward function %s failed on %d of %d rollouts (%s); first: %s",
-                           function_label(fn), len(bad), n, outcome, bad[0])
+            logger.warning(
+                "reward function %s failed on %d of %d rollouts (%s); first: %s",
+                function_label(fn),
+                len(bad),
+                n,
+                outcome,
+                bad[0],
+            )
             first_errors.append((errors.index(bad[0]), bad[0]))
     return Scores(
         rewards=np.concatenate(rewards, axis=1).astype(np.float32),
@@ -314,8 +326,9 @@ def failed_fraction(failed: np.ndarray, valid: np.ndarray | None = None) -> np.n
     return _valid_share(np.asarray(failed, bool), valid)
 
 
-def check_failures(shares: np.ndarray, names: tuple[str, ...], max_failed_fraction: float, *, step: int,
-                   first_error: str | None) -> None:
+def check_failures(
+    shares: np.ndarray, names: tuple[str, ...], max_failed_fraction: float, *, step: int, first_error: str | None
+) -> None:
     """Stop the run when a reward failed on more than ``max_failed_fraction`` of a step's rollouts.
 
     Args:

@@ -58,9 +58,7 @@ _TURN_END = "<|im_end|>"
 # official regexes.
 _FORMAT_TOOL = re.compile(r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>$", re.DOTALL)
 _FORMAT_RESPONSE = re.compile(r"^<think>.*?</think>\n<response>.*?</response>$", re.DOTALL)
-_FORMAT_BOTH = re.compile(
-    r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>\n<response>.*?</response>$", re.DOTALL
-)
+_FORMAT_BOTH = re.compile(r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>\n<response>.*?</response>$", re.DOTALL)
 _FORMAT_NEITHER = re.compile(r"^<think>.*?</think>$", re.DOTALL)
 
 
@@ -146,10 +144,13 @@ def ground_truth_problem(ground_truth: Any) -> str | None:
     except ValueError as err:
         return str(err)
     for j, call in enumerate(calls or []):
-        if not (isinstance(call, dict) and isinstance(call.get("name"), str)
-                and isinstance(call.get("parameters"), dict)):
-            return (f"tool call {j} of the ground truth is {call!r:.100}, not {{\"name\": str, \"parameters\": "
-                    "{...}}: every response would get the minimum correctness")
+        if not (
+            isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("parameters"), dict)
+        ):
+            return (
+                f'tool call {j} of the ground truth is {call!r:.100}, not {{"name": str, "parameters": '
+                "{...}}: every response would get the minimum correctness"
+            )
     return None
 
 
@@ -190,9 +191,7 @@ def _call_match_correctness(gt_calls: list[Any], pred_calls: list[Any]) -> float
                 continue
             pred_params = pred_call["parameters"]
             key_match = multiset_match(list(gt_params.keys()), list(pred_params.keys()))
-            equal_values = sum(
-                1.0 for k, v in gt_params.items() if k in pred_params and pred_params[k] == v
-            )
+            equal_values = sum(1.0 for k, v in gt_params.items() if k in pred_params and pred_params[k] == v)
             candidate = key_match + equal_values
             if candidate > best_score:
                 best_score, best_index = candidate, i
@@ -261,9 +260,7 @@ def _as_text(response: Any) -> str | None:
     return None
 
 
-def score_tool_call(
-    response: str, ground_truth: str, max_think_words: int = DEFAULT_MAX_THINK_WORDS
-) -> ToolCallScore:
+def score_tool_call(response: str, ground_truth: str, max_think_words: int = DEFAULT_MAX_THINK_WORDS) -> ToolCallScore:
     """Correctness, format and length of one response, exactly as the official ToolRL reward.
 
     Args:
@@ -344,9 +341,7 @@ class ToolCallingReward:
                 f"got {names!r}; the paper's settings are {SETTINGS}"
             )
         if not _positive_int(self.max_think_words):
-            raise ValueError(
-                f"max_think_words must be a positive int, got {self.max_think_words!r}"
-            )
+            raise ValueError(f"max_think_words must be a positive int, got {self.max_think_words!r}")
 
     @property
     def min_values(self) -> tuple[float, ...]:
@@ -359,8 +354,9 @@ class ToolCallingReward:
         (`ground_truth_problem`), for `gd2po_jax.rewards.base.column_problems`."""
         column = self.ground_truth_column
         if column not in columns:
-            raise ValueError(f"the tool_calling reward needs the dataset column {column!r}; the data has "
-                             f"columns {sorted(columns)}")
+            raise ValueError(
+                f"the tool_calling reward needs the dataset column {column!r}; the data has columns {sorted(columns)}"
+            )
         problems = ((i, ground_truth_problem(gt)) for i, gt in enumerate(columns[column]))
         return [(i, column, problem) for i, problem in problems if problem is not None]
 

@@ -103,8 +103,10 @@ def resolve_callable(entry: FunctionEntry) -> tuple[Any, str]:
     except ImportPathError as err:
         raise RewardFunctionError(str(err)) from None
     if not callable(target):
-        raise RewardFunctionError(f"{_entry_label(entry)}: {entry.fn.rpartition(':')[2]!r} in {source} is a "
-                                  f"{type(target).__name__}, not a function or class")
+        raise RewardFunctionError(
+            f"{_entry_label(entry)}: {entry.fn.rpartition(':')[2]!r} in {source} is a "
+            f"{type(target).__name__}, not a function or class"
+        )
     return target, source
 
 
@@ -148,8 +150,10 @@ class UserRewardFunction:
             names = tuple(str(n) for n in fn.names)
             if entry.name is not None:
                 if len(names) != 1:
-                    raise RewardFunctionError(f"{_entry_label(entry)}.name: {entry.fn} gives {len(names)} rewards "
-                                              f"{names}; 'name' renames one only (rename them in its names)")
+                    raise RewardFunctionError(
+                        f"{_entry_label(entry)}.name: {entry.fn} gives {len(names)} rewards "
+                        f"{names}; 'name' renames one only (rename them in its names)"
+                    )
                 names = (entry.name,)
             if not names:
                 raise RewardFunctionError(f"{_entry_label(entry)}: {entry.fn}'s names attribute is empty")
@@ -192,8 +196,9 @@ class UserRewardFunction:
 
     # -- the call
 
-    def trl_kwargs(self, prompts: Sequence[str], responses: Sequence[str],
-                   columns: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    def trl_kwargs(
+        self, prompts: Sequence[str], responses: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> dict[str, Any]:
         """The keyword arguments of a TRL-form call on N rollouts (see the module docstring)."""
         n = len(responses)
         prompt_texts = columns.get("prompt_text") or [None] * n
@@ -201,15 +206,22 @@ class UserRewardFunction:
         trl_prompts, completions = [], []
         for i in range(n):
             conversational = prompt_texts[i] is None and messages[i] is not None
-            trl_prompts.append([dict(m) for m in messages[i]] if conversational else
-                               (prompt_texts[i] if prompt_texts[i] is not None else prompts[i]))
+            trl_prompts.append(
+                [dict(m) for m in messages[i]]
+                if conversational
+                else (prompt_texts[i] if prompt_texts[i] is not None else prompts[i])
+            )
             completions.append([{"role": "assistant", "content": responses[i]}] if conversational else responses[i])
         rollouts = list(columns.get(ROLLOUT_INDEX) or range(n))
         kwargs: dict[str, Any] = {name: list(values) for name, values in columns.items() if name not in HIDDEN_COLUMNS}
-        kwargs.update(prompts=trl_prompts, completions=completions,
-                      completion_ids=[list(ids) for ids in columns.get(RESPONSE_IDS) or [[] for _ in range(n)]],
-                      trainer_state=self.state, log_extra=functools.partial(self._log_extra, rollouts),
-                      log_metric=self._log_metric)
+        kwargs.update(
+            prompts=trl_prompts,
+            completions=completions,
+            completion_ids=[list(ids) for ids in columns.get(RESPONSE_IDS) or [[] for _ in range(n)]],
+            trainer_state=self.state,
+            log_extra=functools.partial(self._log_extra, rollouts),
+            log_metric=self._log_metric,
+        )
         kwargs.update(self.entry.options)
         return kwargs
 
@@ -230,8 +242,9 @@ class UserRewardFunction:
             result = asyncio.run(_await(result))
         return result
 
-    def __call__(self, prompts: Sequence[str], responses: Sequence[str],
-                 columns: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    def __call__(
+        self, prompts: Sequence[str], responses: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> np.ndarray:
         """[N, K] rewards (NaN: abstained), checked: the wrong length or a value that is not a number is
         a `RewardOutputError` naming this function."""
         n = len(responses)
@@ -239,12 +252,18 @@ class UserRewardFunction:
             return check_reward_output(self, self._run(prompts, responses, columns, **self.entry.options), n)
         values = self._run(**self.trl_kwargs(prompts, responses, columns))
         if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (Sequence, np.ndarray)):
-            raise RewardOutputError(self.label, f"returned {type(values).__name__} {values!r:.80}; a reward function "
-                                    "returns a list with one float (or None) per completion")
+            raise RewardOutputError(
+                self.label,
+                f"returned {type(values).__name__} {values!r:.80}; a reward function "
+                "returns a list with one float (or None) per completion",
+            )
         values = list(values)
         if len(values) != n:
-            raise RewardOutputError(self.label, f"returned {len(values)} rewards for {n} completions; return one "
-                                    "float (or None to abstain) per completion, in order")
+            raise RewardOutputError(
+                self.label,
+                f"returned {len(values)} rewards for {n} completions; return one "
+                "float (or None to abstain) per completion, in order",
+            )
         return check_reward_output(self, [[v] for v in values], n)
 
 
@@ -263,8 +282,10 @@ def load_function(entry: FunctionEntry) -> UserRewardFunction:
         try:
             target = target(**entry.options)
         except Exception as err:  # noqa: BLE001
-            raise RewardFunctionError(f"{_entry_label(entry)}: building {entry.fn}(**options) from {source} "
-                                      f"raised {raised(err)}; check the entry's options") from None
+            raise RewardFunctionError(
+                f"{_entry_label(entry)}: building {entry.fn}(**options) from {source} "
+                f"raised {raised(err)}; check the entry's options"
+            ) from None
         entry = dataclasses.replace(entry, options={})
     return UserRewardFunction(entry, target, source)
 
@@ -290,33 +311,48 @@ def check_call(function: UserRewardFunction, columns: Sequence[str]) -> None:
     entry, label = function.entry, f"{_entry_label(function.entry)} in {function.source}"
     clash = sorted(set(entry.options) & (set(columns) - set(HIDDEN_COLUMNS) | set(TRL_ARGUMENTS)))
     if function.trl_form and clash:
-        raise RewardFunctionError(f"{label}: options {clash} have the names of the call's own arguments or data "
-                                  "columns; rename the options")
+        raise RewardFunctionError(
+            f"{label}: options {clash} have the names of the call's own arguments or data columns; rename the options"
+        )
     signature = _signature(function.fn)
     if signature is None:
         return
     if function.trl_form:
         names = set(TRL_ARGUMENTS) | {c for c in columns if c not in HIDDEN_COLUMNS} | set(entry.options)
-        call = "TRL's call fn(prompts=, completions=, completion_ids=, trainer_state=, log_extra=, log_metric=, " \
-               "**dataset columns)"
+        call = (
+            "TRL's call fn(prompts=, completions=, completion_ids=, trainer_state=, log_extra=, log_metric=, "
+            "**dataset columns)"
+        )
         try:
             signature.bind(**{name: None for name in names})
         except TypeError as err:
             accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-            advice = "give its other parameters defaults" if accepts_kwargs else \
-                "add **kwargs to its parameters (TRL passes every data column as a keyword argument)"
-            raise RewardFunctionError(f"{label}: {_callable_name(function.fn)}{signature} cannot take {call}: "
-                                      f"{err}; {advice}") from None
+            advice = (
+                "give its other parameters defaults"
+                if accepts_kwargs
+                else "add **kwargs to its parameters (TRL passes every data column as a keyword argument)"
+            )
+            raise RewardFunctionError(
+                f"{label}: {_callable_name(function.fn)}{signature} cannot take {call}: {err}; {advice}"
+            ) from None
     else:
         try:
             signature.bind([], [], {}, **entry.options)
         except TypeError as err:
-            raise RewardFunctionError(f"{label}: {_callable_name(function.fn)}{signature} cannot take the batch "
-                                      f"call fn(prompts, responses, columns, **options): {err}") from None
+            raise RewardFunctionError(
+                f"{label}: {_callable_name(function.fn)}{signature} cannot take the batch "
+                f"call fn(prompts, responses, columns, **options): {err}"
+            ) from None
 
 
-def trial_call(function: UserRewardFunction, prompts: Sequence[str], columns: Mapping[str, Sequence[Any]],
-               *, on_error: str, num_rows: int = 2) -> None:
+def trial_call(
+    function: UserRewardFunction,
+    prompts: Sequence[str],
+    columns: Mapping[str, Sequence[Any]],
+    *,
+    on_error: str,
+    num_rows: int = 2,
+) -> None:
     """Call ``function`` on the first ``num_rows`` training rows before compute, with each row's
     ``target`` (or an empty completion) as the completion, so that a result of the wrong length or
     a value that is not a number stops the run now, not after the model is loaded.
@@ -344,7 +380,8 @@ def trial_call(function: UserRewardFunction, prompts: Sequence[str], columns: Ma
         if (function.on_error or on_error) == "raise":
             raise RewardFunctionError(
                 f"{label}: a trial call with the first {n} training rows (completions: their targets, or empty) "
-                f"raised {raised(err)}; fix the function, or set the entry's on_error ('min' or 'abstain')") from None
+                f"raised {raised(err)}; fix the function, or set the entry's on_error ('min' or 'abstain')"
+            ) from None
     finally:
         function.step_metrics()
         function.step_extras()
@@ -367,8 +404,10 @@ def run_reward_weights(config: RunConfig, reward_fn) -> tuple[float, ...]:
     names = tuple(reward_fn.names)
     if config.rewards.weights:
         if len(config.rewards.weights) != len(names):
-            raise ConfigError(f"config.rewards.weights: {len(config.rewards.weights)} weights for the run's "
-                              f"{len(names)} reward columns {names} (the family's, then rewards.functions')")
+            raise ConfigError(
+                f"config.rewards.weights: {len(config.rewards.weights)} weights for the run's "
+                f"{len(names)} reward columns {names} (the family's, then rewards.functions')"
+            )
         return tuple(float(w) for w in config.rewards.weights)
     weights = {}
     for fn in user_functions(reward_fn):

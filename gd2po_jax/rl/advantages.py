@@ -201,9 +201,7 @@ def group_normalize(
     return normalized, defined, constant
 
 
-def token_whiten(
-    values: jax.Array, token_weights: jax.Array, *, eps: float = TOKEN_WHITEN_EPS
-) -> jax.Array:
+def token_whiten(values: jax.Array, token_weights: jax.Array, *, eps: float = TOKEN_WHITEN_EPS) -> jax.Array:
     """verl's ``masked_whiten`` of per-rollout values broadcast to tokens, without the tokens.
 
     Every rollout carries its value on ``token_weights[p, g]`` tokens (its length, times its keep
@@ -226,9 +224,7 @@ def token_whiten(
     return jnp.where((token_weights > 0) & (total > 1.0), whitened, 0.0)
 
 
-def sequence_normalize(
-    values: jax.Array, included: jax.Array, *, eps: float = SEQUENCE_NORM_EPS
-) -> jax.Array:
+def sequence_normalize(values: jax.Array, included: jax.Array, *, eps: float = SEQUENCE_NORM_EPS) -> jax.Array:
     """TRL's batch normalization: one value per rollout, ``(v - mean) / (std + eps)``, ddof=1.
 
     Args:
@@ -446,8 +442,14 @@ def high_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOption
 
 
 #: method name -> ``fn(signals, eligible, options) -> (keep [P, G], advantages [P, G])``.
-ADVANTAGE_METHODS = {"grpo": grpo, "gdpo": gdpo, "gd2po_hard": gd2po_hard, "gd2po_snr": gd2po_snr,
-                     "low_conflict_half": low_conflict_half, "high_conflict_half": high_conflict_half}
+ADVANTAGE_METHODS = {
+    "grpo": grpo,
+    "gdpo": gdpo,
+    "gd2po_hard": gd2po_hard,
+    "gd2po_snr": gd2po_snr,
+    "low_conflict_half": low_conflict_half,
+    "high_conflict_half": high_conflict_half,
+}
 METHODS: tuple[str, ...] = tuple(ADVANTAGE_METHODS)
 #: the paper's ablation of the SNR ranking (no official code: not in tests/reference/).
 SNR_HALF_METHODS: tuple[str, ...] = SNR_HALF_ALGORITHMS
@@ -541,7 +543,11 @@ def compute_advantages(
     weighted_adv = reward_adv * weights  # w_k A_k: [P, G, K], 0 where undefined
     token_adv = weighted_adv * lengths[..., None]  # T_k
     signals = RewardSignals(
-        rewards=rewards, present=present, scorable=scorable, weights=weights, lengths=lengths,
+        rewards=rewards,
+        present=present,
+        scorable=scorable,
+        weights=weights,
+        lengths=lengths,
         summed=jnp.sum(weighted_adv, axis=-1),
         conflict=sign_conflict(token_adv) & scorable,
         snr=jnp.where(scorable, signal_to_noise(token_adv, eps=snr_eps), 0.0),
@@ -550,13 +556,22 @@ def compute_advantages(
     if drop_zero_variance_groups:
         eligible = eligible & ~zero_variance_groups(reward_zero_std)[:, None]
 
-    options = AdvantageOptions(snr_tau=snr_tau, batch_norm=batch_norm, batch_eps=batch_eps,
-                               group_eps=group_eps, group_scale=group_scale, query_reweighting=query_reweighting,
-                               halves_ranking=halves_ranking)
+    options = AdvantageOptions(
+        snr_tau=snr_tau,
+        batch_norm=batch_norm,
+        batch_eps=batch_eps,
+        group_eps=group_eps,
+        group_scale=group_scale,
+        query_reweighting=query_reweighting,
+        halves_ranking=halves_ranking,
+    )
     keep, advantages = ADVANTAGE_METHODS[method](signals, eligible, options)
     # kappa as applied; 1 or 0 (a prompt with or without a kept rollout) where no kappa is applied.
-    kappa = query_weight(keep) if method in FILTERING_METHODS and query_reweighting \
+    kappa = (
+        query_weight(keep)
+        if method in FILTERING_METHODS and query_reweighting
         else jnp.where(jnp.any(keep, axis=1), 1.0, 0.0)
+    )
     unfiltered = gdpo(signals, eligible, options)[1] if method in FILTERING_METHODS else advantages
 
     return AdvantageOutput(

@@ -278,8 +278,12 @@ def empty_policy_loss() -> PolicyLoss:
     """The neutral element of `accumulate` (zero sums, ratio extremes at +-inf)."""
     zero = jnp.zeros((), jnp.float32)
     return PolicyLoss(
-        numerator=zero, denominator=zero, token_count=zero, sums={name: zero for name in SUM_NAMES},
-        ratio_min=jnp.asarray(jnp.inf, jnp.float32), ratio_max=jnp.asarray(-jnp.inf, jnp.float32),
+        numerator=zero,
+        denominator=zero,
+        token_count=zero,
+        sums={name: zero for name in SUM_NAMES},
+        ratio_min=jnp.asarray(jnp.inf, jnp.float32),
+        ratio_max=jnp.asarray(-jnp.inf, jnp.float32),
     )
 
 

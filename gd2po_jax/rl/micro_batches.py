@@ -106,7 +106,7 @@ def balanced_partitions(lengths: Sequence[int], k: int, *, equal_size: bool) -> 
     group = k if equal_size else 1
     heap: list[_Partition] = []
     for start in range(0, len(ascending), group):
-        chunk = ascending[start:start + group]
+        chunk = ascending[start : start + group]
         heapq.heappush(heap, _Partition([(row, length) for length, row in chunk], k))
     while len(heap) > 1:
         first, second = heapq.heappop(heap), heapq.heappop(heap)
@@ -154,8 +154,9 @@ class UpdateLayout:
     micro_batches: tuple[tuple[tuple[int, ...], ...], ...]
 
 
-def verl_update_layout(lengths: Sequence[int] | np.ndarray, *, num_minibatches: int, max_tokens: int, ranks: int = 1,
-                       balance: bool = True) -> UpdateLayout:
+def verl_update_layout(
+    lengths: Sequence[int] | np.ndarray, *, num_minibatches: int, max_tokens: int, ranks: int = 1, balance: bool = True
+) -> UpdateLayout:
     """The minibatches and token-budget micro-batches of a step as verl forms them (module docstring).
 
     Args:
@@ -175,8 +176,10 @@ def verl_update_layout(lengths: Sequence[int] | np.ndarray, *, num_minibatches: 
     lengths = np.asarray(lengths, np.int64).reshape(-1)
     rows = len(lengths)
     if rows % (ranks * num_minibatches):
-        raise ValueError(f"rl.micro_batch_ranks: the {rows} rollouts of a step do not split into {ranks} ranks x "
-                         f"{num_minibatches} minibatches (rl.num_minibatches) of equal size")
+        raise ValueError(
+            f"rl.micro_batch_ranks: the {rows} rollouts of a step do not split into {ranks} ranks x "
+            f"{num_minibatches} minibatches (rl.num_minibatches) of equal size"
+        )
     if balance and ranks > 1:
         dealt = balanced_partitions(lengths.tolist(), ranks, equal_size=True)
     else:
@@ -185,7 +188,7 @@ def verl_update_layout(lengths: Sequence[int] | np.ndarray, *, num_minibatches: 
     row_order, segment_ids = [], np.zeros(rows, np.int32)
     minibatches = []
     for m in range(num_minibatches):
-        shares = [part[m * per_rank:(m + 1) * per_rank] for part in dealt]
+        shares = [part[m * per_rank : (m + 1) * per_rank] for part in dealt]
         count = max(micro_batch_count(lengths[share], max_tokens) for share in shares)
         micro: list[tuple[int, ...]] = []
         for share in shares:
@@ -194,5 +197,6 @@ def verl_update_layout(lengths: Sequence[int] | np.ndarray, *, num_minibatches: 
                 segment_ids[[share[i] for i in local]] = len(micro)
                 micro.append(tuple(share[i] for i in local))
         minibatches.append(tuple(micro))
-    return UpdateLayout(row_order=np.asarray(row_order, np.int32), segment_ids=segment_ids,
-                        micro_batches=tuple(minibatches))
+    return UpdateLayout(
+        row_order=np.asarray(row_order, np.int32), segment_ids=segment_ids, micro_batches=tuple(minibatches)
+    )

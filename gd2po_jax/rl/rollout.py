@@ -93,16 +93,33 @@ class RolloutSettings:
     @classmethod
     def of_run(cls, config: RunConfig, *, eos_token_ids, pad_token_id: int, prompt_length: int) -> RolloutSettings:
         """The settings of a run: its config and its tokenizer's ids (`gd2po_jax.tasks.setup.RunSetup`)."""
-        return cls(num_generations=config.rl.num_generations, sampling=config.sampling,
-                   eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id, prompt_length=prompt_length,
-                   prompts_per_call=config.sampling.prompts_per_call, logprob_temperature=logprob_temperature(config),
-                   on_error=config.rewards.on_error, num_workers=config.rewards.num_workers,
-                   timeout_s=config.rewards.timeout_s, micro_batch_max_tokens=config.rl.micro_batch_max_tokens,
-                   micro_batch_ranks=config.rl.micro_batch_ranks, num_minibatches=config.rl.num_minibatches)
+        return cls(
+            num_generations=config.rl.num_generations,
+            sampling=config.sampling,
+            eos_token_ids=tuple(eos_token_ids),
+            pad_token_id=pad_token_id,
+            prompt_length=prompt_length,
+            prompts_per_call=config.sampling.prompts_per_call,
+            logprob_temperature=logprob_temperature(config),
+            on_error=config.rewards.on_error,
+            num_workers=config.rewards.num_workers,
+            timeout_s=config.rewards.timeout_s,
+            micro_batch_max_tokens=config.rl.micro_batch_max_tokens,
+            micro_batch_ranks=config.rl.micro_batch_ranks,
+            num_minibatches=config.rl.num_minibatches,
+        )
 
 
-def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardFunction, settings: RolloutSettings,
-                     *, rng: jax.Array, valid: np.ndarray | None = None) -> Rollouts:
+def collect_rollouts(
+    model,
+    prompt_set: PromptSet,
+    tokenizer,
+    reward_fn: RewardFunction,
+    settings: RolloutSettings,
+    *,
+    rng: jax.Array,
+    valid: np.ndarray | None = None,
+) -> Rollouts:
     """Sample ``settings.num_generations`` completions of every prompt, decode and score them.
 
     Args:
@@ -119,16 +136,20 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
     sampling, num_generations = settings.sampling, settings.num_generations
     chunk = min(settings.prompts_per_call, num_prompts) or num_prompts
     if num_prompts % chunk:
-        raise ValueError(
-            f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step"
-        )
+        raise ValueError(f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step")
     parts = [
         generate(
-            model, prompt_set.token_ids[i : i + chunk], max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            eos_token_ids=list(settings.eos_token_ids), pad_token_id=settings.pad_token_id,
+            model,
+            prompt_set.token_ids[i : i + chunk],
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            eos_token_ids=list(settings.eos_token_ids),
+            pad_token_id=settings.pad_token_id,
             rng=rng if chunk == num_prompts else jax.random.fold_in(rng, i // chunk),
-            num_samples=num_generations, prompt_length=settings.prompt_length,
+            num_samples=num_generations,
+            prompt_length=settings.prompt_length,
             logprob_temperature=settings.logprob_temperature,
         )
         for i in range(0, num_prompts, chunk)
@@ -149,7 +170,12 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
     columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), lengths[rows])]
     columns[ROLLOUT_INDEX] = [int(r) for r in rows]
     scores = score_batch(
-        reward_fn, prompts, responses, columns, on_error=settings.on_error, num_workers=settings.num_workers,
+        reward_fn,
+        prompts,
+        responses,
+        columns,
+        on_error=settings.on_error,
+        num_workers=settings.num_workers,
         timeout_s=settings.timeout_s,
         first_rollout=int(rows[0]),
     )
@@ -163,22 +189,39 @@ def collect_rollouts(model, prompt_set: PromptSet, tokenizer, reward_fn: RewardF
     mesh = mesh_of(model)
     layout = {}
     if settings.micro_batch_max_tokens:  # verl's minibatches and micro-batches, from the rows' tokens
-        plan = verl_update_layout(np.asarray(prompt_lengths) + np.asarray(lengths),
-                                  num_minibatches=settings.num_minibatches, max_tokens=settings.micro_batch_max_tokens,
-                                  ranks=settings.micro_batch_ranks)
+        plan = verl_update_layout(
+            np.asarray(prompt_lengths) + np.asarray(lengths),
+            num_minibatches=settings.num_minibatches,
+            max_tokens=settings.micro_batch_max_tokens,
+            ranks=settings.micro_batch_ranks,
+        )
         layout = {"row_order": replicated(plan.row_order, mesh), "segment_ids": replicated(plan.segment_ids, mesh)}
     batch = rollout_batch(out, replicated(rewards, mesh), replicated(valid, mesh), **layout)
-    return Rollouts(batch=batch, responses=responses, rewards=rewards, abstained=abstained_fraction(rewards, valid),
-                    failed=failed_fraction(all_failed.reshape(rewards.shape), valid),
-                    first_failure=first_failure,
-                    truncated=~np.asarray(finished),
-                    generated_tokens=int(np.sum(lengths)), sampling_seconds=sampled - start,
-                    reward_seconds=scored - sampled, reward_metrics=reward_metrics, reward_extras=reward_extras)
+    return Rollouts(
+        batch=batch,
+        responses=responses,
+        rewards=rewards,
+        abstained=abstained_fraction(rewards, valid),
+        failed=failed_fraction(all_failed.reshape(rewards.shape), valid),
+        first_failure=first_failure,
+        truncated=~np.asarray(finished),
+        generated_tokens=int(np.sum(lengths)),
+        sampling_seconds=sampled - start,
+        reward_seconds=scored - sampled,
+        reward_metrics=reward_metrics,
+        reward_extras=reward_extras,
+    )
 
 
-def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,
-                  ref_logp: jax.Array | None = None, *, row_order: jax.Array | None = None,
-                  segment_ids: jax.Array | None = None) -> RolloutBatch:
+def rollout_batch(
+    out: GenerateOutput,
+    rewards: jax.Array,
+    valid: jax.Array,
+    ref_logp: jax.Array | None = None,
+    *,
+    row_order: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+) -> RolloutBatch:
     """A `RolloutBatch` from sampler output (device arrays stay on device).
 
     Args:
@@ -190,9 +233,7 @@ def rollout_batch(out: GenerateOutput, rewards: jax.Array, valid: jax.Array,
     """
     return RolloutBatch(
         input_ids=jnp.concatenate([out.prompt_tokens, out.tokens], axis=1).astype(jnp.int32),
-        attention_mask=jnp.concatenate(
-            [out.prompt_mask.astype(bool), jnp.ones(out.tokens.shape, bool)], axis=1
-        ),
+        attention_mask=jnp.concatenate([out.prompt_mask.astype(bool), jnp.ones(out.tokens.shape, bool)], axis=1),
         response_mask=completion_mask(out.lengths, out.tokens.shape[1]),
         old_logp=out.logprobs,
         ref_logp=jnp.zeros_like(out.logprobs) if ref_logp is None else ref_logp,

@@ -101,10 +101,17 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def rollout_records(step: int, prompts: PromptSet, responses: Sequence[str], rewards: np.ndarray,
-                    lengths: np.ndarray, truncated: np.ndarray, advantages: AdvantageOutput,
-                    reward_names: Sequence[str],
-                    extras: Mapping[str, Mapping[int, Any]] | None = None) -> list[dict[str, Any]]:
+def rollout_records(
+    step: int,
+    prompts: PromptSet,
+    responses: Sequence[str],
+    rewards: np.ndarray,
+    lengths: np.ndarray,
+    truncated: np.ndarray,
+    advantages: AdvantageOutput,
+    reward_names: Sequence[str],
+    extras: Mapping[str, Mapping[int, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """The records of one step's rollouts (the fields of the module docstring), in rollout order.
 
     Args:
@@ -124,27 +131,41 @@ def rollout_records(step: int, prompts: PromptSet, responses: Sequence[str], rew
     num_prompts, group, num_rewards = rewards.shape
     num_rollouts = num_prompts * group
     lengths, truncated = np.asarray(lengths).reshape(-1), np.asarray(truncated).reshape(-1)
-    sizes = {"prompts": len(prompts) * group, "responses": len(responses), "lengths": lengths.size,
-             "truncated": truncated.size, "advantages": advantages.advantages.size}
+    sizes = {
+        "prompts": len(prompts) * group,
+        "responses": len(responses),
+        "lengths": lengths.size,
+        "truncated": truncated.size,
+        "advantages": advantages.advantages.size,
+    }
     if any(n != num_rollouts for n in sizes.values()) or len(reward_names) != num_rewards:
-        raise ValueError(f"rollout_records: rewards [P, G, K] = {rewards.shape} ({len(reward_names)} reward names) "
-                         f"but {sizes} (rollouts, expected P*G = {num_rollouts} each)")
+        raise ValueError(
+            f"rollout_records: rewards [P, G, K] = {rewards.shape} ({len(reward_names)} reward names) "
+            f"but {sizes} (rollouts, expected P*G = {num_rollouts} each)"
+        )
     data_rows = prompts.columns.get("row")
     extras = extras or {}
     records = []
     for i in range(num_rollouts):
         p, g = divmod(i, group)
         record = {
-            "step": int(step), "rollout": i, "prompt_index": p,
+            "step": int(step),
+            "rollout": i,
+            "prompt_index": p,
             "row": None if data_rows is None else _plain(data_rows[p]),
-            "prompt": prompts.texts[p], "completion": responses[i],
+            "prompt": prompts.texts[p],
+            "completion": responses[i],
             "rewards": {name: _number(rewards[p, g, k]) for k, name in enumerate(reward_names)},
-            "response_length": int(lengths[i]), "truncated": bool(truncated[i]),
-            "advantage": _number(advantages.advantages[p, g]), "keep": bool(advantages.keep[p, g]),
-            "conflict": bool(advantages.conflict[p, g]), "snr": _number(advantages.snr[p, g]),
+            "response_length": int(lengths[i]),
+            "truncated": bool(truncated[i]),
+            "advantage": _number(advantages.advantages[p, g]),
+            "keep": bool(advantages.keep[p, g]),
+            "conflict": bool(advantages.conflict[p, g]),
+            "snr": _number(advantages.snr[p, g]),
             "query_weight": _number(advantages.query_weight[p]),
-            "reward_advantages": {name: _number(advantages.reward_advantages[p, g, k])
-                                  for k, name in enumerate(reward_names)},
+            "reward_advantages": {
+                name: _number(advantages.reward_advantages[p, g, k]) for k, name in enumerate(reward_names)
+            },
         }
         mine = {column: _plain(values[i]) for column, values in extras.items() if i in values}
         if mine:
@@ -201,8 +222,9 @@ def _gather_json(value: Any) -> list[Any]:
 def gather_extras(extras: Mapping[str, Mapping[int, Any]]) -> dict[str, dict[int, Any]]:
     """`Rollouts.reward_extras` of every process merged: column -> {rollout index: value}."""
     merged: dict[str, dict[int, Any]] = {}
-    for part in _gather_json({column: {str(i): _plain(v) for i, v in values.items()}
-                              for column, values in extras.items()}):
+    for part in _gather_json(
+        {column: {str(i): _plain(v) for i, v in values.items()} for column, values in extras.items()}
+    ):
         for column, values in part.items():
             merged.setdefault(column, {}).update({int(i): v for i, v in values.items()})
     return merged
@@ -215,17 +237,28 @@ def gather_completions(rollouts: Rollouts, tokenizer) -> tuple[list[str] | None,
     (`decode_completions`) and the other processes get None."""
     batch = rollouts.batch
     completion_length = batch.old_logp.shape[1]
-    lengths, tokens, valid = distributed.host_value((jnp.sum(batch.response_mask, axis=-1),
-                                                     batch.input_ids[:, -completion_length:], batch.valid))
+    lengths, tokens, valid = distributed.host_value(
+        (jnp.sum(batch.response_mask, axis=-1), batch.input_ids[:, -completion_length:], batch.valid)
+    )
     if not distributed.is_primary():
         return None, lengths, valid
-    responses = rollouts.responses if len(rollouts.responses) == len(lengths) else \
-        decode_completions(tokenizer, tokens, lengths)
+    responses = (
+        rollouts.responses
+        if len(rollouts.responses) == len(lengths)
+        else decode_completions(tokenizer, tokens, lengths)
+    )
     return list(responses), lengths, valid
 
 
-def save_step_rollouts(files: RunDir, step: int, prompts: PromptSet, rollouts: Rollouts, tokenizer,
-                       step_config: StepConfig, reward_names: Sequence[str]) -> pathlib.Path | None:
+def save_step_rollouts(
+    files: RunDir,
+    step: int,
+    prompts: PromptSet,
+    rollouts: Rollouts,
+    tokenizer,
+    step_config: StepConfig,
+    reward_names: Sequence[str],
+) -> pathlib.Path | None:
     """Write ``rollouts/step_<step>.jsonl`` (`rollout_records`) for one step; returns its path on
     process 0, None elsewhere. Every process calls it (`gather_completions`, `gather_extras`).
 
@@ -237,8 +270,9 @@ def save_step_rollouts(files: RunDir, step: int, prompts: PromptSet, rollouts: R
     if responses is None:
         return None
     advantages = host_advantages(rollouts.rewards, lengths, valid, step_config)
-    records = rollout_records(step, prompts, responses, rollouts.rewards, lengths, rollouts.truncated, advantages,
-                              reward_names, extras)
+    records = rollout_records(
+        step, prompts, responses, rollouts.rewards, lengths, rollouts.truncated, advantages, reward_names, extras
+    )
     path = files.rollout_file(step)
     with run_dir.writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,8 +288,11 @@ def remove_later_rollouts(files: RunDir, step: int) -> list[pathlib.Path]:
     files then are those of an uninterrupted run, as metrics.jsonl is); returns what was deleted."""
     if not files.rollouts.is_dir():
         return []
-    later = [path for path in files.rollouts.iterdir()
-             if (match := _STEP_FILE.fullmatch(path.name)) and int(match.group(1)) > step]
+    later = [
+        path
+        for path in files.rollouts.iterdir()
+        if (match := _STEP_FILE.fullmatch(path.name)) and int(match.group(1)) > step
+    ]
     for path in later:
         path.unlink(missing_ok=True)
     return later

@@ -153,8 +153,11 @@ class StepConfig:
     def from_config(cls, config: RunConfig, **changes: Any) -> StepConfig:
         """The step's hyperparameters from a run config, with ``changes`` (`with_changes`) on top."""
         step = cls(
-            rl=config.rl, reward_names=config.rewards.names, reward_weights=config.rewards.weights,
-            logit_chunk_size=config.train.logit_chunk_size, compute_dtype=config.model.dtype,
+            rl=config.rl,
+            reward_names=config.rewards.names,
+            reward_weights=config.rewards.weights,
+            logit_chunk_size=config.train.logit_chunk_size,
+            compute_dtype=config.model.dtype,
             logprob_temperature=logprob_temperature(config),
             lora_dropout=config.model.lora.dropout if config.model.lora.enabled else 0.0,
         )
@@ -223,9 +226,14 @@ def prompt_window_lengths(length_bucket: int, shortest_prompt: int, prompt_lengt
 MAX_PROMPT_WINDOWS = 16
 
 
-def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int, *,
-                    reward_names: tuple[str, ...] | None = None,
-                    reward_weights: tuple[float, ...] | None = None) -> StepConfig:
+def run_step_config(
+    config: RunConfig,
+    shortest_prompt: int,
+    prompt_length: int,
+    *,
+    reward_names: tuple[str, ...] | None = None,
+    reward_weights: tuple[float, ...] | None = None,
+) -> StepConfig:
     """The `StepConfig` of a run: `StepConfig.from_config`, with the prompt windows of
     ``rl.length_bucket`` for its training prompts (``shortest_prompt`` tokens at least, padded to
     ``prompt_length``; `prompt_window_lengths`) and the run's reward columns and weights
@@ -241,7 +249,8 @@ def run_step_config(config: RunConfig, shortest_prompt: int, prompt_length: int,
     if budget and budget < padded:
         raise ValueError(  # verl asserts the same (rearrange_micro_batches)
             f"rl.micro_batch_max_tokens: {budget} tokens cannot hold one padded rollout of {padded} tokens "
-            f"(prompts padded to {prompt_length} + sampling.max_new_tokens={config.sampling.max_new_tokens})")
+            f"(prompts padded to {prompt_length} + sampling.max_new_tokens={config.sampling.max_new_tokens})"
+        )
     changes: dict[str, Any] = {"prompt_windows": windows}
     if reward_names is not None:
         changes["reward_names"] = tuple(reward_names)
@@ -259,8 +268,9 @@ def _typed_section(section):
     """The frozen dataclass ``section`` with each value as its field's type (`_as_type`); itself when
     every value has it already."""
     hints = _type_hints(type(section))
-    values = {field.name: _as_type(hints[field.name], getattr(section, field.name))
-              for field in dataclasses.fields(section)}
+    values = {
+        field.name: _as_type(hints[field.name], getattr(section, field.name)) for field in dataclasses.fields(section)
+    }
     if all(type(value) is type(getattr(section, name)) for name, value in values.items()):
         return section
     return dataclasses.replace(section, **values)
@@ -289,11 +299,18 @@ def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, co
     """
     rl = config.rl
     return compute_advantages(
-        rewards, lengths, typing.cast(Method, rl.algorithm), snr_tau=rl.snr_tau,
+        rewards,
+        lengths,
+        typing.cast(Method, rl.algorithm),
+        snr_tau=rl.snr_tau,
         reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
-        batch_norm=typing.cast(BatchNorm, rl.batch_norm), group_eps=rl.group_eps, valid=valid,
-        drop_zero_variance_groups=rl.drop_zero_variance_groups, snr_eps=rl.snr_eps,
-        query_reweighting=rl.query_reweighting, halves_ranking=typing.cast(HalvesRanking, rl.halves_ranking),
+        batch_norm=typing.cast(BatchNorm, rl.batch_norm),
+        group_eps=rl.group_eps,
+        valid=valid,
+        drop_zero_variance_groups=rl.drop_zero_variance_groups,
+        snr_eps=rl.snr_eps,
+        query_reweighting=rl.query_reweighting,
+        halves_ranking=typing.cast(HalvesRanking, rl.halves_ranking),
     )
 
 
@@ -333,8 +350,15 @@ class UpdateLayout:
         minibatch_rows, micro_rows = check_batch_layout(rows, config.rl.num_minibatches, config.rl.micro_batch_size)
         prompt_length = batch.input_ids.shape[1] - batch.old_logp.shape[1]
         windows = tuple(sorted({w for w in config.prompt_windows if 0 < w < prompt_length})) + (prompt_length,)
-        return cls(rows=rows, minibatch_rows=minibatch_rows, micro_rows=micro_rows, prompt_length=prompt_length,
-                   windows=windows, skip_rows=config.skips_rows, verl_weighting=config.rl.micro_batch_max_tokens > 0)
+        return cls(
+            rows=rows,
+            minibatch_rows=minibatch_rows,
+            micro_rows=micro_rows,
+            prompt_length=prompt_length,
+            windows=windows,
+            skip_rows=config.skips_rows,
+            verl_weighting=config.rl.micro_batch_max_tokens > 0,
+        )
 
     @property
     def num_minibatches(self) -> int:
@@ -356,8 +380,7 @@ class UpdateLayout:
         return rows > self.micro_rows and (self.windowed or self.skip_rows)
 
 
-def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: StepConfig,
-                    mesh: Mesh | None = None):
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: StepConfig, mesh: Mesh | None = None):
     """The update function ``step(state, batch, frozen=None) -> (state, metrics)`` (not yet jitted):
     `train_step` with these arguments.
 
@@ -382,8 +405,16 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, config: S
     return step
 
 
-def train_step(state: TrainState, batch: RolloutBatch, frozen, *, graphdef, optimizer: optax.GradientTransformation,
-               config: StepConfig, mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    state: TrainState,
+    batch: RolloutBatch,
+    frozen,
+    *,
+    graphdef,
+    optimizer: optax.GradientTransformation,
+    config: StepConfig,
+    mesh: Mesh | None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update (the module docstring's program): advantages, the rows of the update, the old
     log-probs recomputed (``rl.old_logprobs="recompute"``), ``rl.ppo_epochs`` scans of `update_epoch`,
     the metrics. The arguments are `make_train_step`'s."""
@@ -395,16 +426,26 @@ def train_step(state: TrainState, batch: RolloutBatch, frozen, *, graphdef, opti
     rows, row_valid = update_rows(batch, adv, lengths, config, layout)
     rollout_metrics: dict[str, Any] = {}
     if config.rl.old_logprobs == "recompute":
-        rows, rollout_metrics = with_recomputed_old_logprobs(rows, batch, row_valid, state.params, frozen,
-                                                             graphdef=graphdef, config=config, layout=layout, mesh=mesh)
+        rows, rollout_metrics = with_recomputed_old_logprobs(
+            rows, batch, row_valid, state.params, frozen, graphdef=graphdef, config=config, layout=layout, mesh=mesh
+        )
     in_order = jnp.arange(layout.rows, dtype=jnp.int32) if batch.row_order is None else batch.row_order
     rng, shuffle_key = jax.random.split(state.rng)
     epoch_keys = jax.random.split(shuffle_key, config.rl.ppo_epochs)
     dropout_keys = lora_dropout_keys(shuffle_key, config, layout, frozen)
-    minibatch_fn = functools.partial(update_minibatch, rows=rows, micro_grad_fn=micro_grad_fn, optimizer=optimizer,
-                                     config=config, layout=layout, mesh=mesh, frozen=frozen)
-    epoch_fn = functools.partial(update_epoch, minibatch_fn=minibatch_fn, in_order=in_order,
-                                 shuffle=config.rl.shuffle_minibatches, layout=layout)
+    minibatch_fn = functools.partial(
+        update_minibatch,
+        rows=rows,
+        micro_grad_fn=micro_grad_fn,
+        optimizer=optimizer,
+        config=config,
+        layout=layout,
+        mesh=mesh,
+        frozen=frozen,
+    )
+    epoch_fn = functools.partial(
+        update_epoch, minibatch_fn=minibatch_fn, in_order=in_order, shuffle=config.rl.shuffle_minibatches, layout=layout
+    )
     (params, opt_state, loss_sums), (grad_norms, skipped, padding, skipped_rows) = jax.lax.scan(
         epoch_fn, (state.params, state.opt_state, losses.empty_policy_loss()), (epoch_keys, dropout_keys)
     )
@@ -415,16 +456,20 @@ def train_step(state: TrainState, batch: RolloutBatch, frozen, *, graphdef, opti
     return new_state, metrics
 
 
-def policy_logprobs(params, rows: dict, with_entropy: bool, frozen, dropout_key=None, *, graphdef,
-                    config: StepConfig):
+def policy_logprobs(params, rows: dict, with_entropy: bool, frozen, dropout_key=None, *, graphdef, config: StepConfig):
     """(logp, entropy) [R, M] of the rows' response tokens under the policy ``params``: the one
     forward pass of the update, also the old log-probs' with ``old_logprobs="recompute"``; with
     ``dropout_key``, the adapters' dropout (``lora_dropout``) drawn from it."""
     model = merge_model(graphdef, params, jnp.dtype(config.compute_dtype), frozen)
     dropout = None if dropout_key is None else {"lora_dropout": (dropout_key, config.lora_dropout)}
     return completion_logprobs(
-        model, rows["input_ids"], rows["attention_mask"], rows["old_logp"].shape[1],
-        chunk_size=config.logit_chunk_size, with_entropy=with_entropy, temperature=config.logprob_temperature,
+        model,
+        rows["input_ids"],
+        rows["attention_mask"],
+        rows["old_logp"].shape[1],
+        chunk_size=config.logit_chunk_size,
+        with_entropy=with_entropy,
+        temperature=config.logprob_temperature,
         **(dropout or {}),
     )
 
@@ -436,18 +481,29 @@ def micro_loss(params, rows: dict, denominator, frozen, dropout_key=None, *, gra
     logp, entropy = policy_logprobs(params, rows, need_entropy, frozen, dropout_key, graphdef=graphdef, config=config)
     rl = config.rl
     out = losses.policy_loss(
-        logp, rows["old_logp"], rows["advantages"], rows["loss_mask"],
-        clip_low=rl.clip_low, clip_high=rl.clip_high, dual_clip=config.dual_clip_bound,
-        agg_mode=typing.cast(losses.LossAggMode, rl.loss_agg_mode), norm_length=config.norm_length,
-        ref_logp=rows["ref_logp"] if rl.kl_coef else None, kl_coef=rl.kl_coef,
-        kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
-        is_weights=rows.get("is_weights"), row_weights=rows.get("row_weights"),
+        logp,
+        rows["old_logp"],
+        rows["advantages"],
+        rows["loss_mask"],
+        clip_low=rl.clip_low,
+        clip_high=rl.clip_high,
+        dual_clip=config.dual_clip_bound,
+        agg_mode=typing.cast(losses.LossAggMode, rl.loss_agg_mode),
+        norm_length=config.norm_length,
+        ref_logp=rows["ref_logp"] if rl.kl_coef else None,
+        kl_coef=rl.kl_coef,
+        kl_estimator=rl.kl_estimator,
+        entropy=entropy,
+        entropy_coef=rl.entropy_coef,
+        is_weights=rows.get("is_weights"),
+        row_weights=rows.get("row_weights"),
     )
     return out.numerator / jnp.maximum(denominator, 1e-8), out
 
 
-def update_rows(batch: RolloutBatch, adv: AdvantageOutput, lengths: jax.Array, config: StepConfig,
-                layout: UpdateLayout) -> tuple[dict, jax.Array]:
+def update_rows(
+    batch: RolloutBatch, adv: AdvantageOutput, lengths: jax.Array, config: StepConfig, layout: UpdateLayout
+) -> tuple[dict, jax.Array]:
     """(rows, row_valid [B] bool): the [B, ...] arrays the minibatches are cut from: the batch's
     tokens and log-probs, the advantages, the loss mask (response tokens of real prompts; without
     ``rl.filtered_in_denominator`` of kept rows only), prompt and response lengths, and ``active``
@@ -456,36 +512,52 @@ def update_rows(batch: RolloutBatch, adv: AdvantageOutput, lengths: jax.Array, c
     Raises:
       ValueError: verl's weighting on a batch without ``segment_ids``.
     """
-    prompt_lengths = jnp.sum(batch.attention_mask[:, :layout.prompt_length], axis=-1, dtype=jnp.int32)
+    prompt_lengths = jnp.sum(batch.attention_mask[:, : layout.prompt_length], axis=-1, dtype=jnp.int32)
     row_valid = jnp.repeat(batch.valid, batch.rewards.shape[1])
     loss_mask = batch.response_mask & row_valid[:, None]
     if not config.rl.filtered_in_denominator:
         loss_mask = loss_mask & adv.keep.reshape(-1)[:, None]
     rows = {
-        "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-        "old_logp": batch.old_logp, "ref_logp": batch.ref_logp,
-        "advantages": adv.advantages.reshape(-1), "loss_mask": loss_mask, "prompt_lengths": prompt_lengths,
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "old_logp": batch.old_logp,
+        "ref_logp": batch.ref_logp,
+        "advantages": adv.advantages.reshape(-1),
+        "loss_mask": loss_mask,
+        "prompt_lengths": prompt_lengths,
         "response_lengths": lengths.reshape(-1),
     }
     if layout.skip_rows:
         rows["active"] = rows_with_gradient(rows["advantages"], loss_mask)
     if layout.verl_weighting:
         if batch.segment_ids is None:
-            raise ValueError("rl.micro_batch_max_tokens: the batch has no segment_ids (verl's micro-batches); "
-                             "build it with gd2po_jax.rl.rollout.rollout_batch(..., segment_ids=...)")
+            raise ValueError(
+                "rl.micro_batch_max_tokens: the batch has no segment_ids (verl's micro-batches); "
+                "build it with gd2po_jax.rl.rollout.rollout_batch(..., segment_ids=...)"
+            )
         rows["segment_ids"] = batch.segment_ids.astype(jnp.int32)
     return rows, row_valid
 
 
-def with_recomputed_old_logprobs(rows: dict, batch: RolloutBatch, row_valid: jax.Array, params, frozen, *, graphdef,
-                                 config: StepConfig, layout: UpdateLayout,
-                                 mesh: Mesh | None) -> tuple[dict, dict[str, jax.Array]]:
+def with_recomputed_old_logprobs(
+    rows: dict,
+    batch: RolloutBatch,
+    row_valid: jax.Array,
+    params,
+    frozen,
+    *,
+    graphdef,
+    config: StepConfig,
+    layout: UpdateLayout,
+    mesh: Mesh | None,
+) -> tuple[dict, dict[str, jax.Array]]:
     """(rows, rollout metrics): the rows with their old log-probs recomputed under ``params``
     (`recompute_old_logprobs`) and, with ``rl.rollout_is_cap``, the truncated importance weights
     (``is_weights``); the metrics compare the sampler's log-probs with them (`_rollout_metrics`)."""
     forward = functools.partial(old_logprobs_forward, graphdef=graphdef, config=config)
-    recomputed = recompute_old_logprobs(params, rows, on_prompt_windows(forward, layout.windows, layout.prompt_length),
-                                        layout, frozen, mesh)
+    recomputed = recompute_old_logprobs(
+        params, rows, on_prompt_windows(forward, layout.windows, layout.prompt_length), layout, frozen, mesh
+    )
     rows = dict(rows, old_logp=recomputed)
     recomputed_tokens = batch.response_mask & row_valid[:, None]
     if layout.skip_rows:  # over the rows with a gradient, the others' were not recomputed
@@ -501,8 +573,9 @@ def old_logprobs_forward(params, micro_batch: dict, frozen, *, graphdef, config:
     return policy_logprobs(params, micro_batch, False, frozen, graphdef=graphdef, config=config)[0]
 
 
-def recompute_old_logprobs(params, rows: dict, run_on_window, layout: UpdateLayout, frozen,
-                           mesh: Mesh | None) -> jax.Array:
+def recompute_old_logprobs(
+    params, rows: dict, run_on_window, layout: UpdateLayout, frozen, mesh: Mesh | None
+) -> jax.Array:
     """[B, M] the rows' log-probs under ``params``, before any update: micro-batches of the update's
     size (sorted by prompt length when there are windows, as the update sorts), each on its prompt
     window (``run_on_window``: `on_prompt_windows` of `old_logprobs_forward`); no gradient. With
@@ -512,14 +585,18 @@ def recompute_old_logprobs(params, rows: dict, run_on_window, layout: UpdateLayo
     keys = ("input_ids", "attention_mask", "old_logp", "prompt_lengths") + (("active",) if layout.skip_rows else ())
     order = jnp.arange(total)
     if layout.sorts_micro_batches(total):
-        order = jnp.argsort(micro_batch_sort_key(rows["prompt_lengths"], rows.get("active"), layout.windowed),
-                            stable=True)
-    micro = {k: rows[k][order].reshape((total // layout.micro_rows, layout.micro_rows) + rows[k].shape[1:])
-             for k in keys}
-    compute = functools.partial(_recomputed_logprobs, run_on_window=run_on_window, params=params, frozen=frozen,
-                                mesh=mesh)
-    _, logp = jax.lax.scan(functools.partial(_recompute_micro_batch, compute=compute, skip_rows=layout.skip_rows),
-                           None, micro)
+        order = jnp.argsort(
+            micro_batch_sort_key(rows["prompt_lengths"], rows.get("active"), layout.windowed), stable=True
+        )
+    micro = {
+        k: rows[k][order].reshape((total // layout.micro_rows, layout.micro_rows) + rows[k].shape[1:]) for k in keys
+    }
+    compute = functools.partial(
+        _recomputed_logprobs, run_on_window=run_on_window, params=params, frozen=frozen, mesh=mesh
+    )
+    _, logp = jax.lax.scan(
+        functools.partial(_recompute_micro_batch, compute=compute, skip_rows=layout.skip_rows), None, micro
+    )
     return jax.lax.stop_gradient(logp.reshape(total, -1)[jnp.argsort(order)])
 
 
@@ -559,8 +636,18 @@ def update_epoch(carry, xs, *, minibatch_fn, in_order: jax.Array, shuffle: bool,
     return jax.lax.scan(minibatch_fn, carry, (order, epoch_dropout))
 
 
-def update_minibatch(carry, xs, *, rows: dict, micro_grad_fn, optimizer: optax.GradientTransformation,
-                     config: StepConfig, layout: UpdateLayout, mesh: Mesh | None, frozen):
+def update_minibatch(
+    carry,
+    xs,
+    *,
+    rows: dict,
+    micro_grad_fn,
+    optimizer: optax.GradientTransformation,
+    config: StepConfig,
+    layout: UpdateLayout,
+    mesh: Mesh | None,
+    frozen,
+):
     """Scan body over an epoch's minibatches: the gradient of the minibatch (rows ``xs[0]``),
     accumulated over its micro-batches (a scan of `accumulate_micro_batch`), and one optimizer
     update (`apply_update`). ``carry``: (params, optimizer state, loss sums); ``xs``: (row indices,
@@ -569,19 +656,29 @@ def update_minibatch(carry, xs, *, rows: dict, micro_grad_fn, optimizer: optax.G
     indices, minibatch_dropout = xs
     minibatch, denominator = minibatch_of(rows, indices, config, layout, mesh)
     micro = jax.tree.map(lambda x: x.reshape((layout.micro_batches, layout.micro_rows) + x.shape[1:]), minibatch)
-    accumulate = functools.partial(accumulate_micro_batch, micro_grad_fn=micro_grad_fn, params=params,
-                                   denominator=denominator, frozen=frozen, mesh=mesh, skip_rows=layout.skip_rows)
+    accumulate = functools.partial(
+        accumulate_micro_batch,
+        micro_grad_fn=micro_grad_fn,
+        params=params,
+        denominator=denominator,
+        frozen=frozen,
+        mesh=mesh,
+        skip_rows=layout.skip_rows,
+    )
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     (grads, sums), (padding, skipped_rows) = jax.lax.scan(
-        accumulate, (zero_grads, losses.empty_policy_loss()), (micro, minibatch_dropout))
-    params, opt_state, grad_norm, applied = apply_update(optimizer, grads, params, opt_state,
-                                                         config.skip_nonfinite_updates)
+        accumulate, (zero_grads, losses.empty_policy_loss()), (micro, minibatch_dropout)
+    )
+    params, opt_state, grad_norm, applied = apply_update(
+        optimizer, grads, params, opt_state, config.skip_nonfinite_updates
+    )
     loss_sums = losses.accumulate(loss_sums, sums)
     return (params, opt_state, loss_sums), (grad_norm, ~applied, jax.tree.map(jnp.sum, padding), jnp.sum(skipped_rows))
 
 
-def minibatch_of(rows: dict, indices: jax.Array, config: StepConfig, layout: UpdateLayout,
-                   mesh: Mesh | None) -> tuple[dict, jax.Array]:
+def minibatch_of(
+    rows: dict, indices: jax.Array, config: StepConfig, layout: UpdateLayout, mesh: Mesh | None
+) -> tuple[dict, jax.Array]:
     """(the minibatch's rows, the denominator of its loss): the ``indices`` rows, sorted for the
     micro-batches (`micro_batch_sort_key`), with verl's row weights (``row_weights``, denominator 1)
     or the aggregation's denominator (independent of the parameters); with skipped rows, the loss
@@ -597,11 +694,13 @@ def minibatch_of(rows: dict, indices: jax.Array, config: StepConfig, layout: Upd
         # verl's micro-batch weighting: per-row weights from the minibatch's segments, one
         # denominator (the weights hold each segment's token count).
         minibatch["row_weights"] = losses.verl_row_weights(
-            minibatch["loss_mask"], minibatch.pop("segment_ids"), layout.minibatch_rows)
+            minibatch["loss_mask"], minibatch.pop("segment_ids"), layout.minibatch_rows
+        )
         denominator = jnp.float32(1.0)
     else:
         _, denominator = losses.aggregate_loss(
-            jnp.zeros(minibatch["loss_mask"].shape), minibatch["loss_mask"],
+            jnp.zeros(minibatch["loss_mask"].shape),
+            minibatch["loss_mask"],
             typing.cast(losses.LossAggMode, config.rl.loss_agg_mode),
             norm_length=config.norm_length,
         )
@@ -610,30 +709,43 @@ def minibatch_of(rows: dict, indices: jax.Array, config: StepConfig, layout: Upd
     return minibatch, denominator
 
 
-def accumulate_micro_batch(acc, micro_xs, *, micro_grad_fn, params, denominator, frozen, mesh: Mesh | None,
-                           skip_rows: bool):
+def accumulate_micro_batch(
+    acc, micro_xs, *, micro_grad_fn, params, denominator, frozen, mesh: Mesh | None, skip_rows: bool
+):
     """Scan body over a minibatch's micro-batches: (gradient, loss sums) plus the micro-batch's
     (`micro_batch_gradient`, or with ``skip_rows`` `no_gradient` for one holding no row with a
     gradient, a `jax.lax.cond`). ``micro_xs``: (micro-batch, None or its dropout key); out: (padding
     slots, rows skipped)."""
     grads, sums = acc
     micro_batch, dropout_key = micro_xs
-    gradient = functools.partial(micro_batch_gradient, micro_grad_fn=micro_grad_fn, params=params,
-                                 denominator=denominator, frozen=frozen, mesh=mesh)
+    gradient = functools.partial(
+        micro_batch_gradient,
+        micro_grad_fn=micro_grad_fn,
+        params=params,
+        denominator=denominator,
+        frozen=frozen,
+        mesh=mesh,
+    )
     if skip_rows:
         micro_grads, out, padding, skipped = jax.lax.cond(
-            jnp.any(micro_batch["active"]), gradient, functools.partial(no_gradient, params=params),
-            micro_batch, dropout_key)
+            jnp.any(micro_batch["active"]),
+            gradient,
+            functools.partial(no_gradient, params=params),
+            micro_batch,
+            dropout_key,
+        )
     else:
         micro_grads, out, padding, skipped = gradient(micro_batch, dropout_key)
     return (jax.tree.map(jnp.add, grads, micro_grads), losses.accumulate(sums, out)), (padding, skipped)
 
 
-def micro_batch_gradient(micro_batch: dict, dropout_key, *, micro_grad_fn, params, denominator, frozen,
-                         mesh: Mesh | None):
+def micro_batch_gradient(
+    micro_batch: dict, dropout_key, *, micro_grad_fn, params, denominator, frozen, mesh: Mesh | None
+):
     """(grads, loss sums, padding slots, rows skipped: 0) of one micro-batch, on its prompt window."""
-    ((_, out), micro_grads), window = micro_grad_fn(params, _constrain_rows(micro_batch, mesh), denominator, frozen,
-                                                    dropout_key)
+    ((_, out), micro_grads), window = micro_grad_fn(
+        params, _constrain_rows(micro_batch, mesh), denominator, frozen, dropout_key
+    )
     return micro_grads, out, _padding_slots(micro_batch, window), jnp.int32(0)
 
 
@@ -641,8 +753,12 @@ def no_gradient(micro_batch: dict, dropout_key, *, params):
     """`micro_batch_gradient`'s outputs for a micro-batch not computed: zeros, its rows skipped."""
     del dropout_key
     zeros = jnp.zeros((), jnp.int32)
-    return (jax.tree.map(jnp.zeros_like, params), losses.empty_policy_loss(), (zeros, zeros, zeros),
-            jnp.int32(micro_batch["active"].shape[0]))
+    return (
+        jax.tree.map(jnp.zeros_like, params),
+        losses.empty_policy_loss(),
+        (zeros, zeros, zeros),
+        jnp.int32(micro_batch["active"].shape[0]),
+    )
 
 
 def apply_update(optimizer: optax.GradientTransformation, grads, params, opt_state, skip_nonfinite: bool):
@@ -680,9 +796,13 @@ def on_prompt_windows(fn, windows: tuple[int, ...], prompt_length: int):
     def on_window(window):
         def run(params, micro_batch, *args):
             cut = prompt_length - window
-            trimmed = dict(micro_batch, input_ids=micro_batch["input_ids"][:, cut:],
-                           attention_mask=micro_batch["attention_mask"][:, cut:])
+            trimmed = dict(
+                micro_batch,
+                input_ids=micro_batch["input_ids"][:, cut:],
+                attention_mask=micro_batch["attention_mask"][:, cut:],
+            )
             return fn(params, trimmed, *args)
+
         return run
 
     branches = [on_window(w) for w in windows]
@@ -722,8 +842,9 @@ def truncated_is_weights(sampler_logp: jax.Array, recomputed_logp: jax.Array, ca
     return jnp.minimum(jnp.exp(at_least_f32(recomputed_logp) - at_least_f32(sampler_logp)), cap)
 
 
-def _rollout_metrics(sampler_logp: jax.Array, recomputed_logp: jax.Array, tokens: jax.Array,
-                     is_cap: float) -> dict[str, jax.Array]:
+def _rollout_metrics(
+    sampler_logp: jax.Array, recomputed_logp: jax.Array, tokens: jax.Array, is_cap: float
+) -> dict[str, jax.Array]:
     """``rollout/logprob_diff_mean`` and ``_max``: |sampler - recomputed| log-prob over ``tokens`` (the
     response tokens of real rows, [B, M] bool); with ``is_cap`` > 0 also ``rollout/is_weight_mean``
     and ``rollout/is_capped_fraction`` (tokens whose weight the cap cut)."""
@@ -783,8 +904,9 @@ def count_skipped_steps(consecutive: int, skipped_updates: float, step: int, lim
     return consecutive
 
 
-def _step_metrics(config: StepConfig, batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_norms,
-                  lengths) -> dict[str, jax.Array]:
+def _step_metrics(
+    config: StepConfig, batch: RolloutBatch, adv, loss_sums: losses.PolicyLoss, grad_norms, lengths
+) -> dict[str, jax.Array]:
     """Scalar metrics of one update, under their final names (means over every minibatch of every
     epoch): ``advantages/*``, ``loss/*``, ``reward/<name>`` and ``response_length``. ``loss/grad_norm``
     is the mean norm before clipping, inf or NaN when an update was skipped."""

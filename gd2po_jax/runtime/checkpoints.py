@@ -69,8 +69,7 @@ def _bits(x: jax.Array) -> jax.Array:
 @jax.jit
 def _integrity(leaves: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
     checksums = [jnp.sum(_bits(x), dtype=jnp.uint32) for x in leaves]
-    finite = [jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
-              for x in leaves]
+    finite = [jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True) for x in leaves]
     return checksums, finite
 
 
@@ -86,16 +85,17 @@ def state_integrity(tree: Any) -> tuple[dict[str, int], list[str]]:
         return {}, []
     checksums, finite = jax.device_get(_integrity([jnp.asarray(x) for _, x in named]))
     names = [leaf_name(path) for path, _ in named]
-    return ({name: int(c) for name, c in zip(names, checksums)},
-            [name for name, ok in zip(names, finite) if not ok])
+    return ({name: int(c) for name, c in zip(names, checksums)}, [name for name, ok in zip(names, finite) if not ok])
 
 
 def check_finite(tree: Any, what: str) -> None:
     """Raise `NonFiniteError` naming ``what`` and its arrays with a NaN or infinity."""
     bad = state_integrity(tree)[1]
     if bad:
-        raise NonFiniteError(f"{what} has non-finite values (NaN or infinity) in {len(bad)} arrays: "
-                             f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+        raise NonFiniteError(
+            f"{what} has non-finite values (NaN or infinity) in {len(bad)} arrays: "
+            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}"
+        )
 
 
 def _innermost(err: BaseException) -> BaseException:
@@ -146,14 +146,14 @@ class Checkpoints:
     def __init__(self, directory: str | pathlib.Path, keep: int | None = 2, *, create: bool = True):
         self.directory = pathlib.Path(directory).absolute()
         self._manager: ocp.CheckpointManager | None = None
-        self._options = dict(max_to_keep=keep, create=create, enable_async_checkpointing=False,
-                             cleanup_tmp_directories=create)  # a writer holds the workdir's lock
+        self._options = dict(
+            max_to_keep=keep, create=create, enable_async_checkpointing=False, cleanup_tmp_directories=create
+        )  # a writer holds the workdir's lock
         if create or self.directory.is_dir():
             self._open()
 
     def _open(self) -> None:
-        self._manager = ocp.CheckpointManager(self.directory,
-                                              options=ocp.CheckpointManagerOptions(**self._options))
+        self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(**self._options))
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -184,9 +184,11 @@ class Checkpoints:
         """
         checksums, bad = state_integrity(state)
         if bad:
-            raise NonFiniteError(f"the state of step {step} has non-finite values (NaN or infinity) in "
-                                 f"{len(bad)} arrays: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
-                                 f"not saving checkpoint {self.step_dir(step)}")
+            raise NonFiniteError(
+                f"the state of step {step} has non-finite values (NaN or infinity) in "
+                f"{len(bad)} arrays: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
+                f"not saving checkpoint {self.step_dir(step)}"
+            )
         metadata = {**metadata, CHECKSUMS_KEY: checksums}
         assert self._manager is not None
         try:
@@ -224,18 +226,24 @@ class Checkpoints:
             except Exception:  # noqa: BLE001
                 pass
             self._open()
-            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)} cannot be read ({_root_cause(err)})") from err
+            raise CorruptCheckpointError(
+                f"checkpoint {self.step_dir(step)} cannot be read ({_root_cause(err)})"
+            ) from err
 
     def _verify(self, step: int, tree: Any, expected: dict[str, int] | None) -> None:
         """Compare ``tree``'s arrays with the checksums saved with them (those ``tree`` has)."""
         checksums, bad = state_integrity(tree)
         differ = sorted(name for name, value in (expected or {}).items() if checksums.get(name, value) != value)
         if differ:
-            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)} is damaged: {len(differ)} arrays differ "
-                                         f"from what was saved ({', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''})")
+            raise CorruptCheckpointError(
+                f"checkpoint {self.step_dir(step)} is damaged: {len(differ)} arrays differ "
+                f"from what was saved ({', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''})"
+            )
         if bad:
-            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)} has non-finite values in "
-                                         f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+            raise CorruptCheckpointError(
+                f"checkpoint {self.step_dir(step)} has non-finite values in "
+                f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}"
+            )
 
     def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """(state, metadata) of checkpoint ``step`` (default: the latest), placed on the shardings of
@@ -249,7 +257,8 @@ class Checkpoints:
         step = self._check_step(step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
         restored = self._restore(
-            step, ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+            step, ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+        )
         meta = dict(restored.meta) if isinstance(restored.meta, dict) else None
         if meta is None:
             raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)}: its metadata is not a JSON object")
@@ -276,8 +285,9 @@ class Checkpoints:
                 error = None
             # Several processes read their own parts of a checkpoint: damaged for one, for all.
             if distributed.any_process(error is not None):
-                error = error or CorruptCheckpointError(f"checkpoint {self.step_dir(step)} is damaged "
-                                                        "(another process could not read its part)")
+                error = error or CorruptCheckpointError(
+                    f"checkpoint {self.step_dir(step)} is damaged (another process could not read its part)"
+                )
                 logger.warning("%s; falling back to the previous checkpoint", error)
                 damaged.append((step, error))
                 continue
@@ -286,8 +296,10 @@ class Checkpoints:
             return step, state, meta
         if damaged:
             raise CorruptCheckpointError(
-                f"no intact checkpoint in {self.directory}: " + "; ".join(str(err) for _, err in damaged)
-                + f". Delete {self.directory} to start the run over.")
+                f"no intact checkpoint in {self.directory}: "
+                + "; ".join(str(err) for _, err in damaged)
+                + f". Delete {self.directory} to start the run over."
+            )
         return None
 
     def _set_aside(self, step: int) -> None:
@@ -325,14 +337,22 @@ class Checkpoints:
         """
         step = self._check_step(step)
         item = {"params": target}
-        restored = self._restore(step, ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-                                         partial_restore=True),
-            meta=ocp.args.JsonRestore()))
+        restored = self._restore(
+            step,
+            ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
+                ),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
         meta = restored.meta if isinstance(restored.meta, dict) else {}
         checksums = meta.get(CHECKSUMS_KEY) or {}
-        self._verify(step, {"params": restored.state["params"]},
-                     {name: value for name, value in checksums.items() if name.startswith("params/")})
+        self._verify(
+            step,
+            {"params": restored.state["params"]},
+            {name: value for name, value in checksums.items() if name.startswith("params/")},
+        )
         return restored.state["params"]
 
     def close(self) -> None:

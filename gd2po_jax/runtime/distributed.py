@@ -92,7 +92,8 @@ def initialize(settings: DistributedConfig = DistributedConfig()) -> None:
             raise ConfigError(
                 f"config.distributed.coordinator_address: empty, but config.distributed.num_processes="
                 f"{settings.num_processes} and process_id={settings.process_id}; give process 0's HOST:PORT "
-                "(or 'auto' on a TPU pod or under SLURM)")
+                "(or 'auto' on a TPU pod or under SLURM)"
+            )
         return
     if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:  # cross-process collectives on CPU
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -101,27 +102,40 @@ def initialize(settings: DistributedConfig = DistributedConfig()) -> None:
     try:
         jax.distributed.initialize(
             coordinator_address=None if address == AUTO_COORDINATOR else address,  # None: detected
-            num_processes=settings.num_processes or None, process_id=process_id,
+            num_processes=settings.num_processes or None,
+            process_id=process_id,
             initialization_timeout=settings.initialization_timeout_s,
             heartbeat_timeout_seconds=settings.heartbeat_timeout_s,
             # All given: no cluster detection, which under SLURM or Open MPI would also show each
             # process a single GPU (JAX_LOCAL_DEVICE_IDS still chooses devices).
-            cluster_detection_method="deactivate" if given else None)
+            cluster_detection_method="deactivate" if given else None,
+        )
     except (ValueError, TypeError) as err:  # what neither the config nor the cluster says
-        raise ConfigError(f"config.distributed: {err} (set config.distributed.coordinator_address, "
-                          "num_processes and process_id, or run where JAX detects them: a TPU pod, SLURM, "
-                          "Open MPI)") from None
+        raise ConfigError(
+            f"config.distributed: {err} (set config.distributed.coordinator_address, "
+            "num_processes and process_id, or run where JAX detects them: a TPU pod, SLURM, "
+            "Open MPI)"
+        ) from None
     except jax.errors.JaxRuntimeError as err:
         raise DistributedError(
             f"process {process_id} could not join the run's processes at {address} within "
             f"config.distributed.initialization_timeout_s={settings.initialization_timeout_s} s: is every "
-            f"process started, with the same coordinator address and num_processes? ({err})") from None
+            f"process started, with the same coordinator address and num_processes? ({err})"
+        ) from None
     index, count = jax.process_index(), jax.process_count()
     _label_log_lines(index, count)
     local = jax.local_device_count()
-    logger.info("process %d of %d on %s: %d local device%s, %d in all (%s); a process silent for %d s is "
-                "taken for dead", index, count, socket.gethostname(), local, "" if local == 1 else "s",
-                jax.device_count(), jax.default_backend(), settings.heartbeat_timeout_s)
+    logger.info(
+        "process %d of %d on %s: %d local device%s, %d in all (%s); a process silent for %d s is taken for dead",
+        index,
+        count,
+        socket.gethostname(),
+        local,
+        "" if local == 1 else "s",
+        jax.device_count(),
+        jax.default_backend(),
+        settings.heartbeat_timeout_s,
+    )
     if index:
         logging.getLogger().setLevel(logging.WARNING)  # process 0 logs for all
     _Watchdog.start(index, count)
@@ -174,10 +188,11 @@ def row_sharding(mesh: Mesh, num_rows: int) -> NamedSharding:
 def process_rows(sharding: NamedSharding, num_rows: int) -> np.ndarray:
     """[n] int: the rows of a ``[num_rows, ...]`` array under ``sharding`` that this process's devices
     hold, ascending (the order `jax.make_array_from_process_local_data` takes them in)."""
-    indices = cast("dict[Any, tuple[slice, ...]]",  # a NamedSharding's: a tuple of slices for every device
-                   sharding.addressable_devices_indices_map((num_rows,)))
-    blocks = {(index[0].start or 0, num_rows if index[0].stop is None else index[0].stop)
-              for index in indices.values()}
+    indices = cast(
+        "dict[Any, tuple[slice, ...]]",  # a NamedSharding's: a tuple of slices for every device
+        sharding.addressable_devices_indices_map((num_rows,)),
+    )
+    blocks = {(index[0].start or 0, num_rows if index[0].stop is None else index[0].stop) for index in indices.values()}
     return np.concatenate([np.arange(start, stop) for start, stop in sorted(blocks)])
 
 
@@ -199,8 +214,8 @@ def batch_rows(build: Callable[[np.ndarray], Any], num_rows: int, mesh: Mesh | N
     sharding = row_sharding(mesh, num_rows)
     local = build(process_rows(sharding, num_rows))
     return jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x), (num_rows,) + np.shape(x)[1:]),
-        local)
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x), (num_rows,) + np.shape(x)[1:]), local
+    )
 
 
 def addressable_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -212,14 +227,17 @@ def addressable_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
     for shard in x.addressable_shards:
         first, rest = shard.index[0], shard.index[1:]
         if any(s.start not in (None, 0) or s.stop not in (None, n) for s, n in zip(rest, x.shape[1:])):
-            raise ValueError(f"addressable_rows: an array of shape {x.shape} split along more than its rows "
-                             f"({x.sharding})")
+            raise ValueError(
+                f"addressable_rows: an array of shape {x.shape} split along more than its rows ({x.sharding})"
+            )
         start = first.start or 0
         stop = x.shape[0] if first.stop is None else first.stop
         blocks.setdefault(start, (np.arange(start, stop), shard.data))
     ordered = [blocks[start] for start in sorted(blocks)]
-    return (np.concatenate([rows for rows, _ in ordered]),
-            np.concatenate([np.asarray(jax.device_get(data)) for _, data in ordered]))
+    return (
+        np.concatenate([rows for rows, _ in ordered]),
+        np.concatenate([np.asarray(jax.device_get(data)) for _, data in ordered]),
+    )
 
 
 def gather_rows(rows: np.ndarray, values: Any, num_rows: int) -> Any:
@@ -279,7 +297,7 @@ def gather_texts(text: str | None, limit: int = 4096) -> list[str | None]:
     if text is not None:
         encoded = text.encode()[:limit]
         data[0] = 1
-        data[1:1 + len(encoded)] = np.frombuffer(encoded, np.uint8)
+        data[1 : 1 + len(encoded)] = np.frombuffer(encoded, np.uint8)
     every = multihost_utils.process_allgather(data)
     return [bytes(row[1:]).rstrip(b"\0").decode(errors="replace") if row[0] else None for row in every]
 
@@ -391,7 +409,20 @@ def stop_all_on_error() -> Iterator[None]:
 
 
 __all__ = [
-    "DistributedError", "addressable_rows", "any_process", "barrier", "batch_rows", "gather_rows", "gather_texts",
-    "host_value", "initialize", "is_primary", "primary_decides", "process_rows", "published_failures",
-    "replicated", "row_sharding", "stop_all_on_error",
+    "DistributedError",
+    "addressable_rows",
+    "any_process",
+    "barrier",
+    "batch_rows",
+    "gather_rows",
+    "gather_texts",
+    "host_value",
+    "initialize",
+    "is_primary",
+    "primary_decides",
+    "process_rows",
+    "published_failures",
+    "replicated",
+    "row_sharding",
+    "stop_all_on_error",
 ]

@@ -79,8 +79,10 @@ def retain_freed_memory(environ=os.environ) -> bool:
     if choice == "system":
         return False
     if choice:
-        raise ValueError(f"{ENV_VAR}={environ[ENV_VAR]!r}: set it to 'system' (glibc's malloc defaults and "
-                         "JAX's asynchronous CPU dispatch) or leave it unset or empty")
+        raise ValueError(
+            f"{ENV_VAR}={environ[ENV_VAR]!r}: set it to 'system' (glibc's malloc defaults and "
+            "JAX's asynchronous CPU dispatch) or leave it unset or empty"
+        )
     libc = _glibc()
     if libc is None:
         return False
@@ -88,7 +90,8 @@ def retain_freed_memory(environ=os.environ) -> bool:
         logging.getLogger(__name__).warning(
             "gd2po_jax was imported after JAX started its backend: XLA's CPU buffers may still page-fault "
             "fresh memory every run (gd2po_jax/runtime/host_memory.py). Import gd2po_jax before running any JAX "
-            "computation.")
+            "computation."
+        )
     after_import("jax", lambda jax: jax.config.update("jax_cpu_enable_async_dispatch", False))
     accepted = [libc.mallopt(param, value) == 1 for param, value in SETTINGS]  # every one, even after a refusal
     return all(accepted)

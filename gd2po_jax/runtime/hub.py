@@ -44,8 +44,14 @@ class HubId:
 
     def fetch_command(self, repo_type: str = "model") -> str:
         """The command that puts this id in the cache (huggingface_hub's ``hf`` CLI)."""
-        return " ".join(["hf download", self.repo_id, *([f"--revision {self.revision}"] if self.revision else []),
-                         *(["--repo-type dataset"] if repo_type == "dataset" else [])])
+        return " ".join(
+            [
+                "hf download",
+                self.repo_id,
+                *([f"--revision {self.revision}"] if self.revision else []),
+                *(["--repo-type dataset"] if repo_type == "dataset" else []),
+            ]
+        )
 
 
 def snapshot(hub_id: HubId, *, repo_type: str, what: str, allow_patterns=None) -> pathlib.Path:
@@ -61,11 +67,16 @@ def snapshot(hub_id: HubId, *, repo_type: str, what: str, allow_patterns=None) -
         in the cache while offline, does not exist, is gated, or the Hub cannot be reached.
     """
     try:
-        return pathlib.Path(huggingface_hub.snapshot_download(
-            hub_id.repo_id, repo_type=repo_type, revision=hub_id.revision, allow_patterns=allow_patterns))
+        return pathlib.Path(
+            huggingface_hub.snapshot_download(
+                hub_id.repo_id, repo_type=repo_type, revision=hub_id.revision, allow_patterns=allow_patterns
+            )
+        )
     except hub_errors.LocalEntryNotFoundError:
-        problem = (f"is not in the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) and downloads "
-                   "are off (HF_HUB_OFFLINE=1) or the Hub cannot be reached")
+        problem = (
+            f"is not in the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) and downloads "
+            "are off (HF_HUB_OFFLINE=1) or the Hub cannot be reached"
+        )
     except hub_errors.GatedRepoError:
         problem = "is a gated repository: accept its terms on the Hub and log in (hf auth login, or set HF_TOKEN)"
     except hub_errors.RepositoryNotFoundError:
@@ -93,5 +104,6 @@ def resolve_model_dir(path: str | pathlib.Path, what: str = "model directory") -
         problem = "is a file, not a directory" if local.exists() else "does not exist"
         raise FileNotFoundError(
             f"{what}: {str(path)!r} {problem}; give a local Hugging Face model directory (config.json, "
-            "*.safetensors, tokenizer files) or a Hub id such as 'org/name' or 'org/name@revision'")
+            "*.safetensors, tokenizer files) or a Hub id such as 'org/name' or 'org/name@revision'"
+        )
     return snapshot(hub_id, repo_type="model", what=what, allow_patterns=list(MODEL_FILES))

@@ -75,12 +75,16 @@ def _import_module(module_name: str, attribute: str, label: str):
             raise ImportPathError(
                 f"{label}: cannot import module {module_name!r} (no {err.name.replace('.', '/')}.py in {cwd} or on "
                 f"sys.path); run from the directory that holds it, or give the file's path: "
-                f"path/to/{module_name.replace('.', '/')}.py:{attribute}") from None
-        raise ImportPathError(f"{label}: importing module {module_name!r} raised {raised(err)}; install what it "
-                              "imports, or fix the module") from None
+                f"path/to/{module_name.replace('.', '/')}.py:{attribute}"
+            ) from None
+        raise ImportPathError(
+            f"{label}: importing module {module_name!r} raised {raised(err)}; install what it "
+            "imports, or fix the module"
+        ) from None
     except BaseException as err:  # noqa: BLE001
-        raise ImportPathError(f"{label}: importing module {module_name!r} raised {raised(err)}; fix the module") \
-            from None
+        raise ImportPathError(
+            f"{label}: importing module {module_name!r} raised {raised(err)}; fix the module"
+        ) from None
 
 
 def module_file(module) -> str:
@@ -106,17 +110,26 @@ def import_object(path: str, label: str) -> tuple[Any, str]:
     if location.endswith(".py") or "/" in location or os.sep in location:
         file = pathlib.Path(location).expanduser()
         if not file.is_file():
-            raise ImportPathError(f"{label}: no file {file.resolve()}; give an existing path/to/file.py:{attribute}, "
-                                  f"or module:{attribute}")
+            raise ImportPathError(
+                f"{label}: no file {file.resolve()}; give an existing path/to/file.py:{attribute}, "
+                f"or module:{attribute}"
+            )
         module = _import_file(file, label)
     else:
         module = _import_module(location, attribute, label)
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
-            defined = sorted(n for n, v in vars(module).items() if not n.startswith("_") and (
-                inspect.isfunction(v) or inspect.isclass(v)) and getattr(v, "__module__", None) == module.__name__)
-            raise ImportPathError(f"{label}: {module_file(module)} has no {attribute!r}; it defines "
-                                  f"{', '.join(defined) or 'no functions or classes'}")
+            defined = sorted(
+                n
+                for n, v in vars(module).items()
+                if not n.startswith("_")
+                and (inspect.isfunction(v) or inspect.isclass(v))
+                and getattr(v, "__module__", None) == module.__name__
+            )
+            raise ImportPathError(
+                f"{label}: {module_file(module)} has no {attribute!r}; it defines "
+                f"{', '.join(defined) or 'no functions or classes'}"
+            )
         target = getattr(target, part)
     return target, module_file(module)

@@ -95,8 +95,14 @@ class PreemptionWatch:
       hard_exit: how the process ends at once (tests replace it).
     """
 
-    def __init__(self, signals=("SIGTERM", "SIGUSR1"), grace_s: float = 0.0, *,
-                 any_process: Callable[[bool], bool] | None = None, hard_exit: Callable[[int], None] = _hard_exit):
+    def __init__(
+        self,
+        signals=("SIGTERM", "SIGUSR1"),
+        grace_s: float = 0.0,
+        *,
+        any_process: Callable[[bool], bool] | None = None,
+        hard_exit: Callable[[int], None] = _hard_exit,
+    ):
         self.signals = signal_numbers(signals)
         self.grace_s = float(grace_s)
         self._any_process = any_process
@@ -134,8 +140,11 @@ class PreemptionWatch:
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:  # the second signal: at once
-            print(f"{signal.Signals(signum).name} again: stopping at once (exit code {exit_code(self.signum)}); "
-                  "the rerun resumes from the latest complete checkpoint", file=sys.stderr)
+            print(
+                f"{signal.Signals(signum).name} again: stopping at once (exit code {exit_code(self.signum)}); "
+                "the rerun resumes from the latest complete checkpoint",
+                file=sys.stderr,
+            )
             self._hard_exit(exit_code(self.signum))
             return
         self.signum, self.received_at = signum, time.monotonic()
@@ -144,18 +153,29 @@ class PreemptionWatch:
             self._timer.daemon = True
             self._timer.start()
         if not self._deferring:
-            raise Preempted(self._message("stopped where it was (the warm start, an evaluation or the export: "
-                                          "not checkpointable mid-way); the rerun redoes it"), signum)
-        print(f"{self.name()} received: finishing the step in flight, then saving a checkpoint of it "
-              f"(at most {self.grace_s:g} s)" if self.grace_s > 0 else
-              f"{self.name()} received: finishing the step in flight, then saving a checkpoint of it",
-              file=sys.stderr)
+            raise Preempted(
+                self._message(
+                    "stopped where it was (the warm start, an evaluation or the export: "
+                    "not checkpointable mid-way); the rerun redoes it"
+                ),
+                signum,
+            )
+        print(
+            f"{self.name()} received: finishing the step in flight, then saving a checkpoint of it "
+            f"(at most {self.grace_s:g} s)"
+            if self.grace_s > 0
+            else f"{self.name()} received: finishing the step in flight, then saving a checkpoint of it",
+            file=sys.stderr,
+        )
 
     def _expire(self) -> None:
         assert self.signum is not None  # the timer starts once a signal arrived
-        print(f"{self.name()}: the step in flight and its checkpoint did not finish within "
-              f"train.preemption_grace_s={self.grace_s:g} s; stopping at once (exit code {exit_code(self.signum)}). "
-              "The rerun resumes from the latest complete checkpoint", file=sys.stderr)
+        print(
+            f"{self.name()}: the step in flight and its checkpoint did not finish within "
+            f"train.preemption_grace_s={self.grace_s:g} s; stopping at once (exit code {exit_code(self.signum)}). "
+            "The rerun resumes from the latest complete checkpoint",
+            file=sys.stderr,
+        )
         self._hard_exit(exit_code(self.signum))
 
     def _message(self, what: str) -> str:
@@ -198,6 +218,9 @@ class PreemptionWatch:
         """The `Preempted` to raise once ``step`` is checkpointed in ``checkpoint``."""
         assert self.signum is not None  # a signal arrived (stop_after_step said so)
         waited = time.monotonic() - self.received_at if self.received_at is not None else 0.0
-        return Preempted(f"preempted by {self.name()}: saved step {step} in {checkpoint} {waited:.1f} s after the "
-                         f"signal; rerun the same command to resume (exit code {exit_code(self.signum)})",
-                         self.signum, step)
+        return Preempted(
+            f"preempted by {self.name()}: saved step {step} in {checkpoint} {waited:.1f} s after the "
+            f"signal; rerun the same command to resume (exit code {exit_code(self.signum)})",
+            self.signum,
+            step,
+        )

@@ -81,8 +81,10 @@ def write_failed(path: str | pathlib.Path, err: BaseException) -> WriteFailedErr
     """The `WriteFailedError` for a failed write of ``path``: one line naming it, the error and the
     free space."""
     reason = " ".join(str(err.strerror if isinstance(err, OSError) and err.strerror else err).split())
-    return WriteFailedError(f"{path}: cannot write it ({reason}; {free_space(path)}). The run stopped; the "
-                            "previous checkpoint and files are intact: free space and rerun the same command to resume")
+    return WriteFailedError(
+        f"{path}: cannot write it ({reason}; {free_space(path)}). The run stopped; the "
+        "previous checkpoint and files are intact: free space and rerun the same command to resume"
+    )
 
 
 @contextlib.contextmanager
@@ -104,6 +106,7 @@ class RunDir:
     path: pathlib.Path
 
     if TYPE_CHECKING:  # the dataclass's __init__ takes a str too (__post_init__ makes it a Path)
+
         def __init__(self, path: str | pathlib.Path) -> None: ...
 
     def __post_init__(self):
@@ -306,8 +309,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int | None = 5,
-                   ignore: Iterable[str] = ()) -> str:
+def config_changes(
+    before: dict[str, Any], after: dict[str, Any], *, limit: int | None = 5, ignore: Iterable[str] = ()
+) -> str:
     """The fields whose values differ between two JSON configs (nested dicts), as
     ``"rl.snr_tau (was 0.8, now 0.5), ..."``: the first ``limit`` by name (None: all), then how
     many more; the dotted names in ``ignore`` are not compared. Empty when they agree."""
@@ -330,15 +334,39 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], *, limit: int 
 # a run (it may not go below the step already reached: the trainer checks that). Everything else must
 # equal config.json's.
 RESUMABLE_FIELDS = (
-    "train.num_steps", "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
-    "eval.batch_size", "rewards.num_workers", "sft.cache_dir", "model.remat", "rl.micro_batch_size",
-    "rl.length_bucket", "sft.length_bucket",
-    "mesh.data", "mesh.fsdp", "mesh.tensor", "train.max_consecutive_skipped_steps",
-    "rewards.max_failed_fraction", "rewards.timeout_s", "rewards.offload", "distributed.coordinator_address",
-    "distributed.num_processes", "distributed.process_id", "distributed.initialization_timeout_s",
-    "distributed.heartbeat_timeout_s", "export.dtype", "train.preemption_signals", "train.preemption_grace_s",
-    "logging.rollouts_every", "logging.wandb.enabled", "logging.wandb.project", "logging.wandb.name",
-    "logging.wandb.entity", "logging.wandb.mode",
+    "train.num_steps",
+    "train.log_every",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "eval.every_steps",
+    "eval.batch_size",
+    "rewards.num_workers",
+    "sft.cache_dir",
+    "model.remat",
+    "rl.micro_batch_size",
+    "rl.length_bucket",
+    "sft.length_bucket",
+    "mesh.data",
+    "mesh.fsdp",
+    "mesh.tensor",
+    "train.max_consecutive_skipped_steps",
+    "rewards.max_failed_fraction",
+    "rewards.timeout_s",
+    "rewards.offload",
+    "distributed.coordinator_address",
+    "distributed.num_processes",
+    "distributed.process_id",
+    "distributed.initialization_timeout_s",
+    "distributed.heartbeat_timeout_s",
+    "export.dtype",
+    "train.preemption_signals",
+    "train.preemption_grace_s",
+    "logging.rollouts_every",
+    "logging.wandb.enabled",
+    "logging.wandb.project",
+    "logging.wandb.name",
+    "logging.wandb.entity",
+    "logging.wandb.mode",
 )
 
 
@@ -347,8 +375,9 @@ def has_progress(workdir: str | pathlib.Path) -> bool:
     (complete or not), metrics, an exported policy or results. (A warm start alone is checked
     against the config by `gd2po_jax.sft.warm_start`.)"""
     files = RunDir(workdir)
-    return (any(p.exists() for p in (files.eval_report("before_rl"), files.metrics, files.policy, files.results))
-            or (files.checkpoints.is_dir() and any(files.checkpoints.iterdir())))
+    return any(p.exists() for p in (files.eval_report("before_rl"), files.metrics, files.policy, files.results)) or (
+        files.checkpoints.is_dir() and any(files.checkpoints.iterdir())
+    )
 
 
 def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
@@ -365,8 +394,12 @@ def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
     if not files.config.is_file() or not has_progress(workdir):
         return
     before = {"config": json.loads(load_run_config(workdir).to_json())}
-    changes = config_changes(before, {"config": json.loads(config.to_json())}, limit=None,
-                             ignore=[f"config.{name}" for name in RESUMABLE_FIELDS])
+    changes = config_changes(
+        before,
+        {"config": json.loads(config.to_json())},
+        limit=None,
+        ignore=[f"config.{name}" for name in RESUMABLE_FIELDS],
+    )
     if changes:
         raise ConfigError(
             f"{changes}: the run in {files.path} was made with the values in {files.config}, and rerunning "
@@ -424,8 +457,9 @@ def _holder(fd: int) -> str:
         info = None
     if not isinstance(info, dict):
         return "another process (it has not written its name yet)"
-    return (f"{info.get('program', 'a process')} (pid {info.get('pid')} on {info.get('host')}, "
-            f"since {info.get('started')})")
+    return (
+        f"{info.get('program', 'a process')} (pid {info.get('pid')} on {info.get('host')}, since {info.get('started')})"
+    )
 
 
 def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
@@ -450,16 +484,22 @@ def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise WorkdirBusyError(f"{path.parent} is in use by {holder}; its lock is {path}. Wait for it to "
-                                   "finish, or use another --workdir") from None
+            raise WorkdirBusyError(
+                f"{path.parent} is in use by {holder}; its lock is {path}. Wait for it to "
+                "finish, or use another --workdir"
+            ) from None
         except OSError as err:
             os.close(fd)
             raise RunDirError(f"{path}: cannot lock it ({err})") from None
         if _same_file(path, fd):  # not removed by a holder that released it meanwhile
             break
         os.close(fd)
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "program": program,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "program": program,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     return WorkdirLock(path, fd)

@@ -44,7 +44,8 @@ def import_wandb():
         raise ConfigError(
             f"config.logging.wandb.enabled: True, but the wandb package cannot be imported ({err}); "
             "pip install wandb (or pip install 'gd2po-jax[wandb]'), or turn W&B off with "
-            "--config.logging.wandb.enabled=False") from None
+            "--config.logging.wandb.enabled=False"
+        ) from None
     return wandb
 
 
@@ -75,16 +76,25 @@ def run_id(workdir: str | pathlib.Path) -> str:
     return new
 
 
-def init_arguments(config: RunConfig, workdir: str | pathlib.Path, wandb_id: str,
-                   environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def init_arguments(
+    config: RunConfig, workdir: str | pathlib.Path, wandb_id: str, environ: Mapping[str, str] = os.environ
+) -> dict[str, Any]:
     """The keyword arguments of ``wandb.init`` for a run of ``config`` in ``workdir``: project, name
     (default: the workdir's name), entity (None: the logged-in default), mode (`resolved_mode`), dir
     (the workdir: W&B writes ``WORKDIR/wandb/``), the config, the run id and ``resume="allow"``
     (a resumed run continues it; the resumable fields may change, hence ``allow_val_change``)."""
     settings, workdir = config.logging.wandb, pathlib.Path(workdir)
-    return dict(project=settings.project, name=settings.name or workdir.absolute().name,
-                entity=settings.entity or None, mode=resolved_mode(settings, environ), dir=str(workdir.absolute()),
-                config=config.to_dict(), id=wandb_id, resume="allow", allow_val_change=True)
+    return dict(
+        project=settings.project,
+        name=settings.name or workdir.absolute().name,
+        entity=settings.entity or None,
+        mode=resolved_mode(settings, environ),
+        dir=str(workdir.absolute()),
+        config=config.to_dict(),
+        id=wandb_id,
+        resume="allow",
+        allow_val_change=True,
+    )
 
 
 def _scalars(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -55,9 +55,16 @@ class SFTData:
         return self.input_ids.shape[1] - self.loss_mask.shape[1]
 
 
-def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, where: str,
-                   template_kwargs: Mapping[str, Any] | None = None, tools_column: str = "",
-                   length_bucket: int = 0) -> SFTData:
+def build_sft_data(
+    dataset: datasets.Dataset,
+    tokenizer,
+    *,
+    max_length: int,
+    where: str,
+    template_kwargs: Mapping[str, Any] | None = None,
+    tools_column: str = "",
+    length_bucket: int = 0,
+) -> SFTData:
     """Tokenize the rows of ``dataset`` that have a ``target``, rendered as RL renders its prompts.
 
     Args:
@@ -101,8 +108,13 @@ def build_sft_data(dataset: datasets.Dataset, tokenizer, *, max_length: int, whe
         attention_mask[i, : prompt_length - len(prompt_ids)] = False
         input_ids[i, prompt_length : prompt_length + len(completion_ids)] = completion_ids
         loss_mask[i, : len(completion_ids)] = True
-    return SFTData(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                   prompt_lengths=np.array([len(p) for p in prompts], np.int32), length_bucket=length_bucket)
+    return SFTData(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        prompt_lengths=np.array([len(p) for p in prompts], np.int32),
+        length_bucket=length_bucket,
+    )
 
 
 def _round_up(length: int, bucket: int) -> int:
@@ -130,8 +142,7 @@ def padding_share(data: SFTData, rows: np.ndarray, first: int) -> float:
     return 1.0 - (int(data.prompt_lengths[rows].sum()) + completion_tokens) / slots
 
 
-def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_dtype="float32",
-                  chunk_size: int = 128):
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation, *, compute_dtype="float32", chunk_size: int = 128):
     """``step(state, input_ids [B, S], attention_mask [B, S], loss_mask [B, Lc]) -> (state,
     metrics)``, to be jitted."""
 

@@ -117,24 +117,37 @@ def check_warm_start_inputs(warm_start_path: pathlib.Path, config: RunConfig) ->
         )
 
 
-def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path, *,
-                     progress: bool = True) -> tuple[Any, Any]:
+def train_warm_start(
+    config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path, *, progress: bool = True
+) -> tuple[Any, Any]:
     """SFT of ``setup.model_path`` on ``setup.sft_dataset``'s targets for ``config.sft.num_steps``;
     logs the loss to ``logs_dir``. Returns (graphdef, trained params)."""
-    data = build_sft_data(setup.sft_dataset, setup.tokenizer, max_length=config.sft.max_length,
-                          where=config.sft.data or "training data", template_kwargs=config.data.template_kwargs,
-                          tools_column=config.data.tools_column, length_bucket=config.sft.length_bucket)
+    data = build_sft_data(
+        setup.sft_dataset,
+        setup.tokenizer,
+        max_length=config.sft.max_length,
+        where=config.sft.data or "training data",
+        template_kwargs=config.data.template_kwargs,
+        tools_column=config.data.tools_column,
+        length_bucket=config.sft.length_bucket,
+    )
     model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh, remat=config.model.remat)
     graphdef, params = nnx.split(model, nnx.Param)
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, config.sft.learning_rate, max(1, config.sft.num_steps // 10), max(1, config.sft.num_steps),
+        0.0,
+        config.sft.learning_rate,
+        max(1, config.sft.num_steps // 10),
+        max(1, config.sft.num_steps),
         end_value=config.sft.learning_rate * 0.1,
     )
     optimizer = make_optimizer(schedule, weight_decay=config.train.weight_decay, grad_clip=config.train.grad_clip)
-    state = setup.place(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
-                                   jax.random.PRNGKey(0)))
-    step_fn = jax.jit(make_sft_step(graphdef, optimizer, compute_dtype=config.model.dtype,
-                                    chunk_size=config.train.logit_chunk_size), donate_argnums=(0,))
+    state = setup.place(
+        TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+    )
+    step_fn = jax.jit(
+        make_sft_step(graphdef, optimizer, compute_dtype=config.model.dtype, chunk_size=config.train.logit_chunk_size),
+        donate_argnums=(0,),
+    )
     order = sft_batches(len(data), config.sft.batch_size, config.sft.num_steps, config.sft.seed)
     writer = MetricsWriter(logs_dir, tensorboard=False) if distributed.is_primary() else None
     bar = tqdm.tqdm(order, desc="warm start (SFT)", disable=not progress)
@@ -143,9 +156,14 @@ def train_warm_start(config: RunConfig, setup: RunSetup, logs_dir: pathlib.Path,
         # process builds the rows of the batch its devices hold.
         first = data.prompt_length - batch_window(data, rows)
         batch = distributed.batch_rows(
-            lambda local: (data.input_ids[rows[local], first:], data.attention_mask[rows[local], first:],
-                           data.loss_mask[rows[local]]),
-            len(rows), setup.mesh)
+            lambda local: (
+                data.input_ids[rows[local], first:],
+                data.attention_mask[rows[local], first:],
+                data.loss_mask[rows[local]],
+            ),
+            len(rows),
+            setup.mesh,
+        )
         state, metrics = step_fn(state, *batch)
         if writer and (i % 10 == 0 or i == len(order) - 1):
             record = writer.write(i + 1, {**jax.device_get(metrics), "sft/padding": padding_share(data, rows, first)})
@@ -180,8 +198,9 @@ def warm_start(config: RunConfig, setup: RunSetup, workdir: pathlib.Path, *, pro
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = run_dir.staging_name(out_dir)
     try:
-        save_pretrained(nnx.merge(graphdef, params), staging, tokenizer=setup.tokenizer,
-                        copy_files_from=setup.model_path)
+        save_pretrained(
+            nnx.merge(graphdef, params), staging, tokenizer=setup.tokenizer, copy_files_from=setup.model_path
+        )
         (staging / INPUTS_FILE).write_text(json.dumps(warm_start_inputs(config), indent=2, sort_keys=True))
         if not publish_dir(staging, out_dir):
             logger.info("warm start: %s was written by another run meanwhile; using it", out_dir)
@@ -209,8 +228,10 @@ def build_warm_start(config: RunConfig, workdir: str | pathlib.Path, *, progress
         run_dir.check_resume_config(workdir, config)
         setup = build_setup(config, workdir)
         if setup.sft_dataset is None:
-            raise ConfigError("config.sft.only_with_targets: the SFT data has no row with a target, so there is no "
-                              "warm start to build")
+            raise ConfigError(
+                "config.sft.only_with_targets: the SFT data has no row with a target, so there is no "
+                "warm start to build"
+            )
         if primary:
             run_dir.write_config(workdir, config)
         return warm_start(config, setup, workdir, progress=progress and primary)

@@ -65,8 +65,11 @@ from gd2po_jax.runtime.run_dir import publish_dir, staging_name
 SPLITS = ("train", "validation", "test")
 """The split names a task may give (`Task.load_splits`); train is required."""
 
-TOOL_CALLING_TEST_METRICS = (("test/correct_acc", "Correct Acc"), ("test/format_acc", "Format Acc"),
-                             ("test/length", "Length"))
+TOOL_CALLING_TEST_METRICS = (
+    ("test/correct_acc", "Correct Acc"),
+    ("test/format_acc", "Format Acc"),
+    ("test/length", "Length"),
+)
 """(key, label) of the tool-calling test metrics (eval/test.json's ``correct_acc`` ...)."""
 
 
@@ -123,8 +126,13 @@ class Task(abc.ABC):
         and their sum) with ``rewards.kind='reward_model'``; else the tool-calling metrics."""
         if config.rewards.functions:
             rewards = config.rewards
-            return RewardFunctionScorer(reward_fn, run_reward_weights(config, reward_fn), on_error=rewards.on_error,
-                                        num_workers=rewards.num_workers, timeout_s=rewards.timeout_s)
+            return RewardFunctionScorer(
+                reward_fn,
+                run_reward_weights(config, reward_fn),
+                on_error=rewards.on_error,
+                num_workers=rewards.num_workers,
+                timeout_s=rewards.timeout_s,
+            )
         if config.rewards.kind == "reward_model":
             return RewardModelScorer(reward_fn)
         return tool_calling_scorer(config.rewards.max_think_words)
@@ -138,8 +146,9 @@ class Task(abc.ABC):
         `eval_summary` added to it, as text). Default: none (empty)."""
         return ""
 
-    def habit_breakdown(self, config: RunConfig, names: Sequence[str],
-                        generations: Callable[[str], Iterable[Mapping[str, Any]]]) -> dict[str, Any]:
+    def habit_breakdown(
+        self, config: RunConfig, names: Sequence[str], generations: Callable[[str], Iterable[Mapping[str, Any]]]
+    ) -> dict[str, Any]:
         """``eval.py --habits``: what the saved evaluations ``names`` of a run of ``config`` say of the
         policy's habits, by name (``generations(name)``: the rows of ``eval/<name>.jsonl``, at least
         ``response``, ``ground_truth`` and ``correct``). Default: the task has no habits.
@@ -147,10 +156,13 @@ class Task(abc.ABC):
         Raises:
           NoHabitsError: one line naming ``config.task`` and the registered tasks that have habits.
         """
-        having = [name for name, task in sorted(_TASKS.items())
-                  if type(task).habit_breakdown is not Task.habit_breakdown]
-        raise NoHabitsError(f"has task {config.task!r}, which has no habit breakdown"
-                            + (f" (tasks with one: {', '.join(having)})" if having else ""))
+        having = [
+            name for name, task in sorted(_TASKS.items()) if type(task).habit_breakdown is not Task.habit_breakdown
+        ]
+        raise NoHabitsError(
+            f"has task {config.task!r}, which has no habit breakdown"
+            + (f" (tasks with one: {', '.join(having)})" if having else "")
+        )
 
     def habit_table(self, config: RunConfig, breakdown: Mapping[str, Any]) -> str:
         """`habit_breakdown` as the text ``eval.py --habits`` prints. Default: one line per evaluation,
@@ -168,7 +180,8 @@ class Task(abc.ABC):
         run's rewards (its functions are imported to learn their names) and their sum."""
         if config.rewards.functions:
             names = tuple(config.rewards.names) + tuple(
-                name for entry in config.rewards.function_entries() for name in load_function(entry).names)
+                name for entry in config.rewards.function_entries() for name in load_function(entry).names
+            )
             return tuple((f"test/{name}", name) for name in names) + (("test/reward_sum", "sum"),)
         if config.rewards.kind == "reward_model":
             return tuple((f"test/{name}", name) for name in config.rewards.names) + (("test/reward_sum", "sum"),)
@@ -225,9 +238,11 @@ def task_named(name: str) -> Task:
     if task is None and is_import_path(name):
         task = _import_task(name)
     if task is None:
-        raise ConfigError(f"config.task: {name!r} is not a registered task; registered: "
-                          f"{', '.join(registered_tasks())}; a task of your own: module:object or "
-                          "path/to/file.py:object (a Task subclass or instance)")
+        raise ConfigError(
+            f"config.task: {name!r} is not a registered task; registered: "
+            f"{', '.join(registered_tasks())}; a task of your own: module:object or "
+            "path/to/file.py:object (a Task subclass or instance)"
+        )
     return task
 
 
@@ -242,14 +257,17 @@ def _import_task(path: str) -> Task:
     if isinstance(target, type) and issubclass(target, Task):
         target = target()
     if not isinstance(target, Task):
-        raise ConfigError(f"config.task ({path!r}): {path.rpartition(':')[2]!r} in {source} is a "
-                          f"{type(target).__name__}, not a gd2po_jax.tasks.Task subclass or instance")
+        raise ConfigError(
+            f"config.task ({path!r}): {path.rpartition(':')[2]!r} in {source} is a "
+            f"{type(target).__name__}, not a gd2po_jax.tasks.Task subclass or instance"
+        )
     register_task(path)(target)
     return target
 
 
-def dataset_splits(rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]],
-                   features: datasets.Features = FEATURES) -> datasets.DatasetDict:
+def dataset_splits(
+    rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]], features: datasets.Features = FEATURES
+) -> datasets.DatasetDict:
     """The ``DatasetDict`` of generated rows (split -> rows, each a dict with every column of
     ``features``), each split typed by ``features`` (an empty split too). Default: the prompt
     schema `gd2po_jax.data.loaders.FEATURES`, whose ``prompt_text`` and ``extra_columns`` a row may
@@ -259,15 +277,19 @@ def dataset_splits(rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]],
     def value(row: Mapping[str, Any], name: str) -> Any:
         return row.get(name) if name in optional else row[name]
 
-    return datasets.DatasetDict({
-        split: datasets.Dataset.from_dict({name: [value(row, name) for row in rows] for name in features},
-                                          features=features)
-        for split, rows in rows_by_split.items()
-    })
+    return datasets.DatasetDict(
+        {
+            split: datasets.Dataset.from_dict(
+                {name: [value(row, name) for row in rows] for name in features}, features=features
+            )
+            for split, rows in rows_by_split.items()
+        }
+    )
 
 
-def build_tiny_model(out_dir: pathlib.Path, corpus: Iterable[str], tiny: TinyModelConfig,
-                     vocab_size: int) -> pathlib.Path:
+def build_tiny_model(
+    out_dir: pathlib.Path, corpus: Iterable[str], tiny: TinyModelConfig, vocab_size: int
+) -> pathlib.Path:
     """Write a tokenizer trained on ``corpus`` and a random tiny Qwen2 to ``out_dir`` (once), so a
     generated task runs the code paths of a real checkpoint (config.json + safetensors + tokenizer
     files + chat template).
@@ -286,8 +308,11 @@ def build_tiny_model(out_dir: pathlib.Path, corpus: Iterable[str], tiny: TinyMod
         return out_dir
     staging = staging_name(out_dir)  # unique to this process: concurrent builders never share it
     tokenizer = build_tokenizer(corpus, vocab_size)
-    model = Decoder(tiny_qwen2_config(tiny, len(tokenizer), max_position_embeddings=4096), dtype=jnp.float32,
-                    rngs=nnx.Rngs(tiny.seed))
+    model = Decoder(
+        tiny_qwen2_config(tiny, len(tokenizer), max_position_embeddings=4096),
+        dtype=jnp.float32,
+        rngs=nnx.Rngs(tiny.seed),
+    )
     try:
         save_pretrained(model, staging, tokenizer=tokenizer)
         publish_dir(staging, out_dir)  # False: another process built the same model meanwhile
@@ -299,14 +324,21 @@ def build_tiny_model(out_dir: pathlib.Path, corpus: Iterable[str], tiny: TinyMod
 def results_table(results: Mapping[str, Any]) -> str:
     """A small before/after table of the headline validation metrics of ``results.json`` (the
     tool-calling ones, or each reward model's mean score and their sum)."""
-    rows = [("Correct Acc", "correct_acc"), ("Correctness", "correctness"), ("Format Acc", "format_acc"),
-            ("Length", "length"), ("Truncation", "truncation_rate")]
+    rows = [
+        ("Correct Acc", "correct_acc"),
+        ("Correctness", "correctness"),
+        ("Format Acc", "format_acc"),
+        ("Length", "length"),
+        ("Truncation", "truncation_rate"),
+    ]
     before, after = results.get("before_rl") or {}, results.get("after_rl") or {}
     reward_names = after.get("reward_names") or before.get("reward_names")
     if reward_names:  # scored by reward models (evaluation.during_training.evaluate_split)
         rows = [(name, name) for name in reward_names] + [("Sum", "reward_sum"), ("Truncation", "truncation_rate")]
-    lines = [f"{results['split'] or 'no eval split'} ({results['algorithm']}, {results['steps']} RL steps)",
-             f"{'metric':<14}{'before RL':>12}{'after RL':>12}"]
+    lines = [
+        f"{results['split'] or 'no eval split'} ({results['algorithm']}, {results['steps']} RL steps)",
+        f"{'metric':<14}{'before RL':>12}{'after RL':>12}",
+    ]
     for label, key in rows:
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"{label:<14}{fmt(before.get(key)):>12}{fmt(after.get(key)):>12}")

@@ -66,25 +66,39 @@ def scorable_rows(dataset, path: str, reward_fn, config: RunConfig) -> Any:
     errors = [DataFormatError(path, rows[i], column, problem) for i, column, problem in problems]
     bad = sorted({i for i, _, _ in problems})
     if len(bad) == len(dataset) and config.data.on_error == "skip":
-        raise DataFormatError(path, None, None, f"no usable rows: the reward {config.rewards.kind!r} cannot "
-                              f"score any of the {len(bad)} rows; first: {errors[0]}")
+        raise DataFormatError(
+            path,
+            None,
+            None,
+            f"no usable rows: the reward {config.rewards.kind!r} cannot "
+            f"score any of the {len(bad)} rows; first: {errors[0]}",
+        )
     if config.data.on_error == "raise":
         first = errors[0]
         others = f" ({len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
-        raise DataFormatError(path, first.row, first.field, f"{first.problem}{others}; the reward "
-                              f"{config.rewards.kind!r} cannot score it (fix the data, or set "
-                              "config.data.on_error='skip' to leave such rows out)")
-    logger.warning("%s: skipped %d rows the reward cannot score (config.data.on_error='skip'); first: %s",
-                   path, len(bad), errors[0])
+        raise DataFormatError(
+            path,
+            first.row,
+            first.field,
+            f"{first.problem}{others}; the reward "
+            f"{config.rewards.kind!r} cannot score it (fix the data, or set "
+            "config.data.on_error='skip' to leave such rows out)",
+        )
+    logger.warning(
+        "%s: skipped %d rows the reward cannot score (config.data.on_error='skip'); first: %s",
+        path,
+        len(bad),
+        errors[0],
+    )
     keep = sorted(set(range(len(dataset))) - set(bad))
     return dataset.select(keep)
 
 
 PUBLIC_DATA = {
     "tool_calling": "ToolRL's RLLA 4K, dataset/rlla_4k/train.parquet (validation and test: test.parquet) of "
-                    "github.com/qiancheng0/ToolRL",
+    "github.com/qiancheng0/ToolRL",
     "reward_model": "GD2PO's Alpaca prompts, safe-alignment/dataset/alpaca_prompt_only/train.parquet (validation "
-                    "and test: test.parquet) of github.com/Qwen-Applications/GD2PO",
+    "and test: test.parquet) of github.com/Qwen-Applications/GD2PO",
 }
 """Where the paper's data for a reward kind is published (configs/toolrl.py, configs/safety.py), named by
 the errors about an empty data field."""
@@ -115,5 +129,7 @@ class FilesTask(Task):
         return splits, pathlib.Path(config.model.path)
 
     def usable_rows(self, config: RunConfig, splits: dict[str, Any], reward_fn) -> dict[str, Any]:
-        return {split: scorable_rows(dataset, getattr(config.data, split), reward_fn, config)
-                for split, dataset in splits.items()}
+        return {
+            split: scorable_rows(dataset, getattr(config.data, split), reward_fn, config)
+            for split, dataset in splits.items()
+        }

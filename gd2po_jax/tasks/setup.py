@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 REWARD_MODEL_KINDS = ("reward_model",)
 """The reward kinds that read ``rewards.reward_models``."""
 
+
 @dataclasses.dataclass
 class RunSetup:
     """What a run is made of, resolved from the config (host objects; no training state)."""
@@ -102,8 +103,12 @@ def with_local_models(config: RunConfig) -> RunConfig:
 
 def _tool_calling_spec(config: RunConfig, **_) -> dict[str, Any]:
     rewards = config.rewards
-    return {"kind": rewards.kind, "names": tuple(rewards.names), "max_think_words": rewards.max_think_words,
-            "conditional_length": rewards.conditional_length}
+    return {
+        "kind": rewards.kind,
+        "names": tuple(rewards.names),
+        "max_think_words": rewards.max_think_words,
+        "conditional_length": rewards.conditional_length,
+    }
 
 
 def _reward_model_spec(config: RunConfig, *, tokenizer, eos_ids: list[int], mesh) -> dict[str, Any]:
@@ -111,12 +116,20 @@ def _reward_model_spec(config: RunConfig, *, tokenizer, eos_ids: list[int], mesh
     for name, model in rewards.reward_models.items():
         field = f"rewards.reward_models.{name}.path"
         if not model.path:
-            raise ConfigError(f"config.{field}: empty; give the directory of the score model that scores "
-                              f"{name!r} (--config.{field}=DIR)")
+            raise ConfigError(
+                f"config.{field}: empty; give the directory of the score model that scores "
+                f"{name!r} (--config.{field}=DIR)"
+            )
         _model_dir(model.path, field)  # local by now (`with_local_models`): checked, not fetched
-    return {"kind": rewards.kind, "names": tuple(rewards.names),
-            "reward_models": {name: model.to_dict() for name, model in rewards.reward_models.items()},
-            "offload": rewards.offload, "policy_tokenizer": tokenizer, "policy_eos_ids": list(eos_ids), "mesh": mesh}
+    return {
+        "kind": rewards.kind,
+        "names": tuple(rewards.names),
+        "reward_models": {name: model.to_dict() for name, model in rewards.reward_models.items()},
+        "offload": rewards.offload,
+        "policy_tokenizer": tokenizer,
+        "policy_eos_ids": list(eos_ids),
+        "mesh": mesh,
+    }
 
 
 _REWARD_SPECS = {"tool_calling": _tool_calling_spec, "reward_model": _reward_model_spec}
@@ -173,8 +186,9 @@ def build_run_reward(config: RunConfig, *, tokenizer=None, eos_ids=(), mesh=None
     try:
         return CombinedReward(tuple(parts))
     except ValueError as err:
-        raise ConfigError(f"config.rewards.functions: {err}; give the entries distinct names (an entry's 'name')") \
-            from None
+        raise ConfigError(
+            f"config.rewards.functions: {err}; give the entries distinct names (an entry's 'name')"
+        ) from None
 
 
 def check_user_functions(config: RunConfig, reward_fn, train: PromptSet) -> None:
@@ -204,8 +218,10 @@ def eval_split(config: RunConfig, setup: RunSetup) -> str | None:
     if split not in setup.evals:
         available = sorted(setup.evals) + ["none"]
         field = task_of(config).split_field(config, split)
-        raise ConfigError(f"config.eval.split: the data has no {split!r} split (config.{field} gives it no rows); "
-                          f"choose one of {available} ('none': no evaluation during the run)")
+        raise ConfigError(
+            f"config.eval.split: the data has no {split!r} split (config.{field} gives it no rows); "
+            f"choose one of {available} ('none': no evaluation during the run)"
+        )
     return split
 
 
@@ -239,8 +255,9 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     limit, truncation = config.data.max_prompt_tokens, config.data.prompt_truncation
     template: dict[str, Any]  # build_prompt_set's keywords
     template = {"template_kwargs": config.data.template_kwargs, "tools_column": config.data.tools_column}
-    train = build_prompt_set(splits["train"], tokenizer, max_prompt_tokens=limit, where="training data",
-                             truncation=truncation, **template)
+    train = build_prompt_set(
+        splits["train"], tokenizer, max_prompt_tokens=limit, where="training data", truncation=truncation, **template
+    )
     check_user_functions(config, reward_fn, train)
     evals: dict[str, PromptSet] = {}
     for split in ("validation", "test"):
@@ -248,18 +265,31 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
             dataset = splits[split]
             if config.eval.max_examples:
                 dataset = dataset.select(range(min(config.eval.max_examples, len(dataset))))
-            evals[split] = build_prompt_set(dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data",
-                                            truncation=truncation, **template)
+            evals[split] = build_prompt_set(
+                dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data", truncation=truncation, **template
+            )
     longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
     sft_dataset = None
     if config.sft.enabled:
         sft_dataset = load_file(config.sft.data, config, "sft.data") if config.sft.data else splits["train"]
         if config.sft.only_with_targets and not any(sft_dataset["target"]):
-            logger.info("no warm start: %s has no row with a target (config.sft.only_with_targets); RL starts from "
-                        "%s", config.sft.data or config.data.train or "the training data", model_path)
+            logger.info(
+                "no warm start: %s has no row with a target (config.sft.only_with_targets); RL starts from %s",
+                config.sft.data or config.data.train or "the training data",
+                model_path,
+            )
             sft_dataset = None
     return RunSetup(
-        model_path=model_path, tokenizer=tokenizer, eos_ids=eos_ids, pad_id=pad_id, reward_fn=reward_fn,
-        reward_names=tuple(reward_fn.names), reward_weights=reward_weights, train=train, evals=evals,
-        sft_dataset=sft_dataset, prompt_length=bucket_length(longest), mesh=mesh,
+        model_path=model_path,
+        tokenizer=tokenizer,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        reward_fn=reward_fn,
+        reward_names=tuple(reward_fn.names),
+        reward_weights=reward_weights,
+        train=train,
+        evals=evals,
+        sft_dataset=sft_dataset,
+        prompt_length=bucket_length(longest),
+        mesh=mesh,
     )

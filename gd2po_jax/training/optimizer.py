@@ -43,8 +43,12 @@ def optimizer_state_shardings(optimizer: optax.GradientTransformation, params: A
     first = jax.tree.leaves(shardings)[0]
     others = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
     return optax.tree_utils.tree_map_params(
-        optimizer, lambda _, sharding: sharding, jax.eval_shape(optimizer.init, params), shardings,
-        transform_non_params=lambda _: others)
+        optimizer,
+        lambda _, sharding: sharding,
+        jax.eval_shape(optimizer.init, params),
+        shardings,
+        transform_non_params=lambda _: others,
+    )
 
 
 def init_optimizer_state(optimizer: optax.GradientTransformation, params: Any) -> Any:

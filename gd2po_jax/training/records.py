@@ -49,6 +49,7 @@ class RolloutBatch:
     segment_ids: jax.Array | None = None
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+
         def replace(self, **changes: Any) -> RolloutBatch: ...
 
 
@@ -67,11 +68,11 @@ class TrainState:
     rng: jax.Array
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+
         def replace(self, **changes: Any) -> TrainState: ...
 
     def apply_gradients(self, optimizer: optax.GradientTransformation, grads: Any) -> TrainState:
         """The state after one optimizer update with ``grads`` (a pytree like ``params``): new
         parameters and optimizer state, ``step + 1``, the same RNG key."""
         updates, opt_state = optimizer.update(grads, self.opt_state, self.params)
-        return self.replace(params=optax.apply_updates(self.params, updates), opt_state=opt_state,
-                            step=self.step + 1)
+        return self.replace(params=optax.apply_updates(self.params, updates), opt_state=opt_state, step=self.step + 1)

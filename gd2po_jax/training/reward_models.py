@@ -52,8 +52,13 @@ def bradley_terry_loss(better: jax.Array, worse: jax.Array, regularization: floa
     bt_loss = -jnp.mean(jax.nn.log_sigmoid(better - worse))
     both = jnp.stack([better, worse])
     loss = bt_loss + regularization * jnp.mean(jnp.square(both))
-    metrics = {"loss": loss, "bt_loss": bt_loss, "accuracy": jnp.mean((better > worse).astype(jnp.float32)),
-               "score_mean": jnp.mean(both), "score_abs_mean": jnp.mean(jnp.abs(both))}
+    metrics = {
+        "loss": loss,
+        "bt_loss": bt_loss,
+        "accuracy": jnp.mean((better > worse).astype(jnp.float32)),
+        "score_mean": jnp.mean(both),
+        "score_abs_mean": jnp.mean(jnp.abs(both)),
+    }
     return loss, metrics
 
 
@@ -90,11 +95,13 @@ def build_pair_data(pairs, preference: str, tokenizer, *, max_length: int, where
     """
     missing = [c for c in ("prompt", "response_0", "response_1", preference) if c not in pairs.column_names]
     if missing:
-        raise ValueError(f"{where}: no column {missing} (PKU-SafeRLHF's prompt, response_0, response_1 and "
-                         f"{preference} are needed)")
+        raise ValueError(
+            f"{where}: no column {missing} (PKU-SafeRLHF's prompt, response_0, response_1 and {preference} are needed)"
+        )
     texts: dict[str, list[str]] = {"better": [], "worse": []}
     for row, (prompt, first, second, preferred) in enumerate(
-            zip(pairs["prompt"], pairs["response_0"], pairs["response_1"], pairs[preference])):
+        zip(pairs["prompt"], pairs["response_0"], pairs["response_1"], pairs[preference])
+    ):
         if preferred not in (0, 1):
             raise ValueError(f"{where}, row {row} (0-based): {preference}={preferred!r}, expected 0 or 1")
         messages = [{"role": "user", "content": prompt}]
@@ -106,8 +113,10 @@ def build_pair_data(pairs, preference: str, tokenizer, *, max_length: int, where
     for side in ids:
         for row, tokens in enumerate(ids[side]):
             if len(tokens) > max_length:
-                raise ValueError(f"{where}, row {row} (0-based): the {side} conversation has {len(tokens)} tokens, "
-                                 f"more than max_length={max_length}")
+                raise ValueError(
+                    f"{where}, row {row} (0-based): the {side} conversation has {len(tokens)} tokens, "
+                    f"more than max_length={max_length}"
+                )
             longest = max(longest, len(tokens))
     length = bucket_length(longest)
     pad_id = pad_token_id(tokenizer, eos_token_ids(tokenizer))
@@ -116,8 +125,8 @@ def build_pair_data(pairs, preference: str, tokenizer, *, max_length: int, where
         tokens = np.full((len(rows), length), pad_id, np.int32)
         mask = np.zeros((len(rows), length), bool)
         for i, row in enumerate(rows):
-            tokens[i, :len(row)] = row
-            mask[i, :len(row)] = True
+            tokens[i, : len(row)] = row
+            mask[i, : len(row)] = True
         arrays[f"{side}_ids"], arrays[f"{side}_mask"] = tokens, mask
     return PairData(**arrays)
 
@@ -141,9 +150,19 @@ def make_reward_step(graphdef, optimizer: optax.GradientTransformation, regulari
     return step
 
 
-def train_reward_model(model: ScoreModel, data: PairData, *, num_steps: int, batch_size: int, learning_rate: float,
-                       regularization: float, seed: int, grad_clip: float = 1.0, progress: bool = True,
-                       desc: str = "reward model") -> tuple[ScoreModel, list[dict[str, float]]]:
+def train_reward_model(
+    model: ScoreModel,
+    data: PairData,
+    *,
+    num_steps: int,
+    batch_size: int,
+    learning_rate: float,
+    regularization: float,
+    seed: int,
+    grad_clip: float = 1.0,
+    progress: bool = True,
+    desc: str = "reward model",
+) -> tuple[ScoreModel, list[dict[str, float]]]:
     """Train ``model`` (in place: its parameters are replaced) for ``num_steps`` AdamW steps of
     ``batch_size`` pairs drawn in seeded epochs (`gd2po_jax.training.batches.sft_batches`).
 
@@ -155,8 +174,9 @@ def train_reward_model(model: ScoreModel, data: PairData, *, num_steps: int, bat
     warmup = max(1, round(WARMUP_FRACTION * num_steps))
     schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(warmup + 1, num_steps))
     optimizer = make_optimizer(schedule, weight_decay=0.0, grad_clip=grad_clip, b2=ADAM_B2)
-    state = TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
-                       jax.random.PRNGKey(seed))
+    state = TrainState(
+        params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed)
+    )
     step_fn = jax.jit(make_reward_step(graphdef, optimizer, regularization), donate_argnums=(0,))
     order = sft_batches(len(data), batch_size, num_steps, seed)
     history = []

@@ -37,23 +37,15 @@ def _api_bank_answer(value: Any) -> list[dict]:
         try:
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as err:
-            raise FieldError(
-                "answer", f"not a Python literal ({type(err).__name__}: {err})"
-            ) from None
+            raise FieldError("answer", f"not a Python literal ({type(err).__name__}: {err})") from None
     calls = [value] if isinstance(value, dict) else value
     if not isinstance(calls, list) or not calls:
-        raise FieldError(
-            "answer", f"expected a non-empty list of calls or one call, got {value!r:.80}"
-        )
+        raise FieldError("answer", f"expected a non-empty list of calls or one call, got {value!r:.80}")
     for i, call in enumerate(calls):
         if not (
-            isinstance(call, dict)
-            and isinstance(call.get("name"), str)
-            and isinstance(call.get("parameters"), dict)
+            isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("parameters"), dict)
         ):
-            raise FieldError(
-                f"answer[{i}]", f"expected {{'name': str, 'parameters': dict}}, got {call!r:.80}"
-            )
+            raise FieldError(f"answer[{i}]", f"expected {{'name': str, 'parameters': dict}}, got {call!r:.80}")
     return calls
 
 
@@ -88,15 +80,11 @@ def decode_api_bank_answer(ground_truth: str) -> list[dict]:
     try:
         value = json.loads(ground_truth)
     except (TypeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(
-            f"bad API-Bank answer: the ground truth is not JSON ({err}): {ground_truth!r:.200}"
-        ) from None
+        raise ValueError(f"bad API-Bank answer: the ground truth is not JSON ({err}): {ground_truth!r:.200}") from None
     return parse_api_bank_answer(value)
 
 
-def load_api_bank_file(
-    path: str | os.PathLike, *, level: int | None = None, on_error: OnError = "raise"
-) -> LoadResult:
+def load_api_bank_file(path: str | os.PathLike, *, level: int | None = None, on_error: OnError = "raise") -> LoadResult:
     """Load one API-Bank processed file: a JSON list of {"system", "user", "answer", ...}.
 
     Args:
@@ -132,10 +120,7 @@ def load_api_bank(
     """Load `level-<N>-api_processed.json` for each level in `directory`, concatenated in order."""
     directory = pathlib.Path(directory)
     results = [
-        load_api_bank_file(
-            directory / f"level-{lv}-api_processed.json", level=lv, on_error=on_error
-        )
-        for lv in levels
+        load_api_bank_file(directory / f"level-{lv}-api_processed.json", level=lv, on_error=on_error) for lv in levels
     ]
     if not results:
         raise ValueError("load_api_bank needs at least one level")

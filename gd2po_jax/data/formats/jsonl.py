@@ -63,8 +63,9 @@ def load_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> LoadR
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise FieldError("<line>", f"not valid UTF-8: byte {raw[err.start]:#04x} at byte "
-                                       f"{err.start} of the line") from None
+            raise FieldError(
+                "<line>", f"not valid UTF-8: byte {raw[err.start]:#04x} at byte {err.start} of the line"
+            ) from None
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as err:

@@ -44,9 +44,7 @@ def load_verl_parquet(
     except (pa.ArrowException, OSError) as err:
         raise DataFormatError(path, None, None, f"not a readable parquet file ({type(err).__name__}: {err})") from None
     if PROMPT not in schema.names:
-        raise DataFormatError(
-            path, None, PROMPT, f"no 'prompt' column; columns are {schema.names}"
-        )
+        raise DataFormatError(path, None, PROMPT, f"no 'prompt' column; columns are {schema.names}")
     has_gt = _has_ground_truth_field(schema)
     if require_ground_truth and not has_gt:
         raise DataFormatError(
@@ -55,6 +53,7 @@ def load_verl_parquet(
             "reward_model.ground_truth",
             "missing; pass require_ground_truth=False to load prompt-only data",
         )
+
     def records() -> Iterator[tuple[int, None, dict]]:
         index = 0
         batches = parquet.iter_batches(batch_size=1024)  # every column: the others are extra columns
@@ -63,8 +62,9 @@ def load_verl_parquet(
                 batch = next(batches, None)
                 batch_records = [] if batch is None else batch.to_pylist()
             except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # a corrupt page
-                raise DataFormatError(path, None, None, f"unreadable from row {index} on "
-                                      f"({type(err).__name__}: {err})") from None
+                raise DataFormatError(
+                    path, None, None, f"unreadable from row {index} on ({type(err).__name__}: {err})"
+                ) from None
             if batch is None:
                 return
             for record in batch_records:
@@ -83,12 +83,11 @@ def verl_row(record: Any, index: int, *, has_ground_truth: bool) -> dict:
         reward_model = record.get("reward_model")
         if not isinstance(reward_model, dict):
             raise FieldError("reward_model", "missing (null)")
-        ground_truth = require_str(
-            reward_model.get("ground_truth"), "reward_model.ground_truth", allow_empty=False
-        )
+        ground_truth = require_str(reward_model.get("ground_truth"), "reward_model.ground_truth", allow_empty=False)
     source = optional_str(record.get("data_source"), "data_source") or "verl"
-    return schema_row(record, chat_messages(record.get(PROMPT), PROMPT), ground_truth=ground_truth, source=source,
-                      row=index)
+    return schema_row(
+        record, chat_messages(record.get(PROMPT), PROMPT), ground_truth=ground_truth, source=source, row=index
+    )
 
 
 def _has_ground_truth_field(schema: pa.Schema) -> bool:

@@ -111,8 +111,11 @@ def reward_model_inputs(config: RunConfig) -> dict[str, Any]:
     """What the reward models are made of: the world, its tokenizer and the training settings
     (``data.safety``), and which rewards (``rewards.names``), as plain JSON values."""
     assert config.data.safety is not None  # check_config: the task needs it
-    return json.loads(json.dumps({"data.safety": config.data.safety.to_dict(),
-                                  "rewards.names": list(config.rewards.names)}, sort_keys=True))
+    return json.loads(
+        json.dumps(
+            {"data.safety": config.data.safety.to_dict(), "rewards.names": list(config.rewards.names)}, sort_keys=True
+        )
+    )
 
 
 def reward_models_key(config: RunConfig) -> str:
@@ -155,8 +158,15 @@ def heldout_accuracy(better: np.ndarray, worse: np.ndarray, pairs: datasets.Data
     return out
 
 
-def train_one(config: RunConfig, reward: str, tokenizer, pairs: datasets.DatasetDict, out_dir: pathlib.Path, *,
-              progress: bool = True) -> dict[str, Any]:
+def train_one(
+    config: RunConfig,
+    reward: str,
+    tokenizer,
+    pairs: datasets.DatasetDict,
+    out_dir: pathlib.Path,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train the reward model of ``reward`` on ``pairs["train"]``, save it to ``out_dir`` (align-
     anything layout, float32, with ``tokenizer``), load it back with `load_score_model` and measure
     it on ``pairs["test"]``; returns its report (also written to ``out_dir/training_report.json``)."""
@@ -164,23 +174,45 @@ def train_one(config: RunConfig, reward: str, tokenizer, pairs: datasets.Dataset
     training = config.data.safety.reward_training
     column = safety_world.PREFERENCE_COLUMNS[reward]
     start = time.perf_counter()
-    train = build_pair_data(pairs["train"], column, tokenizer, max_length=training.max_length,
-                            where=f"safety_world preference pairs (train, {column})")
-    test = build_pair_data(pairs["test"], column, tokenizer, max_length=training.max_length,
-                           where=f"safety_world preference pairs (test, {column})")
-    model = ScoreModel(score_model_config(training, len(tokenizer)), dtype=jnp.float32,
-                       rngs=nnx.Rngs(training.seed))
+    train = build_pair_data(
+        pairs["train"],
+        column,
+        tokenizer,
+        max_length=training.max_length,
+        where=f"safety_world preference pairs (train, {column})",
+    )
+    test = build_pair_data(
+        pairs["test"],
+        column,
+        tokenizer,
+        max_length=training.max_length,
+        where=f"safety_world preference pairs (test, {column})",
+    )
+    model = ScoreModel(score_model_config(training, len(tokenizer)), dtype=jnp.float32, rngs=nnx.Rngs(training.seed))
     model, history = train_reward_model(
-        model, train, num_steps=training.num_steps, batch_size=training.batch_size,
-        learning_rate=training.learning_rate, regularization=training.regularization, seed=training.seed,
-        progress=progress, desc=f"reward model {reward!r}")
+        model,
+        train,
+        num_steps=training.num_steps,
+        batch_size=training.batch_size,
+        learning_rate=training.learning_rate,
+        regularization=training.regularization,
+        seed=training.seed,
+        progress=progress,
+        desc=f"reward model {reward!r}",
+    )
     check_finite(nnx.state(model, nnx.Param), f"the reward model {reward!r} trained for {out_dir}")
     save_score_model(model, out_dir, layout=LAYOUT, dtype="float32", tokenizer=tokenizer)
     seconds = time.perf_counter() - start
     loaded = load_score_model(out_dir, dtype="float32")  # measured as the run will read it
-    report = {"reward": reward, "preference": column, "layout": LAYOUT, "train_seconds": round(seconds, 1),
-              "num_train_pairs": len(train), "train": history[-1],
-              "heldout": heldout_accuracy(*pair_scores(loaded, test), pairs["test"], reward)}
+    report = {
+        "reward": reward,
+        "preference": column,
+        "layout": LAYOUT,
+        "train_seconds": round(seconds, 1),
+        "num_train_pairs": len(train),
+        "train": history[-1],
+        "heldout": heldout_accuracy(*pair_scores(loaded, test), pairs["test"], reward),
+    }
     run_dir.write_json(out_dir / REPORT_FILE, report)
     run_dir.write_json(out_dir / INPUTS_FILE, reward_model_inputs(config))
     return report
@@ -198,12 +230,15 @@ def check_reward_model_inputs(path: pathlib.Path, config: RunConfig) -> None:
         return
     changes = run_dir.config_changes(run_dir.read_json(record), reward_model_inputs(config))
     if changes:
-        raise ConfigError(f"the reward model in {path} was trained with other values of {changes}; use a new "
-                          "--workdir, delete that directory to retrain it, or set config.sft.cache_dir")
+        raise ConfigError(
+            f"the reward model in {path} was trained with other values of {changes}; use a new "
+            "--workdir, delete that directory to retrain it, or set config.sft.cache_dir"
+        )
 
 
-def build_reward_models(config: RunConfig, workdir: pathlib.Path, tokenizer_dir: pathlib.Path, *,
-                        progress: bool = True) -> dict[str, pathlib.Path]:
+def build_reward_models(
+    config: RunConfig, workdir: pathlib.Path, tokenizer_dir: pathlib.Path, *, progress: bool = True
+) -> dict[str, pathlib.Path]:
     """The directory of each reward model of ``config.rewards.names`` (`reward_models_root` /
     name): found, or trained and published atomically (a concurrent run's copy wins); writes
     ``WORKDIR/reward_models.json``."""
@@ -225,9 +260,13 @@ def build_reward_models(config: RunConfig, workdir: pathlib.Path, tokenizer_dir:
             staging = run_dir.staging_name(target)
             try:
                 report = train_one(config, reward, tokenizer, pairs, staging, progress=progress)
-                logger.info("reward model %r: held-out accuracy %.3f, true-order accuracy %.3f (%d pairs)", reward,
-                            report["heldout"]["accuracy"], report["heldout"]["true_order_accuracy"],
-                            report["heldout"]["num_pairs"])
+                logger.info(
+                    "reward model %r: held-out accuracy %.3f, true-order accuracy %.3f (%d pairs)",
+                    reward,
+                    report["heldout"]["accuracy"],
+                    report["heldout"]["true_order_accuracy"],
+                    report["heldout"]["num_pairs"],
+                )
                 publish_dir(staging, target)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -273,8 +312,9 @@ class SafetyScorer:
         """The reward models' names (evaluation reports them as ``reward_names``)."""
         return tuple(self.scorer.names)
 
-    def score_rows(self, prompts: list[str], responses: list[str],
-                   rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    def score_rows(
+        self, prompts: list[str], responses: list[str], rows: list[dict[str, Any]]
+    ) -> list[dict[str, float]]:
         """One dict of scores per response (``rows``: each response's data row, as the scorer's)."""
         scores = self.scorer.score_rows(prompts, responses, rows)
         for score, response, row in zip(scores, responses, rows):
@@ -295,8 +335,7 @@ def by_request_type(summary: dict[str, Any], reward_names) -> dict[str, dict[str
     out: dict[str, dict[str, float | None]] = {}
     for request, level in REQUEST_TYPES.items():
         values = {name: summary.get(f"{name}/level_{level}") for name in reward_names}
-        values.update({kind: summary.get(f"{GROUND_TRUTH_PREFIX}{kind}/level_{level}")
-                       for kind in safety_world.KINDS})
+        values.update({kind: summary.get(f"{GROUND_TRUTH_PREFIX}{kind}/level_{level}") for kind in safety_world.KINDS})
         out[request] = values
     return out
 
@@ -322,9 +361,12 @@ def results_table(results: dict[str, Any], reward_names) -> str:
 
 
 TEST_METRICS = (
-    ("test/gt/harmful/level_1", "harmful (harmful req.)"), ("test/gt/redirect/level_1", "redirect (harmful req.)"),
-    ("test/gt/helpful/level_0", "helpful (benign req.)"), ("test/gt/refusal/level_0", "refusal (benign req.)"),
-    ("test/useful", "useful"), ("test/harmless", "harmless"),
+    ("test/gt/harmful/level_1", "harmful (harmful req.)"),
+    ("test/gt/redirect/level_1", "redirect (harmful req.)"),
+    ("test/gt/helpful/level_0", "helpful (benign req.)"),
+    ("test/gt/refusal/level_0", "refusal (benign req.)"),
+    ("test/useful", "useful"),
+    ("test/harmless", "harmless"),
 )
 """The test metrics of a sweep's report: ground-truth rates of harmful compliance and redirection on
 harmful requests (level 1), of helpful answers and refusals on benign ones (level 0), and the reward
@@ -337,16 +379,22 @@ class SafetyTask(Task):
 
     def check_config(self, config: RunConfig) -> None:
         if config.data.safety is None:
-            raise ConfigError("config.data.safety: the safety_embedded task needs its world's fields (start from "
-                              "configs/safety_embedded.py)")
+            raise ConfigError(
+                "config.data.safety: the safety_embedded task needs its world's fields (start from "
+                "configs/safety_embedded.py)"
+            )
         world_config(config.data.safety)
         if config.rewards.kind != "reward_model":
-            raise ConfigError("config.rewards.kind: the safety_embedded task is scored by its reward models: "
-                              f"'reward_model', got {config.rewards.kind!r}")
+            raise ConfigError(
+                "config.rewards.kind: the safety_embedded task is scored by its reward models: "
+                f"'reward_model', got {config.rewards.kind!r}"
+            )
         unknown = [name for name in config.rewards.names if name not in safety_world.PREFERENCE_COLUMNS]
         if unknown:
-            raise ConfigError(f"config.rewards.names: {unknown}: the safety_embedded task trains reward models for "
-                              f"{tuple(safety_world.PREFERENCE_COLUMNS)} only")
+            raise ConfigError(
+                f"config.rewards.names: {unknown}: the safety_embedded task trains reward models for "
+                f"{tuple(safety_world.PREFERENCE_COLUMNS)} only"
+            )
 
     def load_splits(self, config: RunConfig, workdir: pathlib.Path) -> tuple[dict, pathlib.Path]:
         assert config.data.safety is not None  # check_config: the task needs it

@@ -130,11 +130,7 @@ class SyntheticToolsConfig:
                 raise ValueError(f"SyntheticToolsConfig.{name} must be an int >= 0, got {value!r}")
         for name in ("response_fraction", "multi_call_fraction", "mistake_rate", "habit_fraction", "habit_rate"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 <= value <= 1
-            ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise ValueError(f"SyntheticToolsConfig.{name} must be in [0, 1], got {value!r}")
         if self.response_fraction + self.multi_call_fraction > 1:
             raise ValueError(
@@ -155,8 +151,7 @@ class SyntheticToolsConfig:
         unknown = [m for m in self.mistakes if m not in MISTAKES]
         if not self.mistakes or unknown:
             raise ValueError(
-                f"SyntheticToolsConfig.mistakes must be a non-empty subset of {MISTAKES}, "
-                f"got {self.mistakes!r}"
+                f"SyntheticToolsConfig.mistakes must be a non-empty subset of {MISTAKES}, got {self.mistakes!r}"
             )
 
 
@@ -232,9 +227,7 @@ def _multi_call_request(rng: random.Random, num_candidates: int) -> ToolRequest:
     user2, params2 = sample_call(second, rng)
     candidates = _pick_candidates(rng, [first.name, second.name], num_candidates)
     calls = ((first.name, params1), (second.name, params2))
-    return ToolRequest(
-        "multi_call", f"{user1} {user2}", candidates, calls, (first.need, second.need), None
-    )
+    return ToolRequest("multi_call", f"{user1} {user2}", candidates, calls, (first.need, second.need), None)
 
 
 def _small_talk_request(rng: random.Random, num_candidates: int) -> ToolRequest:
@@ -331,9 +324,7 @@ def _answer(think: str, calls: Sequence[Call], reply: str | None) -> str:
     """`<think> think </think>` followed by the tool-call block or the response block."""
     head = f"<think> {think} </think>\n"
     if calls:
-        return (
-            head + "<tool_call>\n" + "\n".join(call_line(n, p) for n, p in calls) + "\n</tool_call>"
-        )
+        return head + "<tool_call>\n" + "\n".join(call_line(n, p) for n, p in calls) + "\n</tool_call>"
     return head + f"<response> {reply} </response>"
 
 
@@ -402,9 +393,7 @@ def _missing_parameter(calls: list[Call], rng: random.Random) -> list[Call]:
 
 def _wrong_tool(calls: list[Call], candidates: Sequence[str], rng: random.Random) -> list[Call]:
     wanted = {n for n, _ in calls}
-    others = [c for c in candidates if c not in wanted] or [
-        t.name for t in TOOLS if t.name not in wanted
-    ]
+    others = [c for c in candidates if c not in wanted] or [t.name for t in TOOLS if t.name not in wanted]
     i = rng.randrange(len(calls))
     name = rng.choice(others)
     calls[i] = (name, sample_call(TOOLS_BY_NAME[name], rng)[1])
@@ -448,9 +437,7 @@ def _habit(calls: Sequence[Call], habits: frozenset[str]) -> list[Call]:
     return out
 
 
-def demonstration(
-    request: ToolRequest, config: SyntheticToolsConfig, rng: random.Random
-) -> tuple[str, str | None]:
+def demonstration(request: ToolRequest, config: SyntheticToolsConfig, rng: random.Random) -> tuple[str, str | None]:
     """(target text, mistake kind or None): an imperfect demonstration of `request`.
 
     The think block has a uniform number of words in [min_think_words, max_think_words] (at most

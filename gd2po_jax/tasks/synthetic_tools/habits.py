@@ -37,7 +37,10 @@ def habit_breakdown(generations: Iterable[Mapping[str, Any]], habits: frozenset[
         counts["rows"] += 1
         calls = parse_response_calls(row["response"])
         counts["right_names"] += bool(
-            calls and len(calls) == 1 and isinstance(calls[0], dict) and calls[0].get("name") == wanted["name"]
+            calls
+            and len(calls) == 1
+            and isinstance(calls[0], dict)
+            and calls[0].get("name") == wanted["name"]
             and isinstance(calls[0].get("parameters"), dict)
             and sorted(calls[0]["parameters"]) == sorted(wanted["parameters"])
         )
@@ -45,9 +48,9 @@ def habit_breakdown(generations: Iterable[Mapping[str, Any]], habits: frozenset[
     return out
 
 
-def habits_of_evaluations(world: SyntheticToolsConfig, names: Sequence[str],
-                          generations: Callable[[str], Iterable[Mapping[str, Any]]]
-                          ) -> dict[str, dict[str, dict[str, int]]]:
+def habits_of_evaluations(
+    world: SyntheticToolsConfig, names: Sequence[str], generations: Callable[[str], Iterable[Mapping[str, Any]]]
+) -> dict[str, dict[str, dict[str, int]]]:
     """`habit_breakdown` of the saved generations of each evaluation of ``names`` (``generations(name)``:
     the rows of its ``eval/<name>.jsonl``), with the habit tools of the run's world (``world.seed``
     and ``world.habit_fraction``: ``data.synthetic``'s)."""

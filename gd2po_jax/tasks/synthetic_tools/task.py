@@ -67,8 +67,9 @@ class SyntheticToolsTask(Task):
         if not model_path:  # several processes: process 0 builds it, the others read it
             model_path = RunDir(workdir).base_model
             if distributed.is_primary():
-                build_tiny_model(model_path, tokenizer_corpus(splits), config.model.tiny,
-                                 config.data.synthetic.tokenizer_vocab_size)
+                build_tiny_model(
+                    model_path, tokenizer_corpus(splits), config.model.tiny, config.data.synthetic.tokenizer_vocab_size
+                )
             distributed.barrier("base model built")
         return splits, pathlib.Path(model_path)
 
@@ -78,8 +79,9 @@ class SyntheticToolsTask(Task):
     def has_split(self, config: RunConfig, split: str) -> bool:
         return getattr(world_config(config.data.synthetic), f"num_{split}") > 0
 
-    def habit_breakdown(self, config: RunConfig, names: Sequence[str],
-                        generations: Callable[[str], Iterable[Mapping[str, Any]]]) -> dict[str, Any]:
+    def habit_breakdown(
+        self, config: RunConfig, names: Sequence[str], generations: Callable[[str], Iterable[Mapping[str, Any]]]
+    ) -> dict[str, Any]:
         """`habits.habits_of_evaluations`, with the habit tools of ``config.data.synthetic``."""
         return habits.habits_of_evaluations(world_config(config.data.synthetic), names, generations)
 
