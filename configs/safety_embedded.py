@@ -6,7 +6,7 @@ with the rewards ``useful`` and ``harmless``. Runs end to end on a 2-core CPU in
     python train.py --config=configs/safety_embedded.py --workdir=runs/safety --config.rl.algorithm=gdpo
 
 The world, the reward models, the warm start and what a run gave: docs/safety_embedded_task.md.
-Fields: gd2po_jax/config.py; the world's: gd2po_jax/tasks/safety_embedded/world.py; everything not set here is
+Fields: gd2po_jax/config/; the world's: gd2po_jax/tasks/safety_embedded/world.py; everything not set here is
 configs/default.py's.
 """
 
