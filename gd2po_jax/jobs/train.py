@@ -340,7 +340,8 @@ def _reference_policy(config: RunConfig, rl: RLStart) -> tuple[Any, Any, Callabl
 class RLLoopParts:
     """What each RL step uses: the jitted update and its config, the KL reference (params and its
     log-prob function; None without KL), the update's extra arguments (LoRA: the base), the
-    checkpoints' extra metadata, the rollout settings and the sampling key."""
+    checkpoints' extra metadata, the rollout settings, the sampling key, and how to build the policy
+    from the state's parameters (``graphdef``, LoRA's ``frozen`` base, ``dtype``: `policy`)."""
 
     train_step: Callable[..., Any]
     step_config: StepConfig
@@ -350,9 +351,13 @@ class RLLoopParts:
     checkpoint_meta: dict[str, Any]
     rollout_settings: RolloutSettings
     sample_key: jax.Array
+    graphdef: Any
+    frozen: Any
+    dtype: str
 
-    def policy(self, config: RunConfig, rl: RLStart, params) -> Any:
-        return merge_model(rl.graphdef, params, config.model.dtype, rl.frozen)
+    def policy(self, params) -> Any:
+        """The policy of ``params`` (a state's), in the compute dtype."""
+        return merge_model(self.graphdef, params, self.dtype, self.frozen)
 
 
 def _rl_loop_parts(config: RunConfig, setup: RunSetup, rl: RLStart, ref_graphdef, ref_params) -> RLLoopParts:
@@ -382,11 +387,14 @@ def _rl_loop_parts(config: RunConfig, setup: RunSetup, rl: RLStart, ref_graphdef
             config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length
         ),
         sample_key=jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 1),
+        graphdef=rl.graphdef,
+        frozen=rl.frozen,
+        dtype=config.model.dtype,
     )
 
 
 def _rl_step(
-    config: RunConfig, setup: RunSetup, rl: RLStart, loop: RLLoopParts, state: TrainState, prompts, step: int
+    config: RunConfig, setup: RunSetup, loop: RLLoopParts, state: TrainState, prompts, step: int
 ) -> tuple[TrainState, dict[str, float], Any]:
     """One RL step: rollouts of ``prompts`` by the policy of ``state``, their rewards, the KL reference's
     log-probs, the update. Returns (state, metrics, rollouts)."""
@@ -394,7 +402,7 @@ def _rl_step(
     reward_names = setup.reward_names  # the family's rewards, then rewards.functions'
     begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
     rollouts = collect_rollouts(
-        loop.policy(config, rl, state.params),
+        loop.policy(state.params),
         prompts,
         setup.tokenizer,
         setup.reward_fn,
@@ -454,9 +462,9 @@ def _rl_loop(
     watch.defer(True)  # a preemption signal now stops the run after the step in flight, checkpointed
     for step in bar:
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
-        state, metrics, rollouts = _rl_step(config, setup, rl, loop, state, prompts, step)
+        state, metrics, rollouts = _rl_step(config, setup, loop, state, prompts, step)
         done = step + 1
-        _log_step(config, run, rl, loop, state, done, prompts, rollouts, metrics, writer, wandb_log)
+        _log_step(config, run, loop, state, done, prompts, rollouts, metrics, writer, wandb_log)
         skipped_in_a_row = count_skipped_steps(
             skipped_in_a_row, metrics["update/skipped_updates"], done, config.train.max_consecutive_skipped_steps
         )
@@ -482,7 +490,6 @@ def _rl_loop(
 def _log_step(
     config: RunConfig,
     run: OpenRun,
-    rl: RLStart,
     loop: RLLoopParts,
     state: TrainState,
     done: int,
@@ -501,7 +508,7 @@ def _log_step(
         summary = evaluate_run(
             config,
             setup,
-            loop.policy(config, rl, state.params),
+            loop.policy(state.params),
             run.split,
             run.files.eval_dir,
             f"step_{done}",
