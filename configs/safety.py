@@ -35,8 +35,6 @@ except ModuleNotFoundError:  # the repository's root is not on sys.path: load it
     paper_common = sibling_config(__file__, "paper_common")
 
 REWARD_NAMES = ("useful", "harmless")
-PROMPTS_PER_STEP = paper_common.PROMPTS_PER_STEP
-NUM_MINIBATCHES = paper_common.NUM_MINIBATCHES  # PPO mini-batches of 128 prompts x G
 NUM_STEPS = 100  # one epoch of the Alpaca training prompts
 
 

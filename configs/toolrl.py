@@ -39,8 +39,6 @@ MODELS = {
     "llama3.2-3b": ("meta-llama/Llama-3.2-3B-Instruct", 32),
 }
 DEFAULT_SETTING = "correctness_format_length"
-PROMPTS_PER_STEP = paper_common.PROMPTS_PER_STEP
-NUM_MINIBATCHES = paper_common.NUM_MINIBATCHES
 STEPS_PER_EPOCH = 7  # about 4,000 RLLA training prompts / 512 per step, the last partial batch dropped (verl)
 NUM_EPOCHS = 30  # train.num_steps = STEPS_PER_EPOCH x NUM_EPOCHS
 

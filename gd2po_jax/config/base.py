@@ -2,7 +2,7 @@
 `_Section`, the conversion between nested mappings (a ConfigDict's ``to_dict()``, a run's
 config.json) and the frozen section dataclasses.
 
-May import: nothing of gd2po_jax.
+May import: gd2po_jax.errors (the base of `ConfigError`).
 """
 
 from __future__ import annotations

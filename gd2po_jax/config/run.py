@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,12 +63,8 @@ def _batch_layout(config: RunConfig, num_data_shards: int) -> tuple[int, int]:
     rollouts = config.train.prompts_per_step * config.rl.num_generations
     try:
         return check_batch_layout(rollouts, config.rl.num_minibatches, config.rl.micro_batch_size, num_data_shards)
-    except ValueError as err:
-        message = str(err).removeprefix("config.")
-        field = re.match(r"[A-Za-z_][\w.]*", message)
-        if field and message[field.end() :].startswith(":"):
-            raise ConfigError(f"config.{message}") from None
-        raise ConfigError(f"config.{field.group(0) if field else 'rl'}: {message}") from None
+    except ValueError as err:  # its message starts with the field at fault
+        raise ConfigError(f"config.{err}") from None
 
 
 @dataclasses.dataclass(frozen=True)

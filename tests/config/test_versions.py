@@ -2,12 +2,16 @@
 ``config_version`` existed (version 1) loads with the old defaults its run used; one of the current
 version round-trips; a version this code does not know is refused."""
 
+import dataclasses
 import json
+import typing
 
 import pytest
 
 from configs import default
-from gd2po_jax.config import CONFIG_VERSION, ConfigError, RLConfig, RunConfig, SFTConfig, upgrade
+from gd2po_jax.config import CONFIG_VERSION, ConfigError, RewardsConfig, RLConfig, RunConfig, SFTConfig, upgrade
+from gd2po_jax.config.base import _Section
+from gd2po_jax.config.tasks import SyntheticDataConfig
 from gd2po_jax.config.versions import OLD_DEFAULTS
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.tasks.synthetic_tools import task as synthetic_tools
@@ -17,6 +21,7 @@ CHANGED = {"rl.old_logprobs": ("sampler", "recompute"), "rl.skip_zero_advantage_
            "rewards.timeout_s": (0.0, 600.0), "rewards.max_failed_fraction": (1.0, 0.1),
            "sft.length_bucket": (0, 16)}
 """The defaults version 2 changed: dotted name -> (old default, new default)."""
+SECTIONS = {"rl": RLConfig, "rewards": RewardsConfig, "sft": SFTConfig}
 
 
 def current_json() -> dict:
@@ -43,14 +48,28 @@ def version_1_json() -> dict:
 
 
 def test_the_changed_defaults_are_configs_default_values_and_version_2_records_the_old_ones():
-    assert CONFIG_VERSION == 2 and set(OLD_DEFAULTS[2]) == set(CHANGED)
-    assert {name: old for name, (old, _) in CHANGED.items()} == OLD_DEFAULTS[2]
+    assert CONFIG_VERSION == 2 and {name: old for name, (old, _) in CHANGED.items()} == OLD_DEFAULTS[2]
     values = current_json()
-    for dotted, (_, new) in CHANGED.items():
+    for dotted, (old, new) in CHANGED.items():
         section, name = dotted.split(".")
-        assert values[section][name] == new, dotted  # what configs/default.py sets
-    assert (RLConfig.old_logprobs, RLConfig.skip_zero_advantage_rows, SFTConfig.length_bucket) == \
-        ("recompute", True, 16)
+        assert values[section][name] == new != old, dotted  # what configs/default.py sets
+        assert getattr(SECTIONS[section], name) == new, dotted  # the dataclass default
+
+
+def test_every_dataclass_default_is_configs_default_value():
+    """The defaults are configs/default.py's values (data.synthetic's None is the task's own default). A
+    test that fails here after a default changed: bump CONFIG_VERSION and record the old default in
+    versions.OLD_DEFAULTS, so that older runs' config.json keep the value they ran with."""
+
+    def check(cls, values, prefix):
+        for field in dataclasses.fields(cls):
+            hint = typing.get_type_hints(cls)[field.name]
+            if isinstance(hint, type) and issubclass(hint, _Section) and hint is not SyntheticDataConfig:
+                check(hint, values[field.name], f"{prefix}{field.name}.")
+            elif field.default is not dataclasses.MISSING and field.name in values:
+                assert values[field.name] == field.default, f"{prefix}{field.name}"
+
+    check(RunConfig, default.get_config().to_dict(), "")
 
 
 def test_an_older_config_json_loads_with_the_values_its_run_used(tmp_path):
