@@ -7,12 +7,10 @@ May import: errors, config, runtime.
 """
 
 from gd2po_jax.data.chat import column_tools, parse_tools, render_prompt, render_prompts, render_sft_example
+from gd2po_jax.data.columns import EXTRA_COLUMNS, PROMPT_TEXT, RESERVED_COLUMNS
 from gd2po_jax.data.loaders import (
-    EXTRA_COLUMNS,
     FEATURES,
     KINDS,
-    PROMPT_TEXT,
-    RESERVED_COLUMNS,
     DataFormatError,
     LoadResult,
     dataset_columns,

@@ -28,7 +28,7 @@ from typing import Any
 import datasets
 
 from gd2po_jax.config import DATA_KINDS
-from gd2po_jax.data.columns import EXTRA_COLUMNS, PROMPT, PROMPT_ALIAS, PROMPT_TEXT, RESERVED_COLUMNS
+from gd2po_jax.data.columns import PROMPT, PROMPT_ALIAS
 from gd2po_jax.data.formats.api_bank import (
     api_bank_row,
     decode_api_bank_answer,
@@ -39,7 +39,7 @@ from gd2po_jax.data.formats.api_bank import (
 )
 from gd2po_jax.data.formats.jsonl import jsonl_row, load_jsonl
 from gd2po_jax.data.formats.toolrl_sft import load_toolrl_sft, toolrl_sft_row
-from gd2po_jax.data.formats.verl_parquet import load_verl_parquet, verl_row
+from gd2po_jax.data.formats.verl_parquet import load_verl_parquet, missing_ground_truth, verl_row
 from gd2po_jax.data.schema import (
     FEATURES,
     DataFormatError,
@@ -50,15 +50,12 @@ from gd2po_jax.data.schema import (
     dataset_columns,
     decode_extra_columns,
     json_list,
+    numbered,
 )
 
 __all__ = [
-    "EXTRA_COLUMNS",
     "FEATURES",
     "KINDS",
-    "PROMPT_ALIAS",
-    "PROMPT_TEXT",
-    "RESERVED_COLUMNS",
     "DataFormatError",
     "LoadResult",
     "OnError",
@@ -184,12 +181,7 @@ def load_records(
     if kind == "verl":
         has_ground_truth = "reward_model" in records.column_names
         if require_ground_truth and not has_ground_truth:
-            raise DataFormatError(
-                name,
-                None,
-                "reward_model.ground_truth",
-                "missing; pass require_ground_truth=False to load prompt-only data",
-            )
+            raise missing_ground_truth(name)
         convert: Callable[[Any, int], dict] = functools.partial(verl_row, has_ground_truth=has_ground_truth)
     elif kind == "api_bank":
         convert = functools.partial(api_bank_row, level=None)
@@ -197,4 +189,4 @@ def load_records(
         convert = toolrl_sft_row if kind == "toolrl_sft" else jsonl_row
     else:
         raise ValueError(f"unknown data kind {kind!r}; expected 'auto' or one of {KINDS}")
-    return build_dataset(name, ((index, None, record) for index, record in enumerate(records)), convert, on_error)
+    return build_dataset(name, numbered(records), convert, on_error)

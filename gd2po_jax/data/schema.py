@@ -51,7 +51,7 @@ import logging
 import os
 import pathlib
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 import datasets
@@ -298,6 +298,11 @@ def build_dataset(
     if skipped:
         logger.warning("%s: skipped %d malformed row(s); first: %s", path, len(skipped), skipped[0])
     return LoadResult(datasets.Dataset.from_list(rows, features=FEATURES), tuple(skipped))
+
+
+def numbered(records: Iterable[Any]) -> Iterator[tuple[int, None, Any]]:
+    """The (row, line, record) triples `build_dataset` takes of records without lines: (index, None, record)."""
+    return ((index, None, record) for index, record in enumerate(records))
 
 
 def check_file(path: str | os.PathLike) -> pathlib.Path:

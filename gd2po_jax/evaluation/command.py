@@ -24,8 +24,8 @@ it prints the habit breakdown that the run's task gives (`gd2po_jax.tasks.Task.h
 the synthetic_tools task's) of its saved generations ``DIR/eval/<name>.jsonl`` (before_rl and
 after_rl, or ``--split``'s).
 
-Errors are `gd2po_jax.evaluation.policy.EvalError`s (imported here: eval.py catches them), naming
-the flag or file to fix.
+Errors are `gd2po_jax.evaluation.policy.EvalError`s naming the flag or file to fix (eval.py prints
+them in one line: `gd2po_jax.cli.user_errors`).
 """
 
 from __future__ import annotations

@@ -50,11 +50,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from gd2po_jax.data.columns import RESPONSE_IDS as RESPONSE_IDS
-from gd2po_jax.data.columns import ROLLOUT_INDEX as ROLLOUT_INDEX
-
 # The columns rollouts add (`RESPONSE_IDS`, `ROLLOUT_INDEX`) are named with the data's columns, which
 # refuse a data column of either name; re-exported here, where reward functions and rollouts import them.
+from gd2po_jax.data.columns import RESPONSE_IDS as RESPONSE_IDS
+from gd2po_jax.data.columns import ROLLOUT_INDEX as ROLLOUT_INDEX
 from gd2po_jax.errors import UserError
 
 

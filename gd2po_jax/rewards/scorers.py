@@ -11,7 +11,7 @@ evaluation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -51,6 +51,20 @@ def tool_calling_scorer(max_think_words: int) -> Scorer:
     return score
 
 
+_Scored = TypeVar("_Scored")
+
+
+def _score_columns(rows: list[dict[str, Any]], score: Callable[[dict[str, list[Any]]], _Scored]) -> _Scored:
+    """``score(columns)`` of the generation batch's ``rows`` (each response's data row) as columns; a
+    `RewardOutputError` becomes a ValueError naming the data row of the rollout it names."""
+    columns = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+    try:
+        return score(columns)
+    except RewardOutputError as err:
+        row = rows[err.rollout].get("row", err.rollout) if err.rollout is not None else None
+        raise ValueError(f"data row {row} (0-based): {err}") from err
+
+
 REWARD_SUM = "reward_sum"
 """The report's name of a response's summed reward-model scores (and of their mean)."""
 
@@ -78,12 +92,7 @@ class RewardModelScorer:
           ValueError: a reward model cannot score a response (NaN, a prompt that does not fit),
             naming the data row.
         """
-        columns = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        try:
-            scored = self.reward_fn.score(prompts, responses, columns)
-        except RewardOutputError as err:
-            row = rows[err.rollout].get("row", err.rollout) if err.rollout is not None else None
-            raise ValueError(f"data row {row} (0-based): {err}") from err
+        scored = _score_columns(rows, lambda columns: self.reward_fn.score(prompts, responses, columns))
         out = []
         for values, cut in zip(scored.values, scored.truncated):
             scores = {name: float(v) for name, v in zip(self.names, values)}
@@ -130,9 +139,9 @@ class RewardFunctionScorer:
         Raises:
           ValueError: a reward function returned something that is not a reward, naming the data row.
         """
-        columns = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        try:
-            scores = score_batch(
+        scores = _score_columns(
+            rows,
+            lambda columns: score_batch(
                 self.reward_fn,
                 prompts,
                 responses,
@@ -140,10 +149,8 @@ class RewardFunctionScorer:
                 on_error=self.on_error,
                 num_workers=self.num_workers,
                 timeout_s=self.timeout_s,
-            )
-        except RewardOutputError as err:
-            row = rows[err.rollout].get("row", err.rollout) if err.rollout is not None else None
-            raise ValueError(f"data row {row} (0-based): {err}") from err
+            ),
+        )
         values = np.where(scores.failed, np.nan, scores.rewards)  # [N, K]
         out = []
         for row_values in values:

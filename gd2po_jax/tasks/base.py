@@ -52,8 +52,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig, TinyModelConfig
+from gd2po_jax.data.columns import EXTRA_COLUMNS, PROMPT_TEXT
 from gd2po_jax.data.corpus_tokenizer import build_tokenizer
-from gd2po_jax.data.loaders import EXTRA_COLUMNS, FEATURES, PROMPT_TEXT
+from gd2po_jax.data.loaders import FEATURES
 from gd2po_jax.errors import UserError
 from gd2po_jax.models import Decoder, save_pretrained
 from gd2po_jax.models.config import tiny_qwen2_config

@@ -23,6 +23,7 @@ from gd2po_jax.data.schema import (
     check_file,
     dict_record,
     json_list,
+    numbered,
     require_str,
     schema_row,
 )
@@ -95,8 +96,7 @@ def load_api_bank_file(path: str | os.PathLike, *, level: int | None = None, on_
         match = _API_BANK_FILE.search(path.name)
         level = int(match.group(1)) if match else None
 
-    records = ((i, None, r) for i, r in enumerate(json_list(path)))
-    return build_dataset(path, records, functools.partial(api_bank_row, level=level), on_error)
+    return build_dataset(path, numbered(json_list(path)), functools.partial(api_bank_row, level=level), on_error)
 
 
 def api_bank_row(record: Any, index: int, *, level: int | None) -> dict:

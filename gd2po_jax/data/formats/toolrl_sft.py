@@ -13,6 +13,7 @@ from gd2po_jax.data.schema import (
     check_file,
     dict_record,
     json_list,
+    numbered,
     require_str,
     schema_row,
 )
@@ -38,5 +39,4 @@ def load_toolrl_sft(path: str | os.PathLike, *, on_error: OnError = "raise") -> 
     text, which the ToolRL reward would parse as the call block).
     """
     path = check_file(path)
-    records = ((i, None, r) for i, r in enumerate(json_list(path)))
-    return build_dataset(path, records, toolrl_sft_row, on_error)
+    return build_dataset(path, numbered(json_list(path)), toolrl_sft_row, on_error)

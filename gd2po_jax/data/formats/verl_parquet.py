@@ -47,12 +47,7 @@ def load_verl_parquet(
         raise DataFormatError(path, None, PROMPT, f"no 'prompt' column; columns are {schema.names}")
     has_gt = _has_ground_truth_field(schema)
     if require_ground_truth and not has_gt:
-        raise DataFormatError(
-            path,
-            None,
-            "reward_model.ground_truth",
-            "missing; pass require_ground_truth=False to load prompt-only data",
-        )
+        raise missing_ground_truth(path)
 
     def records() -> Iterator[tuple[int, None, dict]]:
         index = 0
@@ -87,6 +82,14 @@ def verl_row(record: Any, index: int, *, has_ground_truth: bool) -> dict:
     source = optional_str(record.get("data_source"), "data_source") or "verl"
     return schema_row(
         record, chat_messages(record.get(PROMPT), PROMPT), ground_truth=ground_truth, source=source, row=index
+    )
+
+
+def missing_ground_truth(where: str | os.PathLike) -> DataFormatError:
+    """The error for verl data (a file or ``where`` records) without `reward_model.ground_truth` when
+    it is required."""
+    return DataFormatError(
+        where, None, "reward_model.ground_truth", "missing; pass require_ground_truth=False to load prompt-only data"
     )
 
 
