@@ -155,8 +155,8 @@ def update_workload(model: Decoder, *, batch: int, prompt_len: int, new_tokens: 
         raise ValueError(f"--batch must be even (prompts x 2 generations), got {batch}")
     rollouts = update_batch(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
     graphdef, params = nnx.split(model, nnx.Param)
-    step_config = harness.step_config(method="grpo", loss_agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2,
-                                      dual_clip=0.0, kl_coef=0.0, entropy_coef=0.0, log_entropy=True,
+    step_config = harness.step_config(algorithm="grpo", loss_agg_mode="seq-mean-token-mean", clip_low=0.2,
+                                      clip_high=0.2, dual_clip=0.0, kl_coef=0.0, entropy_coef=0.0, log_entropy=True,
                                       ppo_epochs=1, num_minibatches=1, micro_batch_size=0, compute_dtype="float32")
     optimizer = make_optimizer(1e-6, weight_decay=0.0, grad_clip=1.0)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config))

@@ -187,7 +187,7 @@ STEP_DEFAULTS = dict(
 
 def step_config(**changes):
     """A `gd2po_jax.rl.train_step.StepConfig` of `STEP_DEFAULTS` with ``changes`` (field -> value:
-    `gd2po_jax.config.RLConfig` fields, ``method`` for ``algorithm``, or the step config's own;
+    `gd2po_jax.config.RLConfig` fields or the step config's own;
     `StepConfig.with_changes`), for an update measured outside a run config (a run's is
     `StepConfig.from_config`)."""
     from gd2po_jax.rl.train_step import StepConfig  # noqa: PLC0415  (as in step_rollouts)

@@ -94,7 +94,8 @@ def update_memory(config, layout: Layout, *, remat: bool, compute_dtype: str = "
     mesh = make_mesh(data=1, fsdp=-1, tensor=1)
     optimizer = make_optimizer(1e-6)
     graphdef, state = abstract_state(config, optimizer, mesh, remat=remat)
-    step_config = harness.step_config(method="grpo", compute_dtype=compute_dtype, micro_batch_size=layout.micro_batch)
+    step_config = harness.step_config(algorithm="grpo", compute_dtype=compute_dtype,
+                                      micro_batch_size=layout.micro_batch)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     start = time.perf_counter()

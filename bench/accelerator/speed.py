@@ -126,7 +126,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     state = replicate_rest(TrainState(params, init_optimizer_state(optimizer, params), jnp.zeros((), jnp.int32),
                                       jax.random.PRNGKey(0)), mesh)
     del params
-    step_config = harness.step_config(method="grpo", compute_dtype="bfloat16", micro_batch_size=profile.update_micro)
+    step_config = harness.step_config(algorithm="grpo", compute_dtype="bfloat16", micro_batch_size=profile.update_micro)
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     p, g, lp, m = profile.update_prompts, profile.update_group, profile.update_prompt_len, profile.update_new

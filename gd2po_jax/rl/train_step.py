@@ -165,15 +165,14 @@ class StepConfig:
 
     @classmethod
     def of(cls, **values: Any) -> StepConfig:
-        """A step config from keywords: every `RLConfig` field without a default (``method``, the
-        name docs/algorithm.md gives ``algorithm``, for it), and this class's own fields."""
+        """A step config from keywords: every `RLConfig` field without a default, and this class's own
+        fields."""
         rl_values, own = _split_rl_fields(values)
         return cls(rl=RLConfig(**rl_values), **own)
 
     def with_changes(self, **changes: Any) -> StepConfig:
-        """A copy with ``changes`` (field -> value): `RLConfig` field names (and ``method`` for
-        ``algorithm``) change ``rl`` (validated as the run config validates it), the others this
-        class's own fields.
+        """A copy with ``changes`` (field -> value): `RLConfig` field names change ``rl`` (validated
+        as the run config validates it), the others this class's own fields.
 
         Raises:
           gd2po_jax.config.ConfigError: an invalid ``rl`` (a ValueError, naming the ``rl.`` field).
@@ -184,18 +183,11 @@ class StepConfig:
         return dataclasses.replace(self, rl=rl, **own)
 
 
-#: Names `StepConfig.of` and `with_changes` take for `RLConfig` fields besides their own.
-RL_FIELD_ALIASES = {"method": "algorithm"}
-
-
 def _split_rl_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(`RLConfig` fields, the others) of ``values`` (field -> value), aliases resolved."""
+    """(`RLConfig` fields, the others) of ``values`` (field -> value)."""
     rl_names = {field.name for field in dataclasses.fields(RLConfig)}
-    rl_values: dict[str, Any] = {}
-    own: dict[str, Any] = {}
-    for name, value in values.items():
-        name = RL_FIELD_ALIASES.get(name, name)
-        (rl_values if name in rl_names else own)[name] = value
+    rl_values = {name: value for name, value in values.items() if name in rl_names}
+    own = {name: value for name, value in values.items() if name not in rl_names}
     return rl_values, own
 
 

@@ -175,7 +175,7 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
 
 
 def test_step_config_is_the_defaults_with_the_changes():
-    config = harness.step_config(method="grpo", dual_clip=0.0, micro_batch_size=8, prompt_windows=(4,))
+    config = harness.step_config(algorithm="grpo", dual_clip=0.0, micro_batch_size=8, prompt_windows=(4,))
     assert (config.rl.algorithm, config.dual_clip_bound, config.rl.micro_batch_size) == ("grpo", None, 8)
     assert config.prompt_windows == (4,)
     changed = ("algorithm", "dual_clip", "micro_batch_size")

@@ -43,7 +43,7 @@ def records(config):
 
 
 def test_records_carry_the_update_s_advantages_keep_mask_and_conflicts():
-    config = step_config(method="gd2po_snr", snr_tau=0.8, reward_names=NAMES, reward_weights=(1.0, 2.0))
+    config = step_config(algorithm="gd2po_snr", snr_tau=0.8, reward_names=NAMES, reward_weights=(1.0, 2.0))
     got = records(config)
     # compute_advantages with the arguments the jitted step gives it.
     expected = compute_advantages(jnp.asarray(REWARDS), jnp.asarray(LENGTHS), "gd2po_snr", snr_tau=0.8,

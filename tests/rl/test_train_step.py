@@ -289,7 +289,7 @@ def test_step_config_from_config_reads_every_field_of_the_run_config():
         ("recompute", False, 16384)
     assert hash(step) == hash(StepConfig.from_config(typed))  # hashable: part of the program
     assert StepConfig.from_config(typed, ppo_epochs=3).rl.ppo_epochs == 3
-    changed = StepConfig.from_config(typed, method="grpo", kl_coef=0.1, prompt_windows=[8, 12])
+    changed = StepConfig.from_config(typed, algorithm="grpo", kl_coef=0.1, prompt_windows=[8, 12])
     assert (changed.rl.algorithm, changed.rl.kl_coef, changed.prompt_windows) == ("grpo", 0.1, (8, 12))
     assert not changed.skips_rows  # the KL term gives every row a gradient
     assert changed.with_changes(algorithm="gdpo", log_entropy=False).rl == dataclasses.replace(changed.rl,
@@ -329,7 +329,7 @@ def test_step_lowers_to_one_program_containing_the_advantages(setup):
     tau = 0.637  # a constant that appears nowhere else in the update
 
     def lowered_text(method):
-        step = make_train_step(graphdef, optimizer, step_config(method=method, snr_tau=tau))
+        step = make_train_step(graphdef, optimizer, step_config(algorithm=method, snr_tau=tau))
         return jax.jit(step).lower(state, batch).as_text()
 
     text = lowered_text("gd2po_snr")
@@ -489,7 +489,7 @@ def test_fully_filtered_batch_gives_no_policy_gradient(setup):
     batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
     before = flat(params)
 
-    hard, metrics, _ = run_step(setup, step_config(method="gd2po_hard"), batch=batch)
+    hard, metrics, _ = run_step(setup, step_config(algorithm="gd2po_hard"), batch=batch)
     assert metrics["advantages/conflict_ratio"] == 1.0
     assert metrics["advantages/kept_fraction"] == 0.0
     assert metrics["loss/grad_norm"] == 0.0
@@ -497,14 +497,14 @@ def test_fully_filtered_batch_gives_no_policy_gradient(setup):
 
     # With weight decay the only change is the decay itself: p <- p - lr * wd * p.
     lr, wd = 1e-2, 0.1
-    decayed, _, _ = run_step(setup, step_config(method="gd2po_hard"), batch=batch, optimizer=("adamw", lr, wd))
+    decayed, _, _ = run_step(setup, step_config(algorithm="gd2po_hard"), batch=batch, optimizer=("adamw", lr, wd))
     np.testing.assert_allclose(flat(decayed), before * (1 - lr * wd), rtol=1e-6, atol=1e-9)
 
     # GDPO keeps the same rollouts and learns from them; SNR with a low threshold keeps some.
-    gdpo, metrics, _ = run_step(setup, step_config(method="gdpo"), batch=batch)
+    gdpo, metrics, _ = run_step(setup, step_config(algorithm="gdpo"), batch=batch)
     assert metrics["advantages/kept_fraction"] == 1.0
     assert np.abs(flat(gdpo) - before).max() > 1e-4
-    snr, metrics, _ = run_step(setup, step_config(method="gd2po_snr", snr_tau=0.2), batch=batch)
+    snr, metrics, _ = run_step(setup, step_config(algorithm="gd2po_snr", snr_tau=0.2), batch=batch)
     assert 0.0 < metrics["advantages/kept_fraction"] < 1.0
     assert np.abs(flat(snr) - before).max() > 1e-4
 
@@ -533,7 +533,7 @@ def test_rows_without_a_gradient_are_skipped_and_the_update_is_the_same(setup, m
     base = flat(params)
     runs = {}
     for skip in (False, True):
-        config = step_config(method="gd2po_snr", snr_tau=0.2, micro_batch_size=micro, skip_zero_advantage_rows=skip)
+        config = step_config(algorithm="gd2po_snr", snr_tau=0.2, micro_batch_size=micro, skip_zero_advantage_rows=skip)
         new_params, metrics, _ = run_step(setup, config, batch=batch, optimizer=("sgd", 1.0))
         runs[skip] = (flat(new_params) - base, metrics)
     (every_delta, every_metrics), (skip_delta, skip_metrics) = runs[False], runs[True]
@@ -557,8 +557,8 @@ def test_skipping_leaves_an_update_where_every_row_has_a_gradient_unchanged(setu
     an ulp of a gradient entry near eps into a visible change of its parameter."""
     optimizer = ("sgd", 1.0)
     base = flat(setup[1])
-    plain = step_config(method="gdpo", micro_batch_size=4)
-    skipping = step_config(method="gdpo", micro_batch_size=4, skip_zero_advantage_rows=True)
+    plain = step_config(algorithm="gdpo", micro_batch_size=4)
+    skipping = step_config(algorithm="gdpo", micro_batch_size=4, skip_zero_advantage_rows=True)
     (plain_params, plain_metrics, _), (skip_params, skip_metrics, _) = (run_step(setup, c, optimizer=optimizer)
                                                                         for c in (plain, skipping))
     assert plain_metrics["advantages/kept_fraction"] == 1.0
@@ -567,7 +567,7 @@ def test_skipping_leaves_an_update_where_every_row_has_a_gradient_unchanged(setu
     np.testing.assert_allclose(skip_delta, plain_delta, rtol=1e-4, atol=ulps(base, 4))
     assert skip_metrics["update/skipped_rows"] == 0.0 and skip_metrics["loss/tokens"] == plain_metrics["loss/tokens"]
     batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
-    with_kl = step_config(method="gd2po_hard", micro_batch_size=4, kl_coef=0.1, skip_zero_advantage_rows=True)
+    with_kl = step_config(algorithm="gd2po_hard", micro_batch_size=4, kl_coef=0.1, skip_zero_advantage_rows=True)
     _, metrics, _ = run_step(setup, with_kl, batch=batch.replace(ref_logp=batch.old_logp - 0.1))
     assert metrics["advantages/kept_fraction"] == 0.0
     assert metrics["update/skipped_rows"] == 0.0 and metrics["loss/grad_norm"] > 0
@@ -577,7 +577,7 @@ def test_a_fully_filtered_batch_computes_no_micro_batch(setup):
     _, params, _ = setup
     batch = sample_batch(new_model(), seed=0, rewards=all_conflicting_rewards())
     for micro in (0, 4):
-        config = step_config(method="gd2po_hard", micro_batch_size=micro, skip_zero_advantage_rows=True)
+        config = step_config(algorithm="gd2po_hard", micro_batch_size=micro, skip_zero_advantage_rows=True)
         new_params, metrics, _ = run_step(setup, config, batch=batch)
         assert metrics["update/skipped_rows"] == 1.0
         assert metrics["loss/grad_norm"] == 0.0 and metrics["loss/tokens"] == 0.0
@@ -594,7 +594,7 @@ def test_snr_halves_train_on_half_of_every_group(setup):
     before = flat(params)
     moved = {}
     for method in ("low_conflict_half", "high_conflict_half"):
-        new_params, metrics, _ = run_step(setup, step_config(method=method), batch=batch)
+        new_params, metrics, _ = run_step(setup, step_config(algorithm=method), batch=batch)
         assert metrics["advantages/conflict_ratio"] == 1.0
         assert metrics["advantages/kept_fraction"] == 0.5
         assert metrics["advantages/query_weight_min"] == metrics["advantages/query_weight_max"] == 0.5
