@@ -44,9 +44,9 @@ RUNTIME_INSTALL = REPO / "tests" / "runtime_install"  # its sitecustomize.py hid
 def hidden_modules() -> str:
     """The top-level modules a venv of requirements.txt alone would lack (tests/runtime_closure.py), as
     tests/runtime_install/sitecustomize.py reads them from ``GD2PO_JAX_HIDDEN_MODULES``."""
-    from tests.runtime_closure import test_only_modules
+    from tests.runtime_closure import modules_only_for_tests
 
-    return ",".join(test_only_modules())
+    return ",".join(modules_only_for_tests())
 
 
 def subprocess_env(**changes: str) -> dict[str, str]:

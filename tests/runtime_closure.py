@@ -82,7 +82,7 @@ def provided(module: str, requirements_file: str = "requirements.txt") -> bool:
     return bool(module_distributions().get(module, frozenset()) & closure(requirements_file))
 
 
-def test_only_modules() -> list[str]:
+def modules_only_for_tests() -> list[str]:
     """Top-level modules that requirements-test.txt installs and requirements.txt does not provide."""
     runtime = closure("requirements.txt")
     test_only = closure("requirements-test.txt") - runtime

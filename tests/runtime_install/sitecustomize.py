@@ -4,7 +4,7 @@ first on PYTHONPATH): hides the modules that only the test requirements install,
 
 The hidden top-level names come from ``GD2PO_JAX_HIDDEN_MODULES`` (comma-separated), which
 `tests.fakes.subprocess_env` computes once from the installed packages' metadata
-(`tests.runtime_closure.test_only_modules`: torch, pytest, peft, jinja2 before it was a requirement,
+(`tests.runtime_closure.modules_only_for_tests`: torch, pytest, peft, jinja2 before it was a requirement,
 ...). The suite then fails if runtime code comes to need one of them, and each subprocess is spared
 torch's import (1.4-1.8 s on a CI machine), which tensorboardX and transformers' auto classes perform
 whenever torch is installed.
