@@ -6,21 +6,37 @@ results.json, eval/test.json) and writes ``DIR/report``::
 
     summary.md           per method: the final test metrics of the task (`test_metrics`: those the
                          task names in sweep.json, e.g. Correct Acc, Format Acc, Length for tool
-                         calling; the reward models' means and the ground-truth rates per request
-                         kind for the helpfulness-safety task) and
-                         the area under the training curve of each reward, as mean ± 95% CI over
-                         seeds; then each method against GDPO, paired by seed (paired t-test p-values)
+                         calling; each reward's mean and their weighted sum for a task of your own
+                         reward functions; the reward models' means and the ground-truth rates per
+                         request kind for the helpfulness-safety task) and the area under the
+                         training curve of each of the run's reward columns (its metrics.jsonl's,
+                         not config.rewards.names: `run_reward_names`), as mean ± 95% CI over
+                         seeds; a warning when a method has fewer than `MIN_SEEDS` seeds; each
+                         method against GDPO, paired by seed (paired t-test p-values); and "which
+                         tau": per test metric, every threshold of gd2po_snr against every other,
+                         paired by seed, Holm-corrected, the best tau marked with its CI
     summary.csv          the same numbers, one row per (method, metric)
+    tau_tests.csv        the tau-vs-tau tests, one row per (metric, tau a, tau b)
     learning_curves.png  reward/<name> over RL steps per method, mean ± 95% CI band over seeds
     diagnostics.png      advantages/conflict_ratio and advantages/kept_fraction over RL steps
-    tau.png              the first test metric against the SNR threshold of gd2po_snr (GDPO at
-                         tau = 0 and GD2PO-Hard at tau = 1 as references); only if there is one
+    conflicts.png        advantages/conflict/<a>~<b> (the share of rollouts where two rewards'
+                         advantages have opposite signs) over RL steps, one panel per run; only
+                         when metrics.jsonl has them
+    tau.png              each test metric against the SNR threshold of gd2po_snr (GDPO at tau = 0
+                         and GD2PO-Hard at tau = 1 as references), the best tau circled; only if
+                         there is one
+
+Every figure has one legend for all its panels; a band is clipped to its metric's range (`metric_range`:
+[0, 1] for shares and accuracies, else the range the seeds' values span).
 
 Statistics: the CI half-width is ``t_{0.975, n-1} * s / sqrt(n)`` (``s`` the sample standard
 deviation over the n seeds; none for n < 2). A method is compared with GDPO on the seeds both
 have (two-sided paired t-test, ``scipy.stats.ttest_rel``); "n/a" for fewer than 2 such seeds, and
-p = 1 when the two agree exactly on every seed. The area under a training curve is the mean of the
-metric over the logged steps (the area normalised by the number of steps).
+p = 1 when the two agree exactly on every seed. The thresholds of gd2po_snr are compared pairwise the
+same way, per metric, and the p-values of a metric's pairs are Holm-corrected (`holm`); the best tau
+of a metric is the one with the highest mean (every metric reported is higher-is-better). The area
+under a training curve is the mean of the metric over the logged steps (the area normalised by the
+number of steps).
 """
 
 from __future__ import annotations
@@ -58,6 +74,25 @@ TEST_METRICS = (("test/correct_acc", "Correct Acc"), ("test/format_acc", "Format
 CURVE_METRICS = (("advantages/conflict_ratio", "conflict ratio"), ("advantages/kept_fraction", "kept fraction"))
 ALGORITHM_ORDER = ("grpo", "gdpo", "gd2po_hard", SNR_ALGORITHM, *SNR_HALF_ALGORITHMS)
 DPI = 100
+MIN_SEEDS = 5
+"""Seeds per method below which summary.md warns that the intervals are wide and the tests weak."""
+CONFLICT_PREFIX = "advantages/conflict/"
+"""metrics.jsonl's ``advantages/conflict/<a>~<b>``: the share of rollouts where two rewards' advantages
+have opposite signs (plotted per run in conflicts.png)."""
+UNIT_RANGE_KEYS = (
+    "advantages/conflict_ratio",
+    "advantages/kept_fraction",
+    CONFLICT_PREFIX,
+    "test/correct_acc",
+    "test/format_acc",
+    "test/length",
+    "test/correctness",
+    "test/truncation_rate",
+    "test/gt/",
+    "reward_abstained/",
+    "reward_failed/",
+)
+"""Metric keys (or prefixes, ending in ``/``) whose values are shares or accuracies, in [0, 1]."""
 
 
 class ReportError(UserError, ValueError):
@@ -89,10 +124,14 @@ class Run:
     test_columns: tuple[tuple[str, str], ...] = TEST_METRICS
 
 
-def test_metrics(sweep_dir: pathlib.Path, config: RunConfig) -> tuple[tuple[str, str], ...]:
+def test_metrics(
+    sweep_dir: pathlib.Path, config: RunConfig, test: dict[str, Any] | None = None
+) -> tuple[tuple[str, str], ...]:
     """(key, label) of the test metrics reported for the runs of ``sweep_dir``: those sweep.json
     records (the task's own choice, `gd2po_jax.tasks.Task.test_metrics`); for a sweep.json without
-    them (older sweeps), each reward's mean and their sum for reward-model runs, else `TEST_METRICS`.
+    them (older sweeps), each reward's mean and their sum when the run's eval/test.json (``test``)
+    was scored by its rewards (it names them: ``reward_names``) or for reward-model runs, else
+    `TEST_METRICS`.
 
     Raises:
       ReportError: naming sweep.json when it does not read.
@@ -105,6 +144,8 @@ def test_metrics(sweep_dir: pathlib.Path, config: RunConfig) -> tuple[tuple[str,
             raise ReportError(str(err)) from None
         if recorded:
             return tuple((key, label) for key, label in recorded)
+    if test is not None and test.get("reward_names"):  # scored by the run's own rewards
+        return tuple((f"test/{name}", name) for name in test["reward_names"]) + (("test/reward_sum", "sum"),)
     if config.rewards.kind == "reward_model":
         return tuple((f"test/{name}", name) for name in config.rewards.names) + (("test/reward_sum", "sum"),)
     return TEST_METRICS
@@ -122,11 +163,14 @@ def load_run(workdir: pathlib.Path) -> Run:
         config = run_dir.load_run_config(workdir)
         test = run_dir.read_json(files.eval_report(TEST_SPLIT))
         metrics = read_metrics(workdir)
+        results = run_dir.read_json(files.results) if files.results.is_file() else {}
     except (ConfigError, RunDirError) as err:  # both name the file
         raise ReportError(str(err)) from None
+    if not isinstance(test, dict):
+        raise ReportError(f"{files.eval_report(TEST_SPLIT)}: expected a JSON object (eval.py's report)")
     algorithm, seed = config.rl.algorithm, config.train.seed
     snr_tau = float(config.rl.snr_tau) if algorithm == SNR_ALGORITHM else None
-    reward_names = tuple(config.rewards.names)
+    reward_names = run_reward_names(metrics, results if isinstance(results, dict) else {}, config)
     return Run(
         method=method_name(algorithm, snr_tau),
         algorithm=algorithm,
@@ -136,8 +180,23 @@ def load_run(workdir: pathlib.Path) -> Run:
         reward_names=reward_names,
         test=test,
         metrics=metrics,
-        test_columns=test_metrics(workdir.parents[2], config),
+        test_columns=test_metrics(workdir.parents[2], config, test),
     )
+
+
+def run_reward_names(metrics: Sequence[dict[str, Any]], results: dict[str, Any], config: RunConfig) -> tuple[str, ...]:
+    """The reward columns of a run, as it trained: the names of metrics.jsonl's
+    ``reward_failed/<name>`` (one per reward column, train.py logs it every logged step), else
+    those results.json's evaluations name (``reward_names``), else ``config.rewards.names`` (a
+    built-in family's; empty when the rewards are ``rewards.functions``)."""
+    names = [key.split("/", 1)[1] for record in metrics for key in record if key.startswith("reward_failed/")]
+    if names:
+        return tuple(dict.fromkeys(names))
+    for when in ("after_rl", "before_rl"):
+        evaluation = results.get(when)
+        if isinstance(evaluation, dict) and evaluation.get("reward_names"):
+            return tuple(evaluation["reward_names"])
+    return tuple(config.rewards.names)
 
 
 def find_runs(sweep_dir: pathlib.Path) -> tuple[list[Run], list[pathlib.Path]]:
@@ -280,6 +339,87 @@ def summarize(runs: Sequence[Run], baseline: str = BASELINE) -> list[MethodSumma
     return rows
 
 
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (None: no test, left out of the family):
+    the i-th smallest of m becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``, in the input's order."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running, m = 0.0, len(tested)
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclasses.dataclass(frozen=True)
+class TauPair:
+    """gd2po_snr at threshold ``a`` against threshold ``b`` on one metric, paired by seed."""
+
+    a: float
+    b: float
+    paired: Paired
+    p_holm: float | None  # Holm-corrected over the metric's pairs
+
+    @property
+    def significant(self) -> bool | None:
+        return None if self.p_holm is None else self.p_holm < ALPHA
+
+
+@dataclasses.dataclass(frozen=True)
+class TauComparison:
+    """Which tau, on one metric: each threshold's estimate, the best (highest mean; None without a
+    finite mean) and every pair of thresholds tested (`TauPair`)."""
+
+    key: str
+    label: str
+    estimates: dict[float, Estimate]
+    best: float | None
+    pairs: list[TauPair]
+
+
+def snr_taus(runs: Sequence[Run]) -> list[float]:
+    """The thresholds of the sweep's gd2po_snr runs, ascending."""
+    return sorted({run.snr_tau for run in runs if run.algorithm == SNR_ALGORITHM and run.snr_tau is not None})
+
+
+def compare_taus(runs: Sequence[Run], columns: Sequence[tuple[str, str]]) -> list[TauComparison]:
+    """Per metric of ``columns`` (the task's test metrics): gd2po_snr's thresholds against each other,
+    paired by seed (`paired_test`), Holm-corrected over the metric's pairs; empty without gd2po_snr."""
+    taus = snr_taus(runs)
+    if not taus:
+        return []
+    per_tau: dict[float, dict[int, dict[str, float]]] = {tau: {} for tau in taus}
+    for run in runs:
+        if run.algorithm == SNR_ALGORITHM and run.snr_tau is not None:
+            per_tau[run.snr_tau][run.seed] = run_values(run)
+    out = []
+    for key, label in columns:
+        values = {tau: {s: v.get(key, math.nan) for s, v in seeds.items()} for tau, seeds in per_tau.items()}
+        estimates = {tau: mean_ci(list(values[tau].values())) for tau in taus}
+        finite = [tau for tau in taus if estimates[tau].n and math.isfinite(estimates[tau].mean)]
+        best = max(finite, key=lambda tau: estimates[tau].mean) if finite else None
+        tests = [(a, b, paired_test(values[a], values[b])) for i, a in enumerate(taus) for b in taus[i + 1 :]]
+        adjusted = holm([t.p_value for _, _, t in tests])
+        pairs = [TauPair(a, b, t, p) for (a, b, t), p in zip(tests, adjusted)]
+        out.append(TauComparison(key, label, estimates, best, pairs))
+    return out
+
+
+def few_seeds(rows: Sequence[MethodSummary], minimum: int = MIN_SEEDS) -> list[MethodSummary]:
+    """The methods with fewer than ``minimum`` finished seeds."""
+    return [row for row in rows if len(row.seeds) < minimum]
+
+
+def metric_range(key: str, values: Sequence[float]) -> tuple[float, float]:
+    """The range a band of ``key`` is clipped to: [0, 1] for shares and accuracies (`UNIT_RANGE_KEYS`),
+    else the range of ``values`` (the seeds' own values: a mean's band cannot leave what some seed
+    reached); (-inf, inf) without a finite value."""
+    if any(key == known or (known.endswith("/") and key.startswith(known)) for known in UNIT_RANGE_KEYS):
+        return 0.0, 1.0
+    finite = [v for v in values if math.isfinite(v)]
+    return (min(finite), max(finite)) if finite else (-math.inf, math.inf)
+
+
 # ----------------------------------------------------------------------------------------------
 # Tables.
 # ----------------------------------------------------------------------------------------------
@@ -304,8 +444,10 @@ def markdown_table(
     baseline: str = BASELINE,
     title: str = "Sweep report",
     notes: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> str:
-    """The Markdown summary: estimates per method, then p-values against ``baseline``."""
+    """The Markdown summary: estimates per method, then p-values against ``baseline``, then ``extra``
+    lines (the tau comparison)."""
     lines = [
         f"# {title}",
         "",
@@ -325,7 +467,7 @@ def markdown_table(
     lines += ["", f"## Against {baseline.upper()} (paired by seed, two-sided paired t-test, p-values)", ""]
     if not compared:
         lines.append(f"No comparison: the sweep has no finished {baseline} run, or no other method.")
-        return "\n".join(lines) + "\n"
+        return "\n".join([*lines, *extra]) + "\n"
     header = ["method", "pairs"] + [label for _, label in columns]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in compared:
@@ -333,7 +475,98 @@ def markdown_table(
         pairs = max(p.n_pairs for p in row.versus_baseline.values())
         cells = [row.method, str(pairs)] + [_format_p(row.versus_baseline[key]) for key, _ in columns]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *extra]) + "\n"
+
+
+def tau_section(comparisons: Sequence[TauComparison]) -> list[str]:
+    """summary.md's "Which tau" lines: per metric, each threshold's mean ± CI with the best marked,
+    then the tau-vs-tau tests (raw and Holm-corrected p-values); empty without gd2po_snr."""
+    if not comparisons:
+        return []
+    lines = [
+        "",
+        f"## Which tau ({SNR_ALGORITHM}: thresholds against each other, paired by seed, two-sided paired "
+        "t-test, Holm-corrected per metric)",
+        "",
+    ]
+    taus = list(comparisons[0].estimates)
+    header = ["metric"] + [f"tau {tau:g}" for tau in taus] + ["best tau"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in comparisons:
+        cells = [c.label]
+        for tau in taus:
+            text = _format_estimate(c.estimates[tau])
+            cells.append(f"**{text}** (best)" if tau == c.best and len(taus) > 1 else text)
+        best = "-" if c.best is None else f"{c.best:g}: {_format_estimate(c.estimates[c.best])}"
+        cells.append(best)
+        lines.append("| " + " | ".join(cells) + " |")
+    pairs = [(c, pair) for c in comparisons for pair in c.pairs]
+    lines.append("")
+    if not pairs:
+        lines.append("One threshold only: nothing to compare (give --snr_taus several values).")
+        return lines
+    header = ["metric", "tau a", "tau b", "pairs", "mean a - b", "p", "p (Holm)"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c, pair in pairs:
+        diff = c.estimates[pair.a].mean - c.estimates[pair.b].mean
+        holm_p = "n/a" if pair.p_holm is None else f"{pair.p_holm:.3g}" + (" (p<0.05)" if pair.significant else "")
+        cells = [
+            c.label,
+            f"{pair.a:g}",
+            f"{pair.b:g}",
+            str(pair.paired.n_pairs),
+            f"{diff:+.3f}",
+            "n/a" if pair.paired.p_value is None else f"{pair.paired.p_value:.3g}",
+            holm_p,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+TAU_CSV_FIELDS = (
+    "metric",
+    "tau_a",
+    "tau_b",
+    "n_pairs",
+    "mean_a",
+    "mean_b",
+    "p_value",
+    "p_holm",
+    "significant_holm",
+    "best_tau",
+)
+
+
+def tau_csv_rows(comparisons: Sequence[TauComparison]) -> list[dict[str, Any]]:
+    """One dict per (metric, tau a, tau b) with `TAU_CSV_FIELDS`; "n/a" where a number does not exist."""
+    return [
+        {
+            "metric": c.key,
+            "tau_a": pair.a,
+            "tau_b": pair.b,
+            "n_pairs": pair.paired.n_pairs,
+            "mean_a": c.estimates[pair.a].mean,
+            "mean_b": c.estimates[pair.b].mean,
+            "p_value": "n/a" if pair.paired.p_value is None else pair.paired.p_value,
+            "p_holm": "n/a" if pair.p_holm is None else pair.p_holm,
+            "significant_holm": "n/a" if pair.significant is None else ("yes" if pair.significant else "no"),
+            "best_tau": "" if c.best is None else c.best,
+        }
+        for c in comparisons
+        for pair in c.pairs
+    ]
+
+
+def seed_warning(rows: Sequence[MethodSummary], minimum: int = MIN_SEEDS) -> list[str]:
+    """summary.md's warning naming the methods with fewer than ``minimum`` seeds (empty when none)."""
+    few = few_seeds(rows, minimum)
+    if not few:
+        return []
+    cells = ", ".join(f"{row.method} ({len(row.seeds)})" for row in few)
+    return [
+        f"**Warning: fewer than {minimum} seeds** for {cells}: with so few seeds the 95% intervals are wide "
+        "(they may leave a metric's possible range) and the paired tests have little power; add --seeds.",
+    ]
 
 
 CSV_FIELDS = (
@@ -375,9 +608,9 @@ def csv_rows(rows: Sequence[MethodSummary], columns: Sequence[tuple[str, str]]) 
     return out
 
 
-def write_csv(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+def write_csv(path: pathlib.Path, rows: list[dict[str, Any]], fields: Sequence[str] = CSV_FIELDS) -> None:
     with path.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(file, fieldnames=list(fields))
         writer.writeheader()
         writer.writerows(rows)
 
@@ -400,6 +633,11 @@ def curve_band(runs: Sequence[Run], key: str) -> tuple[np.ndarray, np.ndarray, n
     return steps, np.array([e.mean for e in estimates]), np.array([e.half_width for e in estimates])
 
 
+def logged_values(runs: Sequence[Run], key: str) -> list[float]:
+    """Every value of ``key`` the runs' metrics.jsonl logged (for `metric_range`)."""
+    return [float(r[key]) for run in runs for r in run.metrics if isinstance(r.get(key), (int, float))]
+
+
 def _pyplot():
     import matplotlib
 
@@ -415,8 +653,36 @@ def _colors(methods: Sequence[str]) -> dict[str, Any]:
     return {m: cycle(i % 10) for i, m in enumerate(methods)}
 
 
-def plot_curves(runs: Sequence[Run], keys: Sequence[tuple[str, str]], path: pathlib.Path, *, title: str) -> None:
-    """One panel per (key, label): a line per method (mean over seeds) with its CI band."""
+def _shared_legend(fig, axes) -> None:
+    """One legend for every panel of ``fig``, under them (the labels of all panels, once each)."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="lower center",
+            ncol=min(len(handles), 6),
+            fontsize=7,
+            frameon=False,
+        )
+
+
+def _save(fig, path: pathlib.Path, legend_rows: int) -> None:
+    plt = _pyplot()
+    fig.tight_layout(rect=(0, 0.06 * legend_rows + 0.02, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_curves(runs: Sequence[Run], keys: Sequence[tuple[str, str]], path: pathlib.Path, *, title: str) -> bool:
+    """One panel per (key, label): a line per method (mean over seeds) with its CI band, clipped to
+    the metric's range (`metric_range`); one legend for all panels. False (nothing written) without
+    a key."""
+    if not keys:
+        return False
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -424,24 +690,63 @@ def plot_curves(runs: Sequence[Run], keys: Sequence[tuple[str, str]], path: path
     colors = _colors(methods)
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
     for ax, (key, label) in zip(axes[0], keys):
+        low, high = metric_range(key, logged_values(runs, key))
         for method in methods:
             steps, mean, half = curve_band([r for r in runs if r.method == method], key)
             if not len(steps):
                 continue
             ax.plot(steps, mean, color=colors[method], label=method, linewidth=1.2)
             band = np.isfinite(half)
-            ax.fill_between(
-                steps[band], (mean - half)[band], (mean + half)[band], color=colors[method], alpha=0.2, linewidth=0
-            )
+            lower = np.clip((mean - half)[band], low, high)
+            upper = np.clip((mean + half)[band], low, high)
+            ax.fill_between(steps[band], lower, upper, color=colors[method], alpha=0.2, linewidth=0)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("RL step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
-    axes[0][-1].legend(fontsize=6, loc="best")
+    _shared_legend(fig, axes[0])
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _save(fig, path, legend_rows=1 + (len(methods) - 1) // 6)
+    return True
+
+
+def conflict_keys(runs: Sequence[Run]) -> list[str]:
+    """The ``advantages/conflict/<a>~<b>`` keys any run's metrics.jsonl has, in order of first appearance."""
+    keys = [key for run in runs for record in run.metrics for key in record if key.startswith(CONFLICT_PREFIX)]
+    return list(dict.fromkeys(keys))
+
+
+def plot_conflicts(runs: Sequence[Run], path: pathlib.Path) -> bool:
+    """One panel per run (``<method>/seed<k>``): each pair's ``advantages/conflict/<a>~<b>`` over RL
+    steps, in [0, 1]; one legend (the pairs). False (nothing written) when no run logged them."""
+    keys = conflict_keys(runs)
+    if not keys:
+        return False
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    ordered = sorted(runs, key=lambda r: (method_order([x.method for x in runs]).index(r.method), r.seed))
+    columns = min(len(ordered), 4)
+    rows = -(-len(ordered) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.4), squeeze=False)
+    cycle = plt.get_cmap("tab10")
+    for ax, run in zip(axes.flat, ordered):
+        for i, key in enumerate(keys):
+            points = [(int(r["step"]), float(r[key])) for r in run.metrics if isinstance(r.get(key), (int, float))]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, color=cycle(i % 10), label=key[len(CONFLICT_PREFIX) :], linewidth=1.2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{run.method}/seed{run.seed}", fontsize=8)
+        ax.set_xlabel("RL step", fontsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(ordered) :]:
+        ax.set_visible(False)
+    _shared_legend(fig, axes.flat)
+    fig.suptitle("Reward pair conflicts: share of rollouts whose two advantages have opposite signs", fontsize=9)
+    _save(fig, path, legend_rows=1 + (len(keys) - 1) // 6)
+    return True
 
 
 def tau_points(rows: Sequence[MethodSummary], key: str = "test/correct_acc") -> dict[str, list[tuple[float, Estimate]]]:
@@ -460,34 +765,61 @@ def tau_points(rows: Sequence[MethodSummary], key: str = "test/correct_acc") -> 
     return points
 
 
-def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path, column: tuple[str, str] = TEST_METRICS[0]) -> bool:
-    """The final test metric ``column`` (key, label) against tau (mean ± CI); False (nothing written)
-    without gd2po_snr."""
-    points = tau_points(rows, column[0])
-    if not points["snr"]:
+def plot_tau(
+    rows: Sequence[MethodSummary],
+    path: pathlib.Path,
+    columns: Sequence[tuple[str, str]] = TEST_METRICS,
+    comparisons: Sequence[TauComparison] = (),
+    values: dict[str, list[float]] | None = None,
+) -> bool:
+    """One panel per test metric of ``columns`` (key, label): the final value against tau (mean ± CI,
+    clipped to the metric's range from ``values``: key -> the seeds' values), the best tau of
+    ``comparisons`` circled; one legend. False (nothing written) without gd2po_snr."""
+    if not columns or not tau_points(rows, columns[0][0])["snr"]:
         return False
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(4, 3.2))
+    best = {c.key: c.best for c in comparisons}
+    width = min(len(columns), 4)
+    height = -(-len(columns) // width)
+    fig, axes = plt.subplots(height, width, figsize=(4 * width, 3.2 * height + 0.3), squeeze=False)
+    for ax in list(axes.flat)[len(columns) :]:
+        ax.set_visible(False)
+    for ax, (key, label) in zip(axes.flat, columns):
+        points = tau_points(rows, key)
+        low, high = metric_range(key, (values or {}).get(key, []))
 
-    def draw(series, **style):
-        x = [t for t, _ in series]
-        y = [e.mean for _, e in series]
-        err = [0.0 if not math.isfinite(e.half_width) else e.half_width for _, e in series]
-        ax.errorbar(x, y, yerr=err, capsize=3, **style)
+        def draw(series, **style):
+            x = [t for t, _ in series]
+            y = [e.mean for _, e in series]
+            half = [0.0 if not math.isfinite(e.half_width) else e.half_width for _, e in series]
+            below = [m - max(low, m - h) if math.isfinite(m) else 0.0 for m, h in zip(y, half)]
+            above = [min(high, m + h) - m if math.isfinite(m) else 0.0 for m, h in zip(y, half)]
+            ax.errorbar(x, y, yerr=[below, above], capsize=3, **style)
 
-    draw(points["snr"], marker="o", color="tab:red", label="gd2po_snr")
-    if points["gdpo"]:
-        draw(points["gdpo"], marker="s", linestyle="none", color="tab:blue", label="gdpo (tau=0)")
-    if points["gd2po_hard"]:
-        draw(points["gd2po_hard"], marker="^", linestyle="none", color="tab:green", label="gd2po_hard (tau=1)")
-    ax.set_xlabel("SNR threshold tau", fontsize=8)
-    ax.set_ylabel(f"test {column[1]}", fontsize=8)
-    ax.set_xlim(-0.05, 1.05)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+        draw(points["snr"], marker="o", color="tab:red", label=SNR_ALGORITHM)
+        if points["gdpo"]:
+            draw(points["gdpo"], marker="s", linestyle="none", color="tab:blue", label="gdpo (tau=0)")
+        if points["gd2po_hard"]:
+            draw(points["gd2po_hard"], marker="^", linestyle="none", color="tab:green", label="gd2po_hard (tau=1)")
+        tau = best.get(key)
+        if tau is not None:
+            mean = dict(points["snr"])[tau].mean
+            ax.plot(
+                [tau],
+                [mean],
+                marker="o",
+                markersize=12,
+                markerfacecolor="none",
+                color="black",
+                linestyle="none",
+                label="best tau",
+            )
+        ax.set_title(f"test {label}", fontsize=9)
+        ax.set_xlabel("SNR threshold tau", fontsize=8)
+        ax.set_xlim(-0.05, 1.05)
+        ax.tick_params(labelsize=7)
+    _shared_legend(fig, axes.flat)
+    _save(fig, path, legend_rows=1)
     return True
 
 
@@ -498,7 +830,8 @@ def plot_tau(rows: Sequence[MethodSummary], path: pathlib.Path, column: tuple[st
 
 def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
     """Write the report of the finished runs in ``sweep_dir`` to ``out_dir`` (default
-    ``sweep_dir/report``). Returns the paths written: ``markdown``, ``csv``, ``plots`` (a list).
+    ``sweep_dir/report``). Returns the paths written: ``markdown``, ``csv``, ``plots`` (a list) and
+    ``tau_csv`` (None without two thresholds of gd2po_snr to compare).
 
     Raises:
       ReportError: no finished run, or a file of a finished run that cannot be read.
@@ -513,6 +846,8 @@ def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | No
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = metric_columns(runs)
     rows = summarize(runs)
+    test_columns = list(dict.fromkeys(column for run in runs for column in run.test_columns))
+    comparisons = compare_taus(runs, test_columns)
     notes = [f"{len(runs)} finished runs in `{sweep_dir}`."]
     if unfinished:
         notes.append(
@@ -520,15 +855,27 @@ def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | No
             + ", ".join(f"`{w.relative_to(sweep_dir / 'runs')}`" for w in unfinished)
             + "."
         )
+    notes += seed_warning(rows)
     markdown = out_dir / "summary.md"
-    markdown.write_text(markdown_table(rows, columns, title=f"Sweep report: {sweep_dir.name}", notes=notes))
+    title = f"Sweep report: {sweep_dir.name}"
+    markdown.write_text(markdown_table(rows, columns, title=title, notes=notes, extra=tau_section(comparisons)))
     table = out_dir / "summary.csv"
     write_csv(table, csv_rows(rows, columns))
+    tau_table = None
+    if any(c.pairs for c in comparisons):
+        tau_table = out_dir / "tau_tests.csv"
+        write_csv(tau_table, tau_csv_rows(comparisons), TAU_CSV_FIELDS)
     reward_names = dict.fromkeys(name for run in runs for name in run.reward_names)
     reward_keys = [(f"reward/{name}", f"reward/{name}") for name in reward_names]
-    plots = [out_dir / "learning_curves.png", out_dir / "diagnostics.png"]
-    plot_curves(runs, reward_keys, plots[0], title=f"Training rewards (mean ± {CONFIDENCE:.0%} CI over seeds)")
-    plot_curves(runs, CURVE_METRICS, plots[1], title=f"Advantage filtering (mean ± {CONFIDENCE:.0%} CI over seeds)")
-    if plot_tau(rows, out_dir / "tau.png", columns[0]):
+    plots = []
+    band = f"mean ± {CONFIDENCE:.0%} CI over seeds"
+    if plot_curves(runs, reward_keys, out_dir / "learning_curves.png", title=f"Training rewards ({band})"):
+        plots.append(out_dir / "learning_curves.png")
+    if plot_curves(runs, CURVE_METRICS, out_dir / "diagnostics.png", title=f"Advantage filtering ({band})"):
+        plots.append(out_dir / "diagnostics.png")
+    if plot_conflicts(runs, out_dir / "conflicts.png"):
+        plots.append(out_dir / "conflicts.png")
+    values = {key: [v for run in runs if math.isfinite(v := run_values(run).get(key, math.nan))] for key, _ in columns}
+    if plot_tau(rows, out_dir / "tau.png", test_columns, comparisons, values):
         plots.append(out_dir / "tau.png")
-    return {"markdown": markdown, "csv": table, "plots": plots}
+    return {"markdown": markdown, "csv": table, "plots": plots, "tau_csv": tau_table}

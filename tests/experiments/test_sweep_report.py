@@ -295,3 +295,125 @@ def test_a_safety_sweep_reports_ground_truth_rates_and_reward_model_scores(tmp_p
     assert float(rows[("gd2po_hard", "auc/reward/useful")]["mean"]) == pytest.approx(2.5)
     assert rows[("gd2po_hard", "test/gt/helpful/level_0")]["p_value_vs_gdpo"] == "1.0"  # equal on every seed
     assert ("gdpo", "test/correct_acc") not in rows
+
+
+# ----------------------------------------------------------------------------------------------
+# A sweep of a task of your own: TRL-form reward functions, no built-in family, no targets.
+# ----------------------------------------------------------------------------------------------
+
+OWN_REWARDS = ("brevity", "digits")
+OWN_TAUS = (0.3, 0.7)
+# tau -> per seed: test brevity, test digits
+OWN_TEST = {0.3: [(0.20, 0.50), (0.30, 0.60), (0.25, 0.55)], 0.7: [(0.60, 0.52), (0.70, 0.61), (0.65, 0.56)]}
+
+
+def write_own_run(sweep_dir: pathlib.Path, tau: float, seed: int, test_values: tuple[float, float]) -> pathlib.Path:
+    """A finished gd2po_snr run of configs/files.py with two TRL-form functions (config.rewards.names empty):
+    metrics.jsonl as train.py writes it (reward/<name>, reward_failed/<name>, the pair conflict), eval/test.json
+    scored by the functions (reward_names)."""
+    from configs import files
+
+    workdir = sweep_dir / "runs" / f"gd2po_snr-tau{tau:g}" / f"seed{seed}"
+    (workdir / "eval").mkdir(parents=True)
+    config = files.get_config()
+    config.model.path, config.data.train, config.data.test = "tiny_model", "prompts.jsonl", "test.jsonl"
+    config.rewards.functions = tuple(f"rewards:{name}" for name in OWN_REWARDS)
+    config.sft.enabled = False
+    config.rl.update(algorithm="gd2po_snr", snr_tau=tau)
+    config.train.seed = seed
+    run_dir.write_config(workdir, RunConfig.from_config_dict(config))
+    records = []
+    for step in range(1, STEPS + 1):
+        record = {"step": step, "advantages/conflict_ratio": 0.4, "advantages/kept_fraction": 0.6,
+                  "advantages/conflict/brevity~digits": 0.1 * step + 0.01 * seed}
+        for k, name in enumerate(OWN_REWARDS):
+            record[f"reward/{name}"] = tau * (k + 1) * step / STEPS + 0.01 * seed
+            record[f"reward_failed/{name}"] = 0.0
+        records.append(record)
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (workdir / "results.json").write_text(json.dumps({"algorithm": "gd2po_snr", "split": None, "before_rl": None,
+                                                      "after_rl": None}))
+    brevity, digits = test_values
+    test = {"split": "test", "brevity": brevity, "digits": digits, "reward_sum": brevity + digits,
+            "reward_names": list(OWN_REWARDS)}
+    (workdir / "eval" / "test.json").write_text(json.dumps(test))
+    return workdir
+
+
+@pytest.fixture
+def own_sweep(tmp_path) -> pathlib.Path:
+    for tau, values in OWN_TEST.items():
+        for seed, test_values in enumerate(values):
+            write_own_run(tmp_path, tau, seed, test_values)
+    return tmp_path
+
+
+def test_a_sweep_of_your_own_reward_functions_reports_their_curves_auc_and_which_tau(own_sweep):
+    """config.rewards.names is empty (the rewards are rewards.functions): the report takes the reward
+    columns from each run's metrics.jsonl, writes every PNG, has an AUC column per reward and the test
+    metrics eval.py scored with the functions, and answers which tau per metric (Holm over the pairs)."""
+    written = report.write_report(own_sweep)
+    assert [p.name for p in written["plots"]] == ["learning_curves.png", "diagnostics.png", "conflicts.png",
+                                                  "tau.png"]
+    for path in written["plots"]:
+        with Image.open(path) as image:
+            image.verify()
+    markdown = written["markdown"].read_text()
+    header = next(line for line in markdown.splitlines() if line.startswith("| method | seeds |"))
+    assert header == "| method | seeds | brevity | digits | sum | AUC brevity | AUC digits |"
+    rows = read_csv(written["csv"])
+    per_seed = [np.mean([0.3 * 2 * s / STEPS + 0.01 * seed for s in range(1, STEPS + 1)]) for seed in range(3)]
+    assert float(rows[("gd2po_snr-tau0.3", "auc/reward/digits")]["mean"]) == pytest.approx(np.mean(per_seed))
+    # Which tau: brevity is clearly better at 0.7, digits hardly differs.
+    assert "## Which tau" in markdown
+    brevity = next(line for line in markdown.splitlines() if line.startswith("| brevity | "))
+    mean, half = expected_ci([v[0] for v in OWN_TEST[0.7]])
+    assert f"**{mean:.3f} ± {half:.3f}** (best)" in brevity and brevity.endswith(f"| 0.7: {mean:.3f} ± {half:.3f} |")
+    with written["tau_csv"].open() as file:
+        tests = {row["metric"]: row for row in csv.DictReader(file)}
+    p = expected_paired_p([v[0] for v in OWN_TEST[0.3]], [v[0] for v in OWN_TEST[0.7]])
+    assert float(tests["test/brevity"]["p_value"]) == pytest.approx(p)
+    assert float(tests["test/brevity"]["p_holm"]) == pytest.approx(p)  # one pair per metric: Holm leaves it
+    assert tests["test/brevity"]["best_tau"] == "0.7"
+    # Three seeds per tau: the warning names both cells.
+    assert "**Warning: fewer than 5 seeds** for gd2po_snr-tau0.3 (3), gd2po_snr-tau0.7 (3)" in markdown
+
+
+def test_holm_adjusts_a_family_in_step_down_order():
+    assert report.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None], nan_ok=True)
+    assert report.holm([0.5, 0.6]) == [1.0, 1.0]
+    assert report.holm([]) == []
+
+
+def test_three_taus_are_compared_pairwise_with_holm(tmp_path):
+    values = {0.2: [0.1, 0.2, 0.15, 0.12, 0.18], 0.5: [0.3, 0.45, 0.32, 0.36, 0.41], 0.8: [0.31, 0.4, 0.3, 0.37, 0.4]}
+    for tau, per_seed in values.items():
+        for seed, value in enumerate(per_seed):
+            write_run(tmp_path, "gd2po_snr", tau, seed, value)
+    runs, _ = report.find_runs(tmp_path)
+    correct = report.compare_taus(runs, [("test/correct_acc", "Correct Acc")])[0]
+    assert [(p.a, p.b) for p in correct.pairs] == [(0.2, 0.5), (0.2, 0.8), (0.5, 0.8)]
+    raw = [expected_paired_p(values[p.a], values[p.b]) for p in correct.pairs]
+    assert [p.paired.p_value for p in correct.pairs] == pytest.approx(raw)
+    order = np.argsort(raw)
+    expected = np.maximum.accumulate(np.minimum(1.0, (3 - np.arange(3)) * np.asarray(raw)[order]))
+    assert np.asarray([p.p_holm for p in correct.pairs])[order] == pytest.approx(expected)
+    assert correct.best == 0.5
+    markdown = report.write_report(tmp_path)["markdown"].read_text()
+    assert "fewer than 5 seeds" not in markdown  # five seeds each
+
+
+def test_bands_are_clipped_to_the_metric_range():
+    assert report.metric_range("advantages/kept_fraction", [0.2, 0.3]) == (0.0, 1.0)
+    assert report.metric_range("advantages/conflict/a~b", []) == (0.0, 1.0)
+    assert report.metric_range("test/format_acc", [2.0]) == (0.0, 1.0)
+    assert report.metric_range("reward/brevity", [0.5, -1.0, math.nan, 2.0]) == (-1.0, 2.0)
+    assert report.metric_range("reward/x", []) == (-math.inf, math.inf)
+
+
+def test_the_report_command_of_an_own_task_sweep(own_sweep, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "report.py"), f"--sweep_dir={own_sweep}"],
+                          env=subprocess_env(), capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "AUC brevity" in proc.stdout and "## Which tau" in proc.stdout
+    assert (own_sweep / "report" / "learning_curves.png").is_file()
