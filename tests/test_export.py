@@ -220,3 +220,30 @@ def test_export_py_names_the_steps_that_exist(run, tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"export.py: --step=7: no such checkpoint in {run / 'checkpoints'}; available steps: 1, 2, 3")
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_an_export_never_imports_the_runs_reward_functions(run, tmp_path):
+    """Finding 1 of issue 63: export.py imported (and ran) the reward functions config.json names."""
+    import shutil
+
+    from tests.runtime.test_imports import PAYLOAD
+
+    marker, payload = tmp_path / "marker", tmp_path / "crafted" / "evil.py"
+    payload.parent.mkdir()
+    payload.write_text(PAYLOAD.format(marker=str(marker)))
+    crafted = tmp_path / "run"
+    shutil.copytree(run, crafted)
+    values = json.loads(RunDir(crafted).config.read_text())
+    values["rewards"]["functions"] = [f"{payload}:f"]
+    RunDir(crafted).config.write_text(json.dumps(values))
+    exported = export_checkpoint(crafted, tmp_path / "out")
+    assert exported.step == STEPS[-1] and "model.safetensors" in exported.files
+    assert not marker.exists()
+    # A task of the run's own is code too: imported only with --trust_workdir_code.
+    values["task"] = f"{payload}:f"
+    RunDir(crafted).config.write_text(json.dumps(values))
+    with pytest.raises(run_dir.UntrustedCodeError, match=r"config\.task \(.*evil\.py:f\); not importing it: pass "
+                                                          r"--trust_workdir_code if you trust"):
+        export_checkpoint(crafted, tmp_path / "out2")
+    assert not marker.exists() and not (tmp_path / "out2").exists()

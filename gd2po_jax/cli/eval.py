@@ -18,6 +18,7 @@ host runs the same command with --config.distributed.coordinator_address=HOST:PO
 --config.distributed.num_processes=N --config.distributed.process_id=I (docs/multihost.md).
 """
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -29,7 +30,7 @@ from gd2po_jax import cli
 from gd2po_jax.config import DistributedConfig
 from gd2po_jax.evaluation import command as evaluation
 from gd2po_jax.evaluation.command import EvalOptions
-from gd2po_jax.runtime import distributed
+from gd2po_jax.runtime import distributed, run_dir
 
 _DEFAULTS = EvalOptions()
 FLAGS = flags.FLAGS
@@ -117,6 +118,20 @@ def define_flags() -> None:
         module_name=main_module,
     )
     flags.DEFINE_bool(
+        "trust_workdir_code",
+        False,
+        "Import the code that --workdir's config.json names (its reward functions, a task of its own): "
+        "only for a workdir you trust; without it (or --reward_functions) such a run is refused.",
+        module_name=main_module,
+    )
+    flags.DEFINE_list(
+        "reward_functions",
+        [],
+        "The run's config.rewards.functions paths given again (module:fn or path/file.py:fn): "
+        "these are imported without --trust_workdir_code.",
+        module_name=main_module,
+    )
+    flags.DEFINE_bool(
         "habits",
         False,
         "Print the habit breakdown of the run's saved generations instead of "
@@ -148,7 +163,12 @@ def main(argv):
     with distributed.stop_all_on_error(), cli.user_errors("eval.py"):
         # Before any other use of JAX.
         distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))
-        evaluation.run(options_from_flags())
+        options = options_from_flags()
+        # A workdir's config.json runs no code unless the user trusts it (docs/reliability.md).
+        trust, given = FLAGS.trust_workdir_code, FLAGS.reward_functions
+        trusted = run_dir.trusting_code_of(options.workdir, trust=trust, given=given) if options.workdir else None
+        with trusted or contextlib.nullcontext():
+            evaluation.run(options)
 
 
 def run() -> None:

@@ -5,16 +5,23 @@ A path is ``module:attribute`` (a module importable from the working directory, 
 process, and its directory joins ``sys.path`` so that it may import its neighbours); a dotted
 attribute (``module:Class.method``) is looked up part by part. Every failure is an `ImportPathError`
 (a `ConfigError`: one line from the entry points) that names the config entry, the file and what to do.
+
+Code named by a config the user did not give (a workdir's ``config.json`` read by eval.py or export.py)
+is imported only when the user trusts it: within `importing_only`, `import_object` refuses every
+other path (`UntrustedCodeError`), as transformers refuses a model config's code without
+``trust_remote_code=True``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
 import pathlib
 import sys
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -29,6 +36,41 @@ USER_MODULE_PREFIX = "gd2po_user."
 
 class ImportPathError(ConfigError):
     """An import path in the config that cannot be followed; the message starts with the entry."""
+
+
+class UntrustedCodeError(ImportPathError):
+    """Code named by a config the user did not give, refused (`importing_only`); the message names
+    it and the flag that trusts it."""
+
+
+_TRUST: list[tuple[frozenset[str], str, str]] = []
+"""The `importing_only` scopes in force: (the paths allowed, where the config came from, how to trust it)."""
+
+
+@contextlib.contextmanager
+def importing_only(allowed: Collection[str], source: str, how_to_trust: str) -> Iterator[None]:
+    """Within: `import_object` imports only the import paths in ``allowed`` and refuses any other
+    with an `UntrustedCodeError` naming it, ``source`` (the file that names it) and ``how_to_trust``
+    (e.g. "pass --trust_workdir_code"). Nothing is imported or run for a refused path."""
+    _TRUST.append((frozenset(p.strip() for p in allowed), source, how_to_trust))
+    try:
+        yield
+    finally:
+        _TRUST.pop()
+
+
+def untrusted_message(paths: Collection[str], source: str, how_to_trust: str) -> str:
+    """The one line that refuses to import ``paths`` named in ``source``."""
+    return (
+        f"{source} names code that would be imported and run: {', '.join(paths)}; not importing it: "
+        f"{how_to_trust} if you trust {source} (it runs with your permissions)"
+    )
+
+
+def _check_trusted(path: str, label: str) -> None:
+    for allowed, source, how_to_trust in _TRUST:
+        if path.strip() not in allowed:
+            raise UntrustedCodeError(f"{label}: {untrusted_message([path.strip()], source, how_to_trust)}")
 
 
 def is_import_path(text: str) -> bool:
@@ -100,11 +142,13 @@ def import_object(path: str, label: str) -> tuple[Any, str]:
       label: how errors name the entry, e.g. ``config.rewards.functions[0] ('my_rewards:brevity')``.
 
     Raises:
+      UntrustedCodeError: within `importing_only`, a path it does not allow (nothing is imported).
       ImportPathError: not an import path, a file that does not exist, a module that does not import
         (naming the exception and its line), or no such attribute (naming what the module defines).
     """
     if not is_import_path(path):
         raise ImportPathError(f"{label}: {path!r} is not module:attribute or path/to/file.py:attribute")
+    _check_trusted(path, label)
     location, _, attribute = path.rpartition(":")
     location, attribute = location.strip(), attribute.strip()
     if location.endswith(".py") or "/" in location or os.sep in location:

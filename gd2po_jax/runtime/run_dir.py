@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from gd2po_jax.config import ConfigError, RunConfig, upgrade
 from gd2po_jax.errors import UserError
+from gd2po_jax.runtime.imports import UntrustedCodeError, importing_only, is_import_path, untrusted_message
 
 logger = logging.getLogger(__name__)
 
@@ -296,6 +297,62 @@ def load_run_config(path: str | pathlib.Path) -> RunConfig:
         return RunConfig.from_config_dict(upgrade(values))
     except ConfigError as err:
         raise ConfigError(f"{file}: {err}") from None
+
+
+TRUST_FLAG = "--trust_workdir_code"
+"""The flag of eval.py and export.py that lets a workdir's config.json name code to import (`trusting_code_of`)."""
+
+
+def named_code(values: Any, *, rewards: bool = True) -> list[tuple[str, str]]:
+    """(field, import path) of each piece of code a config (a config.json's JSON, or a config dict)
+    names: ``task`` when it is an import path, and with ``rewards`` each entry of
+    ``rewards.functions``. Nothing is imported."""
+    if not isinstance(values, dict):
+        return []
+    named = []
+    task = values.get("task")
+    if isinstance(task, str) and is_import_path(task):
+        named.append(("config.task", task.strip()))
+    functions = (values.get("rewards") or {}).get("functions") if isinstance(values.get("rewards"), dict) else None
+    for index, entry in enumerate(functions or () if rewards else ()):
+        fn = entry.get("fn") if isinstance(entry, dict) else entry
+        if isinstance(fn, str):
+            named.append((f"config.rewards.functions[{index}]", fn.strip()))
+    return named
+
+
+@contextlib.contextmanager
+def trusting_code_of(
+    workdir: str | pathlib.Path, *, trust: bool = False, given: Iterable[str] = (), rewards: bool = True
+) -> Iterator[None]:
+    """Within: the code that ``workdir/config.json`` names (`named_code`) is imported only if the user
+    trusts it: ``trust`` (``--trust_workdir_code``), or each path given again on the command line
+    (``given``). Without that the workdir's config is refused before anything is read or imported,
+    and any import of another path within is refused too (`gd2po_jax.runtime.imports.importing_only`).
+    A config.json written by someone else must not run code (as transformers' ``trust_remote_code``).
+
+    Args:
+      rewards: whether the caller uses the run's reward functions (export.py does not: they are then
+        neither imported nor asked about).
+
+    Raises:
+      UntrustedCodeError: naming every path the config names that the user did not trust, and the flag.
+    """
+    file = RunDir(workdir).config
+    if trust or not file.is_file():
+        yield
+        return
+    try:
+        values = json.loads(file.read_text())
+    except (OSError, ValueError):
+        values = None  # reading it later names the problem
+    given = {path.strip() for path in given if path.strip()}
+    how = f"pass {TRUST_FLAG}" + (" (or give the same paths again with --reward_functions)" if rewards else "")
+    refused = [f"{field} ({path})" for field, path in named_code(values, rewards=rewards) if path not in given]
+    if refused:
+        raise UntrustedCodeError(untrusted_message(refused, str(file), how))
+    with importing_only(given, str(file), how):
+        yield
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
