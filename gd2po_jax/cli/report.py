@@ -2,10 +2,12 @@
 
     python report.py --sweep_dir=DIR [--out_dir=DIR/report]
 
-Writes summary.md and summary.csv (final test Correct Acc, Format Acc, Length and the area under
-each reward's training curve, mean ± 95% CI over seeds; p-values of a paired t-test of each method
-against GDPO), learning_curves.png, diagnostics.png (conflict ratio, kept fraction) and tau.png
-(test Correct Acc against the SNR threshold). Unfinished runs are left out and listed. See
+Writes summary.md and summary.csv (the final test metrics the run's task declares and the area
+under the training curve of each of the run's reward columns, mean ± 95% CI over seeds; p-values of a
+paired t-test of each method against GDPO; which tau: gd2po_snr's thresholds against each other,
+Holm-corrected, the best marked; a warning under 5 seeds), tau_tests.csv, learning_curves.png,
+diagnostics.png (conflict ratio, kept fraction), conflicts.png (the reward pairs' conflicts per run)
+and tau.png (each test metric against the SNR threshold). Unfinished runs are left out and listed. See
 gd2po_jax/experiments/sweep_report.py.
 """
 

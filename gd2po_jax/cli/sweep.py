@@ -8,11 +8,14 @@ Each run is ``train.py`` in DIR/runs/<method>/seed<k> from its resolved config (
 the ``--config.*`` overrides given here and its own algorithm, threshold (GD2PO-SNR only) and seed),
 written to the run's config.json first, then ``eval.py --split=test``; command.txt and log.txt of
 each run are in its workdir. All runs start RL from one SFT warm start, trained once first
-(config.sft.cache_dir, default DIR/warm_starts). ``--parallel=N`` runs N at once, one GPU each
-(default: one per visible GPU; 1 on CPU). Rerun the same command to resume: finished runs are
-skipped, and a run whose config.json differs from its config now is refused. The exit status is
-non-zero if a run failed; the failures and their logs are listed at the end. When every run has
-finished, the report (report.py) is written to DIR/report. See gd2po_jax/experiments/sweeps.py.
+(config.sft.cache_dir, default DIR/warm_starts), unless train.py would run without one: with
+config.sft.only_with_targets (configs/files.py) and no row with a target the runs start from the
+model (``--config.sft.enabled=False`` turns the warm start off for any config). ``--parallel=N``
+runs N at once, one GPU each (default: one per visible GPU; 1 on CPU). Rerun the same command to
+resume: finished runs are skipped, and a run whose config.json differs from its config now is
+refused. The exit status is non-zero if a run failed; the failures and their logs are listed at
+the end. When every run has finished, the report (report.py) is written to DIR/report. See
+gd2po_jax/experiments/sweeps.py.
 """
 
 import signal
@@ -67,6 +70,8 @@ def main(argv):
         f"sweep: {len(sweep.specs)} runs in {sweep.sweep_dir / 'runs'}, "
         f"{len(sweep.devices)} at a time on {', '.join(d or 'cpu' for d in sweep.devices)}"
     )
+    if sweep.config.sft.enabled and not sweep.warm_start:
+        print(f"sweep: no warm start: {sweeps.NO_TARGETS}")
     try:
         outcomes = sweeps.run_sweep(sweep)
     except KeyboardInterrupt:

@@ -53,6 +53,11 @@ SNR_ALGORITHM = "gd2po_snr"  # the only algorithm with a threshold to sweep
 # The fields the sweep sets per run (not user overrides), and the sweep.py flag that sets each.
 SWEPT_FIELDS = {"rl.algorithm": "--algorithms", "rl.snr_tau": "--snr_taus", "train.seed": "--seeds"}
 TEST_SPLIT = "test"
+WARM_START_BUILD = "warm_start_build"  # DIR/warm_start_build: the workdir of the warm start's build
+NO_TARGETS = (
+    "config.sft.only_with_targets: the SFT data has no row with a target, so the runs start RL from "
+    "config.model.path without a warm start (as train.py does; --config.sft.enabled=False says so)"
+)
 RESOLVED_CONFIG = pathlib.Path("configs") / "resolved.py"  # in the repository: loads a config.json
 
 # Status of a run, from its workdir (`run_status`) or from the attempt in this sweep (`execute_run`).
@@ -402,6 +407,9 @@ class Sweep:
       file and the ``--config.*`` overrides (dotted name -> value).
     test_metrics: (key, label) of the test metrics the report shows (`gd2po_jax.tasks.Task.test_metrics`
       of the run's task), recorded in sweep.json so that the report needs no task code.
+    warm_start: whether the runs start RL from a warm start, as train.py decides it for one run
+      (`gd2po_jax.tasks.setup.plans_warm_start`: ``sft.enabled``, and with ``sft.only_with_targets``
+      only when the SFT data has a target); False: none is built, each run starts from the model.
     """
 
     sweep_dir: pathlib.Path
@@ -413,6 +421,7 @@ class Sweep:
     config_file: str = ""
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     test_metrics: tuple[tuple[str, str], ...] = ()
+    warm_start: bool = True
 
     def workdir(self, spec: RunSpec) -> pathlib.Path:
         return run_workdir(self.sweep_dir, spec)
@@ -464,9 +473,11 @@ def plan_sweep(
     if config.sft.enabled and not config.sft.cache_dir:  # the runs share one warm start through it
         config = config.replace({"sft.cache_dir": str(sweep_dir / "warm_starts")})
     from gd2po_jax.tasks import task_of  # the tasks import JAX; the report (this module's reader) does not
+    from gd2po_jax.tasks.setup import plans_warm_start
 
     try:
         task = task_of(config)
+        warm_start = plans_warm_start(config, sweep_dir / WARM_START_BUILD)
     except ConfigError as err:
         raise SweepError(str(err)) from None
     if not task.has_split(config, TEST_SPLIT):
@@ -491,6 +502,7 @@ def plan_sweep(
         config_file=config_file,
         overrides=cast("dict[str, Any]", overrides),  # the JSON of a dict: a dict
         test_metrics=task.test_metrics(config),
+        warm_start=warm_start,
     )
     for spec in specs:
         check_same_config(sweep.workdir(spec), sweep.run_config(spec))
@@ -537,6 +549,8 @@ def build_shared_warm_start(
     needs it). Returns (its sweep.json entry, the build's outcome or None if nothing was run)."""
     if not sweep.config.sft.enabled:
         return {"enabled": False}, None
+    if not sweep.warm_start:
+        return {"enabled": False, "reason": NO_TARGETS}, None
     from gd2po_jax.sft.warm_start import warm_start_key  # its imports (models, SFT) are heavy; only here
 
     key = warm_start_key(sweep.config)
@@ -545,7 +559,7 @@ def build_shared_warm_start(
     needed = any(run_status(sweep.workdir(s)) in (PENDING, STARTED) for s in sweep.specs)
     if (path / "config.json").is_file() or not needed:
         return entry, None
-    workdir = sweep.sweep_dir / "warm_start_build"
+    workdir = sweep.sweep_dir / WARM_START_BUILD
     command = sweep.commands.warm_start(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     run_dir.write_config(workdir, sweep.config)

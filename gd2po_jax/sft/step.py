@@ -96,7 +96,10 @@ def build_sft_data(
         prompts.append(prompt_ids)
         completions.append(completion_ids)
     if not prompts:
-        raise ValueError(f"{where}: no row has a 'target' to train on (config.sft)")
+        raise ValueError(
+            f"{where}: no row has a 'target' to train on (config.sft); give the data a target column, or "
+            "--config.sft.enabled=False to run RL without a warm start"
+        )
     prompt_length = _round_up(max(len(p) for p in prompts), length_bucket)
     completion_length = _round_up(max(len(c) for c in completions), length_bucket)
     count = len(prompts)

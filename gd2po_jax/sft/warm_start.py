@@ -230,7 +230,7 @@ def build_warm_start(config: RunConfig, workdir: str | pathlib.Path, *, progress
         if setup.sft_dataset is None:
             raise ConfigError(
                 "config.sft.only_with_targets: the SFT data has no row with a target, so there is no "
-                "warm start to build"
+                "warm start to build (--config.sft.enabled=False runs RL from config.model.path)"
             )
         if primary:
             run_dir.write_config(workdir, config)

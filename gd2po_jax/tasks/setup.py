@@ -70,6 +70,32 @@ def uses_warm_start(config: RunConfig, setup: RunSetup) -> bool:
     return config.sft.enabled and setup.sft_dataset is not None
 
 
+def warm_start_data(config: RunConfig, train: Any) -> Any:
+    """The SFT rows of a run's warm start: ``sft.data``'s, else the training split ``train``; None (no
+    warm start) when ``sft.enabled`` is off, or with ``sft.only_with_targets`` when no row has a
+    ``target``. One decision for `build_setup` (train.py) and a sweep (`plans_warm_start`)."""
+    if not config.sft.enabled:
+        return None
+    dataset = load_file(config.sft.data, config, "sft.data") if config.sft.data else train
+    if config.sft.only_with_targets and not any(dataset["target"]):
+        return None
+    return dataset
+
+
+def plans_warm_start(config: RunConfig, workdir: pathlib.Path) -> bool:
+    """Whether a run of ``config`` starts RL from a warm start, as `build_setup` decides it
+    (`warm_start_data`), before anything else is built: the task's training split is loaded only when
+    ``sft.only_with_targets`` needs it (``workdir``: where a task builds what its split needs)."""
+    if not config.sft.enabled:
+        return False
+    if not config.sft.only_with_targets:
+        return True
+    if config.sft.data:
+        return warm_start_data(config, None) is not None
+    splits, _ = task_of(config).load_splits(config, workdir)
+    return warm_start_data(config, splits["train"]) is not None
+
+
 def _model_dir(path: str, field: str) -> pathlib.Path:
     """The local directory of ``path`` (itself, or a Hub id's snapshot: `resolve_model_dir`); else a
     `ConfigError` naming ``config.<field>``."""
@@ -200,7 +226,12 @@ def check_user_functions(config: RunConfig, reward_fn, train: PromptSet) -> None
     """
     for fn in user_functions(reward_fn):
         check_call(fn, tuple(train.columns))
-        trial_call(fn, train.texts, train.columns, on_error=config.rewards.on_error)
+        trial_call(fn, train.texts, train.columns, on_error=config.rewards.on_error, timeout_s=config.rewards.timeout_s)
+    if isinstance(reward_fn, CombinedReward):  # the trial calls fixed the components: names may be new
+        try:
+            CombinedReward(reward_fn.functions)
+        except ValueError as err:
+            raise ConfigError(f"config.rewards.functions: {err}; give the entries distinct names") from None
 
 
 def eval_split(config: RunConfig, setup: RunSetup) -> str | None:
@@ -250,7 +281,6 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     eos_ids = eos_token_ids(tokenizer, model_path)
     pad_id = pad_token_id(tokenizer, eos_ids)
     reward_fn = build_run_reward(config, tokenizer=tokenizer, eos_ids=eos_ids, mesh=mesh, functions=functions)
-    reward_weights = run_reward_weights(config, reward_fn)
     splits = task.usable_rows(config, splits, reward_fn)
     limit, truncation = config.data.max_prompt_tokens, config.data.prompt_truncation
     template: dict[str, Any]  # build_prompt_set's keywords
@@ -259,6 +289,7 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
         splits["train"], tokenizer, max_prompt_tokens=limit, where="training data", truncation=truncation, **template
     )
     check_user_functions(config, reward_fn, train)
+    reward_weights = run_reward_weights(config, reward_fn)  # after the trial calls: components are columns
     evals: dict[str, PromptSet] = {}
     for split in ("validation", "test"):
         if split in splits and len(splits[split]):
@@ -269,16 +300,13 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
                 dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data", truncation=truncation, **template
             )
     longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
-    sft_dataset = None
-    if config.sft.enabled:
-        sft_dataset = load_file(config.sft.data, config, "sft.data") if config.sft.data else splits["train"]
-        if config.sft.only_with_targets and not any(sft_dataset["target"]):
-            logger.info(
-                "no warm start: %s has no row with a target (config.sft.only_with_targets); RL starts from %s",
-                config.sft.data or config.data.train or "the training data",
-                model_path,
-            )
-            sft_dataset = None
+    sft_dataset = warm_start_data(config, splits["train"])
+    if config.sft.enabled and sft_dataset is None:
+        logger.info(
+            "no warm start: %s has no row with a target (config.sft.only_with_targets); RL starts from %s",
+            config.sft.data or config.data.train or "the training data",
+            model_path,
+        )
     return RunSetup(
         model_path=model_path,
         tokenizer=tokenizer,

@@ -248,7 +248,7 @@ FAKE_TRAIN = """
         time.sleep(0.3)
         pathlib.Path(config["sft"]["cache_dir"]).mkdir(parents=True, exist_ok=True)
         sys.exit(0)
-    cache = config["sft"]["cache_dir"] if config["sft"]["enabled"] else None
+    cache = config["sft"]["cache_dir"] if config["sft"]["enabled"] and not os.environ.get("FAKE_NO_TARGETS") else None
     assert cache is None or pathlib.Path(cache).is_dir(), "the warm start was not built first"
     if str(config["train"]["seed"]) == os.environ.get("FAKE_FAIL_SEED"):
         sys.exit("boom: this run fails")
@@ -339,6 +339,37 @@ def test_a_failed_warm_start_build_starts_no_run_and_is_reported(tmp_path, fake_
     record = json.loads((sweep.sweep_dir / "sweep.json").read_text())
     assert record["warm_start"]["build_status"] == FAILED and record["warm_start"]["build_log"] == str(build_log)
     assert {r["status"] for r in record["runs"]} == {PENDING}
+
+
+def own_task_config(tmp_path, *, targets: bool):
+    """configs/files.py on a JSONL of the user's own columns (``answer``; a ``target`` only if ``targets``)
+    and the example's two TRL-form functions: sft.enabled and sft.only_with_targets as the file sets them."""
+    from configs import files
+
+    rows = [{"prompt": f"Say {n}.", "answer": str(n), **({"target": str(n)} if targets else {})} for n in range(6)]
+    data = tmp_path / ("with_targets.jsonl" if targets else "prompts.jsonl")
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = files.get_config()
+    config.model.path, config.data.train, config.data.test = "tiny_model", str(data), str(data)
+    rewards = REPO / "examples" / "own_task" / "rewards.py"
+    config.rewards.functions = (f"{rewards}:brevity", f"{rewards}:digits")
+    return config
+
+
+def test_a_sweep_of_data_without_targets_builds_no_warm_start_as_train_py(tmp_path, fake_repo, capsys):
+    """configs/files.py (sft.only_with_targets) on data without a target column: train.py runs such a run
+    without a warm start, so the sweep builds none and every run goes ahead (it used to fail them all)."""
+    sweep = plan(tmp_path, config=own_task_config(tmp_path, targets=False), repo=fake_repo)
+    assert sweep.config.sft.enabled and not sweep.warm_start
+    outcomes = sweeps.run_sweep(sweep, env=fake_env(tmp_path, FAKE_NO_TARGETS="1"), progress=False)
+    assert {o.status for o in outcomes.values()} == {FINISHED}
+    assert not any(c["warm_start_only"] for c in calls(tmp_path)) and len(calls(tmp_path)) == 4
+    record = json.loads((sweep.sweep_dir / "sweep.json").read_text())
+    assert record["warm_start"]["enabled"] is False
+    assert "--config.sft.enabled=False" in record["warm_start"]["reason"]
+    assert record["test_metrics"] == [["test/brevity", "brevity"], ["test/digits", "digits"], ["test/reward_sum", "sum"]]
+    # With targets, the same config builds the shared warm start first, as train.py would train one.
+    assert plan(tmp_path / "b", config=own_task_config(tmp_path, targets=True), repo=fake_repo).warm_start
 
 
 def test_runner_pins_each_parallel_run_to_its_own_gpu(tmp_path, fake_repo):
