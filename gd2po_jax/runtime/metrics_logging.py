@@ -72,7 +72,7 @@ class MetricsWriter:
             records = run_dir.read_jsonl(self.path, drop_torn_last_line=True)
             kept = [r for r in records if r.get("step", 0) <= resume_step]
         run_dir.write_text(self.path, "".join(jsonl_line(r) for r in kept))
-        self._file = self.path.open("a")
+        self._file = run_dir.open_append(self.path)  # never through a link
         # Also on a fresh start: a run killed before its first checkpoint left events behind.
         self._tb = rebuild_tensorboard(files.tensorboard, kept) if tensorboard else None
 

@@ -23,6 +23,17 @@ sweeps, report, metrics). A workdir holds everything a run needs to resume or be
 Files are written through a temporary file in the same directory and a rename (`write_text`,
 `write_json`), so a run killed at any moment leaves either the old file or the new one.
 
+Symbolic links: nothing a run writes follows one. The lock is opened with ``O_NOFOLLOW``, a
+rename replaces a link rather than writing through it, and every process that takes the lock
+refuses a workdir whose own entries (``checkpoints/``, ``tensorboard/``, ``metrics.jsonl`` ...:
+`RunDir.entries`) are links (`check_no_links`), so no write leaves the workdir. The workdir itself
+may be a link (``runs -> /scratch/runs``).
+
+Permissions: one policy for everything a run writes (`FILE_MODE_POLICY`, `file_mode`): files
+``0666 & ~umask`` and directories ``0777 & ~umask`` -- what Orbax, safetensors and TensorBoard do
+for checkpoints, the policy and event files, and what `write_text` and the lock now do too (0644 /
+0755 under the usual umask 022). Start a run under ``umask 077`` to keep it private.
+
 One process at a time works in a workdir: train.py and eval.py hold an exclusive lock on
 ``WORKDIR/.lock`` (`lock_workdir`), which names its holder; a second one stops at once. A rerun
 that would continue a run with another config is refused (`check_resume_config`): only
@@ -41,6 +52,7 @@ import os
 import pathlib
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -190,6 +202,69 @@ class RunDir:
     def results(self) -> pathlib.Path:
         return self.path / "results.json"
 
+    def entries(self) -> tuple[pathlib.Path, ...]:
+        """Every file and directory a run writes at the top of its workdir (`check_no_links`)."""
+        return (
+            self.lock,
+            self.config,
+            self.base_model,
+            self.warm_start,
+            self.warm_start_logs,
+            self.checkpoints,
+            self.corrupt_checkpoints,
+            self.metrics,
+            self.tensorboard,
+            self.rollouts,
+            self.wandb_run_id,
+            self.path / "wandb",
+            self.eval_dir,
+            self.policy,
+            self.policy_adapter,
+            self.results,
+        )
+
+
+def _umask() -> int:
+    """The process's umask (Linux: read from /proc, without changing it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The permissions of every file a run writes: ``0o666 & ~umask`` (0644 under umask 022)."""
+    return 0o666 & ~_umask()
+
+
+FILE_MODE_POLICY = "files 0666 & ~umask, directories 0777 & ~umask (0644 / 0755 under umask 022)"
+"""The permission policy of everything a run writes (docs/reliability.md)."""
+
+
+class LinkInWorkdirError(RunDirError):
+    """An entry of a workdir that is a symbolic link: a write there would leave the workdir."""
+
+
+def check_no_links(workdir: str | pathlib.Path) -> None:
+    """Refuse a workdir whose entries (`RunDir.entries`) are symbolic links: writing through one (a
+    link ``tensorboard -> ~/elsewhere``, ``metrics.jsonl -> ~/precious``) would write outside it.
+
+    Raises:
+      LinkInWorkdirError: naming the link, its target and what to do.
+    """
+    for path in RunDir(workdir).entries():
+        if path.is_symlink():
+            raise LinkInWorkdirError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only inside its workdir and "
+                "never through a link: remove the link (or put a copy of what it points to in its place)"
+            )
+
 
 # ----------------------------------------------------------------------------------------------
 # Files.
@@ -199,7 +274,8 @@ class RunDir:
 def write_text(path: str | pathlib.Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file in the same directory, then
     `os.replace`. A kill at any moment leaves the old content or the new one, and no temporary file
-    survives an exception.
+    survives an exception. A symbolic link at ``path`` is replaced, never written through; the file
+    gets `file_mode`.
 
     Raises:
       WriteFailedError: the write failed (a full disk ...), naming the file and the free space."""
@@ -207,6 +283,7 @@ def write_text(path: str | pathlib.Path, text: str) -> None:
     with writing(path):  # a full disk: WriteFailedError naming the file and the free space
         fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            os.fchmod(fd, file_mode())  # mkstemp's 0600 -> the run's one policy (FILE_MODE_POLICY)
             with os.fdopen(fd, "w") as file:
                 file.write(text)
                 file.flush()
@@ -215,6 +292,13 @@ def write_text(path: str | pathlib.Path, text: str) -> None:
         except BaseException:
             pathlib.Path(staging).unlink(missing_ok=True)
             raise
+
+
+def open_append(path: str | pathlib.Path):
+    """``path`` opened for appending text, without following a symbolic link (``O_NOFOLLOW``: a link
+    there is an `OSError`), created with `file_mode`."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(fd, "a")
 
 
 def write_json(path: str | pathlib.Path, value: Any) -> None:
@@ -531,11 +615,23 @@ def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
 
     Raises:
       WorkdirBusyError: naming the lock file and its holder.
+      LinkInWorkdirError: the lock, or another entry of the workdir, is a symbolic link (`check_no_links`).
     """
     path = RunDir(workdir).lock
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link (O_NOFOLLOW): the lock is truncated and written below
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as err:
+            if path.is_symlink():
+                raise LinkInWorkdirError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}); the lock is never written through "
+                    "one: remove the link"
+                ) from None
+            raise RunDirError(f"{path}: cannot create the workdir's lock ({err.strerror or err})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunDirError(f"{path}: not a regular file; remove it (it is the workdir's lock)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -557,9 +653,15 @@ def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
         "program": program,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(info).encode(), 0)
-    return WorkdirLock(path, fd)
+    lock = WorkdirLock(path, fd)
+    try:
+        check_no_links(workdir)  # no writer in a workdir whose entries lead out of it
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def staging_name(target: str | pathlib.Path) -> pathlib.Path:

@@ -187,3 +187,73 @@ def test_a_directory_is_replaced_whole(tmp_path):
         (staging / "config.json").write_text(version)
         run_dir.replace_dir(staging, target)
     assert (target / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["policy"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Symbolic links and permissions (issue 63, finding 2).
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("mine")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / ".lock").symlink_to(precious)
+    with pytest.raises(run_dir.LinkInWorkdirError, match=r"\.lock is a symbolic link \(to .*precious\)"):
+        run_dir.lock_workdir(workdir, "export.py")
+    assert precious.read_text() == "mine"
+
+
+@pytest.mark.parametrize("entry", ["tensorboard", "metrics.jsonl", "checkpoints", "eval"])
+def test_a_workdir_whose_entries_lead_out_of_it_is_refused_by_every_writer(tmp_path, entry):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / entry).symlink_to(elsewhere)
+    with pytest.raises(run_dir.LinkInWorkdirError, match=rf"{entry} is a symbolic link .*remove the link"):
+        run_dir.lock_workdir(workdir, "train.py")
+    assert not (workdir / ".lock").exists() and list(elsewhere.iterdir()) == []
+    (workdir / entry).unlink()
+    run_dir.lock_workdir(workdir, "train.py").release()  # without the link: fine
+    # The workdir itself may be a link (runs -> /scratch/runs).
+    (tmp_path / "link").symlink_to(workdir)
+    run_dir.lock_workdir(tmp_path / "link", "train.py").release()
+
+
+def test_appending_never_follows_a_link(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("mine")
+    (tmp_path / "metrics.jsonl").symlink_to(precious)
+    with pytest.raises(OSError):
+        run_dir.open_append(tmp_path / "metrics.jsonl")
+    run_dir.write_text(tmp_path / "metrics.jsonl", "new\n")  # replaces the link, not its target
+    assert precious.read_text() == "mine" and not (tmp_path / "metrics.jsonl").is_symlink()
+
+
+def test_one_permission_policy_for_everything_a_run_writes(tmp_path):
+    """config.json, results.json, metrics.jsonl were 0600 (mkstemp's) while checkpoints were 0644."""
+    import jax.numpy as jnp
+
+    from gd2po_jax.runtime.checkpoints import Checkpoints
+    from gd2po_jax.runtime.metrics_logging import MetricsWriter
+
+    old = os.umask(0o022)
+    try:
+        run_dir.write_json(tmp_path / "results.json", {})
+        lock = run_dir.lock_workdir(tmp_path, "train.py")
+        writer = MetricsWriter(tmp_path, tensorboard=False)
+        writer.write(1, {"loss": 1.0})
+        writer.close()
+        with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+            checkpoints.save(1, {"x": jnp.ones(3)}, {"step": 1})
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "results.json", tmp_path / ".lock",
+                                                                    tmp_path / "metrics.jsonl")}
+        checkpoint_files = [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]
+        lock.release()
+    finally:
+        os.umask(old)
+    assert set(modes.values()) == {"0o644"}, modes
+    assert checkpoint_files and {oct(p.stat().st_mode & 0o777) for p in checkpoint_files} == {"0o644"}
+    assert run_dir.file_mode() == 0o666 & ~old
