@@ -15,6 +15,12 @@ ones when it ends. What the first signal does depends on where the run is:
   directory renamed into place; the exception's clean-up or the rerun removes the staging), and the
   rerun redoes that phase from its start.
 
+Ctrl-C (SIGINT) is handled the same way whatever ``train.preemption_signals`` says
+(``interrupt=True``): the first finishes the step in flight, checkpoints it and exits with one line
+and code 130 (128 + 2) instead of a ``KeyboardInterrupt`` traceback that loses the steps since the last
+checkpoint; a second Ctrl-C stops at once (130). The grace timer does not apply to it (the person who
+pressed it can press it again).
+
 Either way, the grace timer starts with the first signal: if the run has not exited
 ``grace_s`` seconds later (a step plus a checkpoint longer than the notice), the process ends at once
 with the same exit code, leaving the previous checkpoint (a checkpoint is renamed into place only
@@ -93,6 +99,7 @@ class PreemptionWatch:
       any_process: the agreement of several processes on a flag (default
         `gd2po_jax.runtime.distributed.any_process`: a tiny all-gather, nothing in one process).
       hard_exit: how the process ends at once (tests replace it).
+      interrupt: also handle SIGINT (Ctrl-C) as a preemption signal, with no grace timer.
     """
 
     def __init__(
@@ -102,8 +109,12 @@ class PreemptionWatch:
         *,
         any_process: Callable[[bool], bool] | None = None,
         hard_exit: Callable[[int], None] = _hard_exit,
+        interrupt: bool = True,
     ):
-        self.signals = signal_numbers(signals)
+        numbers = signal_numbers(signals)
+        if interrupt and int(signal.SIGINT) not in numbers:
+            numbers += (int(signal.SIGINT),)
+        self.signals = numbers
         self.grace_s = float(grace_s)
         self._any_process = any_process
         self._hard_exit = hard_exit
@@ -148,7 +159,8 @@ class PreemptionWatch:
             self._hard_exit(exit_code(self.signum))
             return
         self.signum, self.received_at = signum, time.monotonic()
-        if self.grace_s > 0:
+        timed = self.grace_s > 0 and signum != signal.SIGINT  # Ctrl-C: its second press stops at once
+        if timed:
             self._timer = threading.Timer(self.grace_s, self._expire)
             self._timer.daemon = True
             self._timer.start()
@@ -160,11 +172,11 @@ class PreemptionWatch:
                 ),
                 signum,
             )
+        again = " (Ctrl-C again: stop at once, losing the step)" if signum == signal.SIGINT else ""
         print(
             f"{self.name()} received: finishing the step in flight, then saving a checkpoint of it "
-            f"(at most {self.grace_s:g} s)"
-            if self.grace_s > 0
-            else f"{self.name()} received: finishing the step in flight, then saving a checkpoint of it",
+            + (f"(at most {self.grace_s:g} s)" if timed else "")
+            + again,
             file=sys.stderr,
         )
 

@@ -78,6 +78,29 @@ def test_outside_the_loop_a_signal_stops_at_once_and_the_grace_time_bounds_the_r
         assert exits == [143]  # not finished within grace_s: the process ends
 
 
+def test_ctrl_c_is_a_preemption_signal_without_a_grace_timer_and_a_second_exits_130():
+    """SIGINT is handled whatever the signals configured: the first in the loop is recorded (no
+    KeyboardInterrupt, no grace timer: a slow step still finishes and is saved), a second ends at once
+    with 130; outside the loop it stops at once as a `Preempted` (one line from train.py, 130)."""
+    exits = []
+    before = signal.getsignal(signal.SIGINT)
+    with PreemptionWatch(("SIGTERM",), grace_s=0.1, hard_exit=exits.append) as watch:
+        watch.defer(True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # past grace_s: Ctrl-C starts no timer
+        assert exits == [] and watch.stop_after_step()
+        assert watch.stopped(2, "c/2").exit_code == 130
+        os.kill(os.getpid(), signal.SIGINT)
+        assert exits == [130]
+    assert signal.getsignal(signal.SIGINT) is before  # restored
+    with PreemptionWatch((), hard_exit=exits.append):
+        with pytest.raises(Preempted, match=r"preempted by SIGINT: stopped where it was.*\(exit code 130\)"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    with PreemptionWatch((), interrupt=False) as watch:
+        assert signal.SIGINT not in watch.signals
+
+
 def test_another_process_signalled_stops_this_one_at_the_same_step():
     with PreemptionWatch(("SIGTERM",), any_process=lambda flag: True, hard_exit=lambda code: None) as watch:
         watch.defer(True)
@@ -233,6 +256,32 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_rerun_resumes_there(unin
     assert f"resumed from step {last}" in log
     assert stable_metrics(workdir) == stable_metrics(uninterrupted)
     assert checkpoint_steps(workdir) == checkpoint_steps(uninterrupted)
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_the_step_in_flight_and_exits_130_with_one_line(uninterrupted, tmp_path, train_env):  # noqa: F811
+    """Ctrl-C (SIGINT) as SIGTERM: the step in flight finishes and is saved, one line, exit code 130, no
+    KeyboardInterrupt traceback; the rerun resumes from it."""
+    workdir = tmp_path / "run"
+    copy_warm_start(uninterrupted, workdir)
+    config_file = write_config_file(tmp_path, **RUN)
+    proc = start_train(workdir, config_file, train_env)
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    code = finish(proc, workdir, timeout=60)
+    log = workdir.with_name(workdir.name + ".log").read_text()
+    assert code == 130, log[-3000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log
+    last = read_metrics(workdir)[-1]["step"]
+    assert 2 <= last < 10 and checkpoint_steps(workdir)[-1] == last
+    assert log.rstrip().splitlines()[-1].startswith(f"train.py: preempted by SIGINT: saved step {last} in ")
+    assert "SIGINT received: finishing the step in flight" in log
+    log = run_to_the_end(workdir, config_file, train_env)
+    assert f"resumed from step {last}" in log
 
 
 FAULTS = {
