@@ -34,6 +34,16 @@ from jax.sharding import Mesh
 
 from gd2po_jax.models.decode_step import decode_step, decode_weights
 from gd2po_jax.models.decoder import Decoder, KVCache, init_cache
+from gd2po_jax.models.draws import (  # noqa: F401  (re-exported: the sampler's public names)
+    activation_dtype,
+    categorical,
+    inverse_cdf,
+    is_eos,
+    nucleus_filter,
+    row_keys,
+    sample_rows,
+)
+from gd2po_jax.models.engine import run_engine
 from gd2po_jax.runtime.distributed import batch_rows
 from gd2po_jax.runtime.sharding import BATCH_AXES, mesh_of, named_sharding
 
@@ -159,76 +169,6 @@ def completion_mask(lengths: jax.Array, max_new_tokens: int) -> jax.Array:
     return jnp.arange(max_new_tokens)[None, :] < lengths[:, None]
 
 
-def nucleus_filter(sorted_logits: jax.Array, top_p: float) -> jax.Array:
-    """Keeps the smallest prefix of descending ``sorted_logits [N, K]`` whose mass reaches top_p;
-    the rest becomes -inf (the first token is always kept)."""
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    return jnp.where(mass_before < top_p, sorted_logits, -jnp.inf)
-
-
-def categorical(rng: jax.Array, logits: jax.Array, block: int = 128) -> jax.Array:
-    """One draw per row from ``softmax(logits [N, K])``; returns [N] int32 indices.
-
-    Inverse-CDF sampling with a single uniform per row, in two levels (block sums, then within the
-    chosen block), so it costs O(K) instead of the K random numbers of Gumbel-max: on CPU,
-    `jax.random.categorical` over a 12k vocabulary took longer than the model's LM head.
-    Entries of -inf have probability 0 and are never drawn.
-    """
-    n, k = logits.shape
-    pad = -k % block
-    probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-    probs = jnp.pad(probs, ((0, 0), (0, pad))).reshape(n, -1, block)
-    block_mass = jnp.cumsum(jnp.sum(probs, axis=-1), axis=-1)  # [N, K/block]
-    target = jax.random.uniform(rng, (n, 1)) * block_mass[:, -1:]
-    block_idx = jnp.minimum(jnp.sum(block_mass <= target, axis=-1), block_mass.shape[1] - 1)
-    before = jnp.take_along_axis(block_mass, block_idx[:, None], axis=-1)[:, 0]
-    before = before - jnp.sum(jnp.take_along_axis(probs, block_idx[:, None, None], axis=1)[:, 0], axis=-1)
-    inner = jnp.cumsum(jnp.take_along_axis(probs, block_idx[:, None, None], axis=1)[:, 0], axis=-1)
-    inner_idx = jnp.sum(before[:, None] + inner <= target, axis=-1)
-    # Round-off can push the index past the last non-zero entry of the block: step back onto it.
-    row = jnp.take_along_axis(probs, block_idx[:, None, None], axis=1)[:, 0]
-    last_nonzero = block - 1 - jnp.argmax(row[:, ::-1] > 0, axis=-1)
-    inner_idx = jnp.minimum(inner_idx, last_nonzero)
-    return (block_idx * block + inner_idx).astype(jnp.int32)
-
-
-def sample_logits(logits: jax.Array, rng: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """Draws one token per row from ``logits [N, V]`` (float32).
-
-    Returns (tokens [N] int32, logprobs [N] float32) where logprobs are
-    ``log_softmax(logits / params.logprob_temperature)`` at the drawn tokens, without filtering.
-    """
-    vocab = logits.shape[-1]
-    if params.temperature == 0:
-        tokens = jnp.argmax(logits, axis=-1)
-    else:
-        scaled = logits / params.temperature
-        if 0 < params.top_k < vocab or params.top_p < 1:
-            if 0 < params.top_k < vocab:
-                values, order = jax.lax.top_k(scaled, params.top_k)
-            else:
-                order = jnp.argsort(-scaled, axis=-1)
-                values = jnp.take_along_axis(scaled, order, axis=-1)
-            if params.top_p < 1:
-                values = nucleus_filter(values, params.top_p)
-            choice = categorical(rng, values)
-            tokens = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
-        else:
-            tokens = categorical(rng, scaled)
-    tokens = tokens.astype(jnp.int32)
-    if params.logprob_temperature != 1.0:
-        logits = logits / params.logprob_temperature
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-
-
-def _is_eos(tokens: jax.Array, eos_token_ids: tuple[int, ...]) -> jax.Array:
-    if not eos_token_ids:
-        return jnp.zeros(tokens.shape, bool)
-    return jnp.any(tokens[:, None] == jnp.asarray(eos_token_ids, jnp.int32)[None, :], axis=-1)
-
-
 def _constrain(x: jax.Array, mesh: Mesh | None, spec) -> jax.Array:
     if mesh is None:
         return x
@@ -253,7 +193,8 @@ def _constrain_state(state: DecodeState, mesh: Mesh | None) -> DecodeState:
 
 def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...], params: SamplingParams) -> DecodeState:
     """Samples token ``state.step`` from ``logits [N, V]`` and records it (pad after EOS)."""
-    tokens, logp = sample_logits(logits, jax.random.fold_in(state.rng, state.step), params)
+    rows = jnp.arange(state.last.shape[0], dtype=jnp.int32)
+    tokens, logp = sample_rows(logits, row_keys(state.rng, rows, jnp.broadcast_to(state.step, rows.shape)), params)
     tokens = jnp.where(state.finished, params.pad_token_id, tokens)
     logp = jnp.where(state.finished, 0.0, logp)
     return state.replace(
@@ -262,16 +203,9 @@ def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...],
         logprobs=jax.lax.dynamic_update_slice(state.logprobs, logp[:, None], (0, state.step)),
         last=tokens,
         lengths=state.lengths + (~state.finished).astype(jnp.int32),
-        finished=state.finished | _is_eos(tokens, params.eos_token_ids),
+        finished=state.finished | is_eos(tokens, params.eos_token_ids),
         step=state.step + 1,
     )
-
-
-def activation_dtype(model: Decoder) -> jnp.dtype:
-    """The dtype the model computes its activations (hence keys and values) in: that of its
-    parameters. After `gd2po_jax.models.logprobs.merge_model` it is the compute dtype, while ``model.dtype``
-    still names the dtype the module was built with (the master weights')."""
-    return model.embed[...].dtype
 
 
 def _prefill(graphdef, params_state, input_ids, mask, rng, params: SamplingParams, num_samples: int, mesh):
@@ -346,6 +280,9 @@ def generate(
     prompt_length: int | None = None,
     logprob_temperature: float = 1.0,
     merge_adapters: bool = True,
+    slots: int = 0,
+    chunk: int = 16,
+    static: bool = False,
 ) -> GenerateOutput:
     """Samples ``num_samples`` completions for each prompt; see the module docstring.
 
@@ -363,6 +300,10 @@ def generate(
         as verl, the sampling temperature; it must be the update's.
       merge_adapters: a LoRA model decodes on its weights with the adapters merged in, once per call
         (default; `gd2po_jax.models.decode_step.decode_weights`); False applies them per token.
+      slots, chunk: the rollout engine's slots (rows decoded at once; 0: one per row) and decode
+        steps per host sync (`gd2po_jax.models.engine.run_engine`).
+      static: decode every row in lock-step until the longest stops (the one-shot path, kept for
+        comparison); a model sharded over several devices or processes always decodes so.
     """
     if pad_token_id is None:
         pad_token_id = int(eos_token_ids[0]) if len(eos_token_ids) else 0
@@ -388,9 +329,19 @@ def generate(
     ids, mask = batch_rows(
         lambda rows: left_pad([prompts[i] for i in rows], length, params.pad_token_id), len(prompts), mesh
     )
+    repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
+    if not (static or not engine_applies(mesh)):
+        run = run_engine(model, ids, mask, params, num_samples=num_samples, rng=rng, slots=slots, chunk=chunk)
+        return GenerateOutput(
+            tokens=run.tokens,
+            logprobs=run.logprobs,
+            lengths=run.lengths,
+            finished=run.finished,
+            prompt_tokens=repeat(jnp.asarray(ids)),
+            prompt_mask=repeat(jnp.asarray(mask)),
+        )
     dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, mesh)
     dstate = decode_fn(graphdef, state, dstate, params, mesh)
-    repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
     return GenerateOutput(
         tokens=dstate.tokens,
         logprobs=dstate.logprobs,
@@ -399,3 +350,9 @@ def generate(
         prompt_tokens=repeat(ids),
         prompt_mask=repeat(mask),
     )
+
+
+def engine_applies(mesh: Mesh | None) -> bool:
+    """Whether `generate` runs the rollout engine for a model on ``mesh``: one process and one
+    device (the engine's host loop drives one device's slots; a sharded model decodes in lock-step)."""
+    return jax.process_count() == 1 and (mesh is None or mesh.devices.size == 1)

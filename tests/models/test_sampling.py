@@ -19,6 +19,7 @@ from gd2po_jax.models.sampling import (
     left_pad,
     prefill_fn,
 )
+from gd2po_jax.models.engine import admit_fn, chunk_fn, compact_fn, weights_fn
 from gd2po_jax.models.logprobs import merge_model
 from tests.fakes import VOCAB, logits_of, tiny_checkpoint, tiny_model_config
 
@@ -109,15 +110,26 @@ def test_decode_segments():
         assert all(e % 64 == 0 for e in ends[:-1])
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,logprob_temperature",
-                         [(1.0, 0, 1.0, 1.0), (0.7, 20, 0.9, 1.0), (0.7, 20, 0.9, 0.7)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,logprob_temperature", [(1.0, 0, 1.0, 1.0), (0.7, 20, 0.9, 1.0), (0.7, 20, 0.9, 0.7)]
+)
 def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p, logprob_temperature):
     # Whatever filters drew the tokens, the log-probs are log_softmax(logits / logprob_temperature):
     # the raw logits (T = 1) or, as verl's old log-probs, the sampling temperature's.
     path, _ = tiny_checkpoint("qwen3", False)
     model = load_pretrained(path)
-    out = generate(model, _prompts(), max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
-                   eos_token_ids=[3], rng=jax.random.key(7), num_samples=2, logprob_temperature=logprob_temperature)
+    out = generate(
+        model,
+        _prompts(),
+        max_new_tokens=8,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_ids=[3],
+        rng=jax.random.key(7),
+        num_samples=2,
+        logprob_temperature=logprob_temperature,
+    )
     ref = _recomputed_logprobs(model, out, logprob_temperature)
     valid = np.asarray(completion_mask(out.lengths, 8))
     np.testing.assert_allclose(np.asarray(out.logprobs)[valid], ref[valid], atol=1e-5)
@@ -126,8 +138,9 @@ def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p, lo
 
 def _peaked_model(vocab=16, scale=20.0):
     """A toy model whose next-token distribution is far from uniform."""
-    config = tiny_model_config(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                               num_kv_heads=1)
+    config = tiny_model_config(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1
+    )
     model = Decoder(config, rngs=nnx.Rngs(0))
     model.lm_head[...] = model.lm_head[...] * scale
     return model
@@ -220,15 +233,27 @@ def test_loop_stops_when_every_row_finished():
     assert np.all(np.asarray(dstate.tokens)[:, 1:] == 0)
 
 
-def test_one_compilation_per_length_bucket():
+def _program_counts():
+    return tuple(fn._cache_size() for fn in (prefill_fn, decode_fn, admit_fn, chunk_fn, compact_fn, weights_fn))
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_one_compilation_per_length_bucket(static):
+    # The static path: one prefill and one decode program per bucket. The engine: its programs
+    # (weights, admit, chunk, compact) compiled by the first call of a bucket, none by the next.
     model = _peaked_model(vocab=24)
-    kwargs = dict(max_new_tokens=5, temperature=0.8, num_samples=2)
-    before = (prefill_fn._cache_size(), decode_fn._cache_size())
+    kwargs = dict(max_new_tokens=5, temperature=0.8, num_samples=2, static=static)
+    generate(model, _prompts(9, (3, 9, 4)), rng=jax.random.key(9), **kwargs)
+    before = _program_counts()
     for i, lengths in enumerate([(3, 9, 4), (16, 2, 5), (11, 12, 13)]):  # all in the 16 bucket
         generate(model, _prompts(i, lengths), rng=jax.random.key(i), **kwargs)
-    assert (prefill_fn._cache_size(), decode_fn._cache_size()) == (before[0] + 1, before[1] + 1)
+    assert _program_counts() == before
     generate(model, _prompts(5, (17, 2, 3)), **kwargs)  # bucket 32
-    assert (prefill_fn._cache_size(), decode_fn._cache_size()) == (before[0] + 2, before[1] + 2)
+    grown = np.asarray(_program_counts()) - np.asarray(before)
+    if static:
+        assert grown.tolist() == [1, 1, 0, 0, 0, 0]
+    else:
+        assert grown[:2].tolist() == [0, 0] and grown[2] >= 1 and grown[3] >= 1
 
 
 def test_bucket_length_left_pad_and_completion_mask():
@@ -238,8 +263,9 @@ def test_bucket_length_left_pad_and_completion_mask():
     np.testing.assert_array_equal(mask, [[0, 0, 1, 1], [0, 0, 0, 1]])
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         left_pad([[1], []], 4, 0)
-    np.testing.assert_array_equal(completion_mask(jnp.asarray([2, 0, 3]), 3),
-                                  [[True, True, False], [False, False, False], [True, True, True]])
+    np.testing.assert_array_equal(
+        completion_mask(jnp.asarray([2, 0, 3]), 3), [[True, True, False], [False, False, False], [True, True, True]]
+    )
 
 
 @pytest.mark.parametrize("compute_dtype", ["bfloat16", "float32"])

@@ -1,0 +1,599 @@
+"""The rollout engine: a fixed number of slots that rows flow through, continuous batching on device.
+
+    out = run_engine(model, prompts, params, num_samples=G, rng=key, slots=64)   # a `GenerateOutput`
+
+A static batch prefills every row together and decodes them in lock-step until the longest one
+stops, so a row that stopped after 40 tokens keeps its place, its KV reads and its FLOPs for the
+rest. Here the N = P x G rows wait in a queue and flow through ``slots`` places:
+
+* **Prompts** are prefilled a few at a time (`admit_prompts`, a power-of-two number of them per
+  call, padded) into a table of prompt regions: each prompt's keys and values are written once and
+  read by its G rows (no G-fold copy); the prefill's last logits give each row its token 0.
+* **Slots** hold one row each: its own completion cache of M - 1 positions, the region of its
+  prompt, its next position. The host drives the decode in **chunks** (`run_chunk`: a
+  `jax.lax.fori_loop` of ``chunk`` steps, a known trip count, no host round trip inside): between
+  chunks it reads two ``[slots]`` arrays (the one sync), frees the slots of rows that emitted EOS or
+  reached their budget, and hands them to waiting rows (assignments are arguments of the next
+  chunk: the other slots run on undisturbed).
+* **The drain**: once no row waits, the slots empty one by one while the last long rows decode; when
+  at most half of them are busy the busy ones are moved into a program with half the slots
+  (`compact`), down to ``min_slots``: decode row-steps stay close to the tokens generated.
+* **Keys per row**: token t of row r is drawn with ``fold_in(fold_in(rng, r), t)``
+  (`row_keys`), as `gd2po_jax.models.sampling`'s one-shot path draws it, so a completion does not
+  depend on which slot or chunk it ran in, nor on the number of slots.
+* **Layers in a scan** over stacked ``[L, ...]`` weights (`stack_layers`): the step is compiled once
+  per layer shape, not L times.
+
+Why slots and not pages: every row here has the same budget M, fixed for a run, so a slot of M - 1
+positions wastes no memory that pages would save (pages pay off when budgets differ per request or
+prompts share prefixes across requests), while a slot's cache is a plain dense array that the
+batched products read without a gather; the prompt, which G rows share, lives once in the region
+table (gathered per step, ``[slots, KV, hd, Lp]``).
+
+Rows finish in any order; a group (the G rows of one prompt) is complete when its last row is:
+``on_group(prompt_index)`` is called between chunks as groups complete, while the device decodes
+the rest (`EngineRun.completed_groups` keeps the order). `EngineStats` counts what the decode
+computed (slot-steps) against the tokens it produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from gd2po_jax.models.config import ModelConfig, rope_inv_freq
+from gd2po_jax.models.decode_step import DecodeWeights, LayerWeights, _adapted, _affine, decode_weights
+from gd2po_jax.models.decoder import MASK_VALUE, Decoder, apply_rope, init_cache, rms_norm
+from gd2po_jax.models.draws import activation_dtype, is_eos, row_keys, sample_rows
+
+
+def stack_layers(weights: DecodeWeights) -> DecodeWeights:
+    """``weights`` with its L `LayerWeights` stacked into one whose leaves are ``[L, ...]``."""
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *weights.layers)
+    return weights.replace(layers=(stacked,))
+
+
+@struct.dataclass
+class EngineState:
+    """What the engine keeps on device between calls (Q regions, S slots, N rows, M tokens).
+
+    prompt_keys: [L, Q, KV, hd, Lp]; prompt_values: [L, Q, KV, Lp, hd]; prompt_valid: [Q, Lp] the
+    regions' real (non-pad) prompt tokens; prompt_lengths: [Q] int32 their count.
+    slot_keys: [L, S, KV, hd, C]; slot_values: [L, S, KV, C, hd] with C = max(M - 1, 1): position j
+    holds the key/value of completion token j; slot_row: [S] int32 the row a slot decodes (N: none);
+    slot_region: [S] int32 its prompt's region; slot_next: [S] int32 the next token index it samples;
+    slot_last: [S] int32 the token it feeds next; slot_active: [S] bool still decoding.
+    tokens: [N, M] int32 (pad after EOS); logprobs: [N, M] float32; lengths: [N] int32 (EOS
+    included); finished: [N] bool (EOS emitted); rng: the base key of `row_keys`.
+    """
+
+    prompt_keys: jax.Array
+    prompt_values: jax.Array
+    prompt_valid: jax.Array
+    prompt_lengths: jax.Array
+    slot_keys: jax.Array
+    slot_values: jax.Array
+    slot_row: jax.Array
+    slot_region: jax.Array
+    slot_next: jax.Array
+    slot_last: jax.Array
+    slot_active: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    finished: jax.Array
+    rng: jax.Array
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() (dataclasses.replace), undeclared in its typing
+
+        def replace(self, **changes: Any) -> EngineState: ...
+
+    @property
+    def num_slots(self) -> int:
+        return self.slot_row.shape[0]
+
+
+def init_state(
+    config: ModelConfig,
+    *,
+    regions: int,
+    slots: int,
+    rows: int,
+    prompt_length: int,
+    max_new_tokens: int,
+    dtype,
+    pad_token_id: int,
+    rng: jax.Array,
+) -> EngineState:
+    """An empty `EngineState` (every slot free, every row unsampled)."""
+    layers, kv, hd = config.num_layers, config.num_kv_heads, config.head_dim
+    cache = max(max_new_tokens - 1, 1)
+    return EngineState(
+        prompt_keys=jnp.zeros((layers, regions, kv, hd, prompt_length), dtype),
+        prompt_values=jnp.zeros((layers, regions, kv, prompt_length, hd), dtype),
+        prompt_valid=jnp.zeros((regions, prompt_length), bool),
+        prompt_lengths=jnp.zeros((regions,), jnp.int32),
+        slot_keys=jnp.zeros((layers, slots, kv, hd, cache), dtype),
+        slot_values=jnp.zeros((layers, slots, kv, cache, hd), dtype),
+        slot_row=jnp.full((slots,), rows, jnp.int32),
+        slot_region=jnp.zeros((slots,), jnp.int32),
+        slot_next=jnp.zeros((slots,), jnp.int32),
+        slot_last=jnp.zeros((slots,), jnp.int32),
+        slot_active=jnp.zeros((slots,), bool),
+        tokens=jnp.full((rows, max_new_tokens), pad_token_id, jnp.int32),
+        logprobs=jnp.zeros((rows, max_new_tokens), jnp.float32),
+        lengths=jnp.zeros((rows,), jnp.int32),
+        finished=jnp.zeros((rows,), bool),
+        # A copy: the state is donated to each program, the caller's key must outlive it.
+        rng=jax.random.wrap_key_data(jnp.copy(jax.random.key_data(rng)), impl=jax.random.key_impl(rng)),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The decode step over slots.
+# ----------------------------------------------------------------------------------------------
+
+
+def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mask, self_k, self_v):
+    """One softmax over a row's prompt region, its completion cache and its own new token.
+
+    q: [S, KV, G, hd]; prompt_k: [S, KV, hd, Lp]; prompt_v: [S, KV, Lp, hd]; prompt_mask: [S, Lp];
+    slot_k: [S, KV, hd, C]; slot_v: [S, KV, C, hd]; slot_mask: [S, C]; self_k, self_v: [S, KV, hd].
+    Returns [S, KV, G, hd] in the values' dtype (scores and softmax in float32).
+    """
+    scale = q.shape[-1] ** -0.5
+
+    def scores(keys, mask):
+        s = jnp.einsum("bkgd,bkds->bkgs", q, keys, preferred_element_type=jnp.float32) * scale
+        return jnp.where(mask[:, None, None, :], s, MASK_VALUE)
+
+    own = jnp.einsum("bkgd,bkd->bkg", q, self_k, preferred_element_type=jnp.float32)[..., None] * scale
+    lp = prompt_k.shape[-1]
+    probs = jax.nn.softmax(
+        jnp.concatenate([scores(prompt_k, prompt_mask), scores(slot_k, slot_mask), own], axis=-1), axis=-1
+    ).astype(prompt_v.dtype)
+    c = slot_k.shape[-1]
+    out = jnp.einsum("bkgs,bksd->bkgd", probs[..., :lp], prompt_v, preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgs,bksd->bkgd", probs[..., lp : lp + c], slot_v, preferred_element_type=jnp.float32)
+    out = out + probs[..., lp + c :].astype(jnp.float32) * self_v[:, :, None, :].astype(jnp.float32)
+    return out.astype(prompt_v.dtype)
+
+
+def slot_decode_step(
+    config: ModelConfig,
+    weights: DecodeWeights,
+    tokens: jax.Array,
+    positions: jax.Array,
+    written: jax.Array,
+    state: EngineState,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Feeds one token per slot; the layers run as one `jax.lax.scan` over stacked weights.
+
+    Args:
+      config: the model's architecture.
+      weights: `stack_layers` of `decode_weights` (one `LayerWeights` of ``[L, ...]`` leaves).
+      tokens: [S] int32 the token each slot feeds; positions: [S] int32 its RoPE position;
+      written: [S] int32 completion positions already in the slot's cache (its keys ``< written``
+        are attended to; the fed token's own key and value are attended to as well).
+      state: the slots' regions and caches (`EngineState`).
+
+    Returns:
+      logits ``[V, S]`` float32 (feature-major, as `gd2po_jax.models.decode_step.decode_step`), and
+      the fed tokens' keys and values ``[L, S, KV, hd]`` each (in the cache's dtype), for the caller
+      to write at position ``written``.
+    """
+    h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    groups = h_heads // kv_heads
+    s = tokens.shape[0]
+    eps = config.rms_norm_eps
+    cache_dtype = state.slot_keys.dtype
+    prompt_mask = state.prompt_valid[state.slot_region]  # [S, Lp]
+    slot_mask = jnp.arange(state.slot_keys.shape[-1])[None, :] < written[:, None]  # [S, C]
+    angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    (layer_weights,) = weights.layers
+
+    def layer(h, xs):
+        lw, prompt_k, prompt_v, slot_k, slot_v = xs
+        lw = cast(LayerWeights, lw)
+        x = rms_norm(h, lw.attn_norm, eps, axis=0)
+        qkv = lw.qkv @ x
+        if lw.adapters:
+            sizes = {"q": h_heads * hd, "k": kv_heads * hd, "v": kv_heads * hd}
+            qkv = qkv + jnp.concatenate([_adapted(lw, name, x, sizes[name]) for name in "qkv"], axis=0)
+        if lw.qkv_bias is not None:
+            qkv = qkv + lw.qkv_bias
+        q = qkv[: h_heads * hd].reshape(h_heads, hd, s)
+        k = qkv[h_heads * hd : (h_heads + kv_heads) * hd].reshape(kv_heads, hd, s)
+        v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, s)
+        if lw.q_norm is not None:
+            q = rms_norm(q, lw.q_norm, eps, axis=1)
+            k = rms_norm(k, cast(jax.Array, lw.k_norm), eps, axis=1)
+        q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
+        new_k = k.transpose(2, 0, 1).astype(cache_dtype)  # [S, KV, hd], rounded as the cache holds it
+        new_v = v.transpose(2, 0, 1).astype(cache_dtype)
+        q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
+        dtype = q.dtype
+        out = _slot_attention(
+            q_rows,
+            prompt_k[state.slot_region].astype(dtype),
+            prompt_v[state.slot_region].astype(dtype),
+            prompt_mask,
+            slot_k.astype(dtype),
+            slot_v.astype(dtype),
+            slot_mask,
+            new_k.astype(dtype),
+            new_v.astype(dtype),
+        )
+        out = out.reshape(s, h_heads * hd).T
+        attn_out = _affine(lw.o, out, lw.o_bias)
+        h = h + (attn_out if not lw.adapters else attn_out + _adapted(lw, "o", out, lw.o.shape[0]))
+        x = rms_norm(h, lw.mlp_norm, eps, axis=0)
+        gate_up = _affine(lw.gate_up, x, lw.gate_up_bias)
+        if lw.adapters:
+            f = lw.down.shape[1]
+            gate_up = gate_up + jnp.concatenate([_adapted(lw, name, x, f) for name in ("gate", "up")], axis=0)
+        gate, up = jnp.split(gate_up, 2, axis=0)
+        x = jax.nn.silu(gate) * up
+        mlp_out = _affine(lw.down, x, lw.down_bias)
+        h = h + (mlp_out if not lw.adapters else mlp_out + _adapted(lw, "down", x, lw.down.shape[0]))
+        return h, (new_k, new_v)
+
+    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
+    xs = (layer_weights, state.prompt_keys, state.prompt_values, state.slot_keys, state.slot_values)
+    h, (new_keys, new_values) = jax.lax.scan(layer, h, xs)
+    h = rms_norm(h, weights.final_norm, eps, axis=0)
+    unembed = weights.embed if weights.unembed is None else weights.unembed
+    logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, S]
+    # As in decode_step: keeps the product [V, S]-shaped (the fast orientation on XLA:CPU).
+    logits = jax.lax.optimization_barrier(logits)
+    return logits, new_keys, new_values
+
+
+# ----------------------------------------------------------------------------------------------
+# The device programs: admit prompts, run a chunk, compact the slots.
+# ----------------------------------------------------------------------------------------------
+
+
+def engine_weights(graphdef, params_state, merge_adapters: bool) -> DecodeWeights:
+    """The stacked ``[out, in]`` decode weights of the model (once per engine run)."""
+    model: Decoder = nnx.merge(graphdef, params_state)
+    return stack_layers(decode_weights(model, merge_adapters))
+
+
+def _record(state: EngineState, rows: jax.Array, index: jax.Array, tokens: jax.Array, logp: jax.Array, eos):
+    """Writes token ``index [R]`` of ``rows [R]`` (rows >= N are dropped); returns the new state."""
+    return state.replace(
+        tokens=state.tokens.at[rows, index].set(tokens, mode="drop"),
+        logprobs=state.logprobs.at[rows, index].set(logp, mode="drop"),
+        lengths=state.lengths.at[rows].set(index + 1, mode="drop"),
+        finished=state.finished.at[rows].set(eos, mode="drop"),
+    )
+
+
+def admit_prompts(graphdef, params_state, state: EngineState, ids, mask, regions, first_rows, params, num_samples):
+    """Prefills A prompts into their regions and samples token 0 of their G rows each.
+
+    ids, mask: [A, Lp] left-padded prompts; regions: [A] int32 (Q for a padding entry: dropped);
+    first_rows: [A] int32 row of sample 0 (N for padding; rows are ``first_rows + g``).
+    """
+    model: Decoder = nnx.merge(graphdef, params_state)
+    a, lp = ids.shape
+    cache = init_cache(model.config, a, lp, activation_dtype(model))
+    hidden, cache = model.hidden_states(ids, mask, cache=cache)
+    logits = model.logits(hidden[:, -1:])[:, 0]  # [A, V]
+    keys = jnp.stack(cache.keys).astype(state.prompt_keys.dtype)  # [L, A, KV, hd, Lp]
+    values = jnp.stack(cache.values).astype(state.prompt_values.dtype)
+    state = state.replace(
+        prompt_keys=state.prompt_keys.at[:, regions].set(keys, mode="drop"),
+        prompt_values=state.prompt_values.at[:, regions].set(values, mode="drop"),
+        prompt_valid=state.prompt_valid.at[regions].set(mask.astype(bool), mode="drop"),
+        prompt_lengths=state.prompt_lengths.at[regions].set(jnp.sum(mask, axis=-1, dtype=jnp.int32), mode="drop"),
+    )
+    rows = (first_rows[:, None] + jnp.arange(num_samples, dtype=jnp.int32)[None, :]).reshape(-1)  # [A G]
+    row_logits = jnp.repeat(logits, num_samples, axis=0)
+    zeros = jnp.zeros_like(rows)
+    tokens, logp = sample_rows(row_logits, row_keys(state.rng, rows, zeros), params)
+    return _record(state, rows, zeros, tokens, logp, is_eos(tokens, params.eos_token_ids))
+
+
+def run_chunk(
+    config: ModelConfig, weights: DecodeWeights, state: EngineState, assign_rows, assign_regions, params, steps
+):
+    """Places waiting rows into slots, then runs ``steps`` decode steps over every slot.
+
+    assign_rows: [S] int32 the row each slot takes now (N: the slot keeps what it has);
+    assign_regions: [S] int32 that row's prompt region. A row placed here feeds its token 0 (from
+    `admit_prompts`); a slot whose row emitted EOS or reached M tokens stops (``slot_active``) and
+    computes nothing that is kept until it is given another row.
+    """
+    n, m = state.tokens.shape
+    placing = assign_rows < n
+    row = jnp.minimum(assign_rows, n - 1)
+    state = state.replace(
+        slot_row=jnp.where(placing, assign_rows, state.slot_row),
+        slot_region=jnp.where(placing, assign_regions, state.slot_region),
+        slot_next=jnp.where(placing, 1, state.slot_next),
+        slot_last=jnp.where(placing, state.tokens[row, 0], state.slot_last),
+        slot_active=jnp.where(placing, ~state.finished[row] & (m > 1), state.slot_active),
+    )
+    slots = jnp.arange(state.num_slots)
+
+    def step(_, s: EngineState) -> EngineState:
+        written = s.slot_next - 1  # completion tokens whose keys are in the cache
+        positions = s.prompt_lengths[s.slot_region] + written
+        logits, new_k, new_v = slot_decode_step(config, weights, s.slot_last, positions, written, s)
+        at = jnp.where(s.slot_active, written, s.slot_keys.shape[-1])  # out of range: dropped
+        slot_keys = s.slot_keys.at[:, slots, :, :, at].set(new_k.transpose(1, 0, 2, 3), mode="drop")
+        slot_values = s.slot_values.at[:, slots, :, at, :].set(new_v.transpose(1, 0, 2, 3), mode="drop")
+        rows = jnp.where(s.slot_active, s.slot_row, n)
+        tokens, logp = sample_rows(logits.T, row_keys(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
+        eos = is_eos(tokens, params.eos_token_ids)
+        s = _record(s.replace(slot_keys=slot_keys, slot_values=slot_values), rows, s.slot_next, tokens, logp, eos)
+        return s.replace(
+            slot_last=jnp.where(s.slot_active, tokens, s.slot_last),
+            slot_next=s.slot_next + s.slot_active.astype(jnp.int32),
+            slot_active=s.slot_active & ~eos & (s.slot_next + 1 < m),
+        )
+
+    return jax.lax.fori_loop(0, steps, step, state)
+
+
+def compact(state: EngineState, keep: jax.Array) -> EngineState:
+    """The state with only the slots ``keep [S']`` (in that order): a program of S' slots."""
+    pick = lambda x, axis=0: jnp.take(x, keep, axis=axis)  # noqa: E731
+    return state.replace(
+        slot_keys=pick(state.slot_keys, 1),
+        slot_values=pick(state.slot_values, 1),
+        slot_row=pick(state.slot_row),
+        slot_region=pick(state.slot_region),
+        slot_next=pick(state.slot_next),
+        slot_last=pick(state.slot_last),
+        slot_active=pick(state.slot_active),
+    )
+
+
+weights_fn = jax.jit(engine_weights, static_argnums=(0, 2))
+admit_fn = jax.jit(admit_prompts, static_argnums=(0, 7, 8), donate_argnums=(2,))
+chunk_fn = jax.jit(run_chunk, static_argnums=(0, 5, 6), donate_argnums=(2,))
+compact_fn = jax.jit(compact)
+
+
+# ----------------------------------------------------------------------------------------------
+# The host side: the queue, the slots, the regions.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """What one engine run computed.
+
+    slot_steps: decode steps x slots computed (busy or idle: the work paid for); tokens: tokens
+    generated (EOS included); chunks: decode chunks run (one host sync each); prefills: prefill
+    calls; slot_counts: the slot counts the chunks ran with, in order of first use.
+    """
+
+    slot_steps: int = 0
+    tokens: int = 0
+    chunks: int = 0
+    prefills: int = 0
+    slot_counts: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def slot_steps_per_token(self) -> float:
+        """Decode row-steps computed per generated token (1 = no idle slot; a static batch: rows x
+        its longest row / tokens)."""
+        return self.slot_steps / max(self.tokens, 1)
+
+
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def slot_counts(slots: int, min_slots: int) -> tuple[int, ...]:
+    """The slot counts the drain steps down through: ``slots``, then halves down to ``min_slots``
+    (at least 1). E.g. (64, 4) -> (64, 32, 16, 8, 4)."""
+    counts = [slots]
+    while counts[-1] // 2 >= max(min_slots, 1):
+        counts.append(counts[-1] // 2)
+    return tuple(counts)
+
+
+class Scheduler:
+    """The host's bookkeeping of a run: which row waits, which slot holds which row, which prompt
+    region is in use, which groups are complete. Pure Python over small integers (no device):
+    `run_engine` feeds it what each chunk reports; tests and simulations drive it directly.
+
+    Rows are prompt-major (row ``p * G + g``); prompts are admitted in order.
+    """
+
+    def __init__(self, num_prompts: int, num_samples: int, slots: int, regions: int, max_prefill: int):
+        self.num_prompts, self.num_samples = num_prompts, num_samples
+        self.rows = num_prompts * num_samples
+        self.slot_rows: list[int] = [self.rows] * slots  # self.rows: free
+        self.free_regions = deque(range(regions))
+        self.region_of_prompt: dict[int, int] = {}
+        self.rows_left = [num_samples] * num_prompts  # rows of each prompt not yet done
+        self.waiting: deque[int] = deque()  # rows prefilled, not yet in a slot
+        self.next_prompt = 0
+        self.max_prefill = max_prefill
+        self.completed: list[int] = []
+
+    @property
+    def busy(self) -> int:
+        return sum(r < self.rows for r in self.slot_rows)
+
+    @property
+    def drained(self) -> bool:
+        """No row waits and no prompt is left to admit: only the slots' rows remain."""
+        return not self.waiting and self.next_prompt == self.num_prompts
+
+    @property
+    def done(self) -> bool:
+        return self.drained and self.busy == 0
+
+    def prompts_to_admit(self) -> list[int]:
+        """The prompts to prefill now: enough that every free slot gets a row, as regions allow."""
+        free = len(self.slot_rows) - self.busy
+        want = -(-max(free - len(self.waiting), 0) // self.num_samples)
+        count = min(want, self.num_prompts - self.next_prompt, len(self.free_regions), self.max_prefill)
+        prompts = list(range(self.next_prompt, self.next_prompt + count))
+        for p in prompts:
+            self.region_of_prompt[p] = self.free_regions.popleft()
+            self.waiting.extend(range(p * self.num_samples, (p + 1) * self.num_samples))
+        self.next_prompt += count
+        return prompts
+
+    def place(self) -> list[tuple[int, int, int]]:
+        """Waiting rows into free slots: ``(slot, row, region)`` each."""
+        placed = []
+        for slot, row in enumerate(self.slot_rows):
+            if row >= self.rows and self.waiting:
+                new = self.waiting.popleft()
+                self.slot_rows[slot] = new
+                placed.append((slot, new, self.region_of_prompt[new // self.num_samples]))
+        return placed
+
+    def finish(self, slot_active: Sequence[bool]) -> list[int]:
+        """Frees the slots whose rows stopped; returns the prompts whose groups completed."""
+        completed = []
+        for slot, (row, active) in enumerate(zip(self.slot_rows, slot_active)):
+            if row < self.rows and not active:
+                self.slot_rows[slot] = self.rows
+                prompt = row // self.num_samples
+                self.rows_left[prompt] -= 1
+                if self.rows_left[prompt] == 0:
+                    self.free_regions.append(self.region_of_prompt.pop(prompt))
+                    completed.append(prompt)
+        self.completed.extend(completed)
+        return completed
+
+    def shrink_to(self, counts: Sequence[int]) -> list[int] | None:
+        """Once drained, the busy slots to keep (in slot order, padded with free ones) when they fit
+        in the next smaller of ``counts``; None to keep the current slots."""
+        current = len(self.slot_rows)
+        smaller = [c for c in counts if c < current and c >= self.busy]
+        if not self.drained or not smaller:
+            return None
+        target = min(smaller)
+        busy = [s for s, r in enumerate(self.slot_rows) if r < self.rows]
+        free = [s for s, r in enumerate(self.slot_rows) if r >= self.rows]
+        keep = busy + free[: target - len(busy)]
+        self.slot_rows = [self.slot_rows[s] for s in keep]
+        return keep
+
+
+@dataclasses.dataclass
+class EngineRun:
+    """The result of `run_engine`: the device arrays of every row, the order groups completed in,
+    and the work done."""
+
+    tokens: jax.Array  # [N, M]
+    logprobs: jax.Array  # [N, M]
+    lengths: jax.Array  # [N]
+    finished: jax.Array  # [N]
+    completed_groups: list[int]
+    stats: EngineStats
+
+
+def run_engine(
+    model: Decoder,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    params,
+    *,
+    num_samples: int,
+    rng: jax.Array,
+    slots: int = 0,
+    min_slots: int = 4,
+    chunk: int = 16,
+    on_group: Callable[[int], None] | None = None,
+) -> EngineRun:
+    """Generates ``num_samples`` completions of each of the P left-padded prompts ``ids, mask``
+    ``[P, Lp]`` through ``slots`` slots (0: one per row, P x G).
+
+    Args:
+      model: the `Decoder` to sample from (unsharded or on one device).
+      ids, mask: [P, Lp] int32 left-padded prompts (`gd2po_jax.models.sampling.left_pad`).
+      params: `gd2po_jax.models.sampling.SamplingParams` (static).
+      num_samples: G rows per prompt.
+      rng: base key of the rows' keys (`row_keys`).
+      slots: S, rows decoded at once; min_slots: the fewest the drain shrinks to; chunk: decode
+        steps per host sync.
+      on_group: called with a prompt's index when its G rows are all done, between chunks.
+    """
+    p, lp = ids.shape
+    n, m = p * num_samples, params.max_new_tokens
+    slots = min(slots or n, n)
+    max_prefill = max(1, -(-slots // num_samples))
+    regions = slots + max_prefill
+    graphdef, params_state = nnx.split(model)
+    state = init_state(
+        model.config,
+        regions=regions,
+        slots=slots,
+        rows=n,
+        prompt_length=lp,
+        max_new_tokens=m,
+        dtype=activation_dtype(model),
+        pad_token_id=params.pad_token_id,
+        rng=rng,
+    )
+    weights = weights_fn(graphdef, params_state, params.merge_adapters)
+    scheduler = Scheduler(p, num_samples, slots, regions, max_prefill)
+    counts = slot_counts(slots, min(min_slots, slots))
+    stats = EngineStats()
+    while not scheduler.done:
+        admitted = scheduler.prompts_to_admit()
+        if admitted:
+            size = min(_power_of_two_at_least(len(admitted)), _power_of_two_at_least(max_prefill))
+            pad = size - len(admitted)
+            pick = np.asarray(admitted + [0] * pad)
+            regions_in = np.asarray([scheduler.region_of_prompt[q] for q in admitted] + [regions] * pad, np.int32)
+            first_rows = np.asarray([q * num_samples for q in admitted] + [n] * pad, np.int32)
+            state = admit_fn(
+                graphdef, params_state, state, ids[pick], mask[pick], regions_in, first_rows, params, num_samples
+            )
+            stats.prefills += 1
+        if m == 1:  # token 0 is the whole completion
+            scheduler.waiting.clear()
+            scheduler.finish([])
+            for q in admitted:
+                scheduler.rows_left[q] = 0
+                scheduler.free_regions.append(scheduler.region_of_prompt.pop(q))
+                scheduler.completed.append(q)
+                if on_group is not None:
+                    on_group(q)
+            continue
+        placed = scheduler.place()
+        assign_rows = np.full(state.num_slots, n, np.int32)
+        assign_regions = np.zeros(state.num_slots, np.int32)
+        for slot, row, region in placed:
+            assign_rows[slot], assign_regions[slot] = row, region
+        state = chunk_fn(model.config, weights, state, assign_rows, assign_regions, params, chunk)
+        stats.chunks += 1
+        stats.slot_steps += state.num_slots * chunk
+        if state.num_slots not in stats.slot_counts:
+            stats.slot_counts.append(state.num_slots)
+        for q in scheduler.finish(np.asarray(jax.device_get(state.slot_active)).tolist()):
+            if on_group is not None:
+                on_group(q)
+        keep = scheduler.shrink_to(counts)
+        if keep is not None:
+            state = compact_fn(state, np.asarray(keep, np.int32))
+    stats.tokens = int(np.sum(jax.device_get(state.lengths)))
+    return EngineRun(
+        tokens=state.tokens,
+        logprobs=state.logprobs,
+        lengths=state.lengths,
+        finished=state.finished,
+        completed_groups=list(scheduler.completed),
+        stats=stats,
+    )
