@@ -247,3 +247,46 @@ def test_an_export_never_imports_the_runs_reward_functions(run, tmp_path):
                                                           r"--trust_workdir_code if you trust"):
         export_checkpoint(crafted, tmp_path / "out2")
     assert not marker.exists() and not (tmp_path / "out2").exists()
+
+
+def tree_snapshot(directory: pathlib.Path) -> dict[str, tuple[int, int]]:
+    """path -> (size, mtime_ns) of everything under ``directory``."""
+    return {str(p.relative_to(directory)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in directory.rglob("*")}
+
+
+@pytest.mark.slow
+def test_a_finished_run_on_read_only_storage_exports_and_evaluates(run, tmp_path, monkeypatch):
+    """Finding 8 of issue 63: export.py and eval.py created DIR/.lock, so a run on read-only storage could
+    be neither. As root chmod does not stop writes: os.access (what a read-only mount answers, EROFS, also
+    for root) is then made to say so, and the test checks that nothing in the run changed."""
+    import os
+    import shutil
+    import stat
+
+    from gd2po_jax.evaluation import command as eval_command
+    from gd2po_jax.evaluation.command import EvalOptions
+
+    frozen = tmp_path / "frozen"
+    shutil.copytree(run, frozen)
+    before = tree_snapshot(frozen)
+    for path in [frozen, *frozen.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    if os.access(frozen, os.W_OK):  # root: simulate the read-only mount
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: (
+            False if mode & os.W_OK and str(p).startswith(str(frozen)) else real_access(p, mode, **kw)))
+    try:
+        assert run_dir.is_read_only(frozen)
+        exported = export_checkpoint(frozen, tmp_path / "out", step=2)
+        assert exported.step == 2 and "model.safetensors" in exported.files
+        monkeypatch.chdir(tmp_path)
+        summary = eval_command.run(EvalOptions(workdir=str(frozen), split="test", max_examples=4, progress=False))
+        assert summary["num_examples"] == 4
+        reports = tmp_path / "runs" / "eval" / "frozen" / "eval"
+        assert (reports / "test.json").is_file() and (reports / "test.jsonl").is_file()
+        assert tree_snapshot(frozen) == before  # nothing written, no lock file
+    finally:
+        for path in [frozen, *frozen.rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | stat.S_IWUSR)

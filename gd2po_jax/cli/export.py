@@ -132,7 +132,7 @@ def export_checkpoint(
     # The trainer prunes the checkpoints this reads: one process in the workdir at a time (as eval.py).
     with (
         run_dir.trusting_code_of(workdir, trust=trust_workdir_code, rewards=False),
-        run_dir.lock_workdir(workdir, "export.py"),
+        run_dir.lock_workdir(workdir, "export.py", readers_ok=True),  # read-only storage: no lock
     ):
         config = run_dir.load_run_config(workdir)
         dtype = dtype or config.export.resolved_dtype(config.model.dtype)
@@ -190,13 +190,6 @@ def define_flags() -> None:
         None,
         list(DTYPES),
         "Stored dtype (default: the run's config.export.dtype, empty there: config.model.dtype).",
-        module_name=main_module,
-    )
-    flags.DEFINE_bool(
-        "trust_workdir_code",
-        False,
-        "Import a task of the run's own that --workdir's config.json names (module:object); only for a "
-        "workdir you trust. Reward functions are never imported.",
         module_name=main_module,
     )
     flags.DEFINE_bool(

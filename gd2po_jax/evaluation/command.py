@@ -3,7 +3,7 @@
 The policy is a training run's (``--workdir=DIR``, checkpoint ``--checkpoint_step`` or the latest,
 else ``DIR/policy``) or a plain model's (``--model_path=HF_DIR``): `gd2po_jax.evaluation.policy`.
 
-Three kinds of evaluation:
+Four kinds of evaluation:
 
   a split          ``--split=test|validation`` of the run's own data, scored as the run's task says
                    (`gd2po_jax.evaluation.during_training.evaluate_split`: the tool-calling metrics,
@@ -15,6 +15,14 @@ Three kinds of evaluation:
   safe alignment   ``--data=PATH`` of a directory of verl parquet sets / one such file, scored by the
                    reward models of the run in ``--workdir`` (`gd2po_jax.evaluation.safe_alignment`)
                    -> ``DIR/eval/safe_alignment.json`` (+ ``.jsonl``).
+  your own data    ``--data=SOURCE``, anything else the run's loaders read (a JSONL, parquet or JSON
+                   file, a directory or glob of them, a ``save_to_disk`` folder, a Hub id:
+                   `gd2po_jax.data.sources.load_source`), rendered as the run's prompts and scored as
+                   a split of the run is (its own reward functions, reward models or family)
+                   -> ``DIR/eval/data-<name>.json`` (+ ``.jsonl``; `data_report_name`).
+
+Every table lists the metrics the run is scored by (`summary_rows`): each reward and their sum for
+a run of reward functions or reward models, the tool-calling metrics for the ToolRL family.
 
 No data set has a default location: the user passes the directory (`API_BANK_ORIGIN` and
 `gd2po_jax.evaluation.safe_alignment.SETS_ORIGIN` say where they are published).
@@ -36,7 +44,7 @@ from collections import defaultdict
 from typing import Any, Mapping, Sequence, cast
 
 from gd2po_jax.config import ConfigError, RunConfig
-from gd2po_jax.data.loaders import load_data
+from gd2po_jax.data.loaders import DataFormatError, detect_kind, load_data
 from gd2po_jax.data.prompts import PromptSet, build_prompt_set
 from gd2po_jax.evaluation.api_bank import (
     DEFAULT_MAX_THINK_WORDS,
@@ -48,6 +56,7 @@ from gd2po_jax.evaluation.during_training import evaluate_split
 from gd2po_jax.evaluation.generation import evaluate, response_budgets, write_report
 from gd2po_jax.evaluation.policy import EvalError, Policy, policy_from_model_path, policy_from_run
 from gd2po_jax.evaluation.safe_alignment import (
+    SAFE_ALIGNMENT,
     evaluate_safe_alignment,
     is_safe_alignment_data,
     resolve_sets,
@@ -62,6 +71,7 @@ from gd2po_jax.runtime.run_dir import RunDir, RunDirError
 from gd2po_jax.runtime.sharding import mesh_of
 from gd2po_jax.tasks import task_named, task_of
 from gd2po_jax.tasks.base import NoHabitsError
+from gd2po_jax.tasks.files import load_file
 from gd2po_jax.tasks.setup import build_setup, reward_spec
 
 API_BANK = "api_bank"
@@ -120,6 +130,15 @@ def output_dir(options: EvalOptions) -> pathlib.Path:
     if options.model_path:
         return pathlib.Path("runs") / "eval" / pathlib.Path(options.model_path).resolve().name
     raise EvalError("pass --workdir=DIR (a training run directory) or --model_path=HF_DIR")
+
+
+def reports_dir(workdir: pathlib.Path) -> pathlib.Path:
+    """Where the reports of an evaluation of the run in ``workdir`` go: ``workdir/eval``; for a run on
+    storage this process cannot write (a finished run on a read-only mount: `run_dir.is_read_only`),
+    ``runs/eval/<workdir name>/eval`` under the current directory, as for a ``--model_path``."""
+    if run_dir.is_read_only(workdir):
+        return RunDir(pathlib.Path("runs") / "eval" / pathlib.Path(workdir).resolve().name).eval_dir
+    return RunDir(workdir).eval_dir
 
 
 def load_run_config_or_eval_error(workdir: pathlib.Path) -> RunConfig:
@@ -282,22 +301,34 @@ def evaluate_api_bank(
 # ----------------------------------------------------------------------------------------------
 
 
+TOOL_CALLING_ROWS = (
+    ("Correct Acc", "correct_acc"),
+    ("Format Acc", "format_acc"),
+    ("Length", "length"),
+    ("Correctness", "correctness"),
+)
+"""(label, summary key) of the tool-calling metrics (a split scored by the ToolRL family alone)."""
+
+
+def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, summary key) of the metrics an evaluation was scored by: each of its ``reward_names``
+    and their (weighted) sum when the run's rewards scored it (reward functions, reward models), else
+    the tool-calling metrics (`TOOL_CALLING_ROWS`); then the truncation rate and response tokens."""
+    names = summary.get("reward_names")
+    rows = [(name, name) for name in names] + [("Sum", "reward_sum")] if names else list(TOOL_CALLING_ROWS)
+    return [("examples", "num_examples"), *rows, ("Truncation", "truncation_rate"), ("Resp. tokens", "response_tokens")]
+
+
 def split_table(summary: dict[str, Any], task_lines: str = "") -> str:
-    """The headline metrics of a split evaluation as a two-column text table, ``task_lines`` under it
-    (the run's `gd2po_jax.tasks.Task.split_table_extra`: e.g. the safety_embedded task's per request type)."""
-    rows = [
-        ("examples", "num_examples"),
-        ("Correct Acc", "correct_acc"),
-        ("Format Acc", "format_acc"),
-        ("Length", "length"),
-        ("Correctness", "correctness"),
-        ("Truncation", "truncation_rate"),
-        ("Resp. tokens", "response_tokens"),
-    ]
-    lines = [f"{summary['split']} split  ({_describe(summary['policy'])})"]
-    for label, key in rows:
+    """The headline metrics of a split evaluation (`summary_rows`) as a two-column text table,
+    ``task_lines`` under it (the run's `gd2po_jax.tasks.Task.split_table_extra`: e.g. the
+    safety_embedded task's per request type)."""
+    where = f"{summary['data']}" if summary.get("data") else f"{summary['split']} split"
+    lines = [f"{where}  ({_describe(summary['policy'])})"]
+    width = max(14, *(len(label) + 2 for label, _ in summary_rows(summary)))
+    for label, key in summary_rows(summary):
         value = summary.get(key)
-        lines.append(f"{label:<14}{'-' if value is None else format(value, '.4g'):>10}")
+        lines.append(f"{label:<{width}}{'-' if value is None else format(value, '.4g'):>10}")
     if task_lines:
         lines.append(task_lines)
     return "\n".join(lines)
@@ -339,10 +370,83 @@ def _evaluate_split(options: EvalOptions, workdir: pathlib.Path) -> tuple[dict[s
         setup,
         policy.model,
         options.split,
-        RunDir(workdir).eval_dir,
+        reports_dir(workdir),
         options.split,
         progress=options.progress,
         extra={"policy": policy.source},
+    )
+    return summary, split_table(summary, task_of(config).split_table_extra(config, summary))
+
+
+def data_report_name(data: str) -> str:
+    """The report name of ``--data=SOURCE`` (your own data): ``data-<its file, folder or repository
+    name without the extension>``, e.g. ``val.jsonl`` -> ``data-val`` (eval/data-val.json)."""
+    location = data.rstrip("/").rsplit(":", 1)[0] if not pathlib.Path(data).exists() else data.rstrip("/")
+    stem = pathlib.PurePath(location).name
+    for suffix in (".jsonl", ".json", ".parquet"):
+        stem = stem.removesuffix(suffix)
+    return "data-" + ("".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "data")
+
+
+def is_api_bank_data(data: str) -> bool:
+    """Whether ``--data`` names API-Bank: ``api_bank``, a directory of ``level-N-api_processed.json``
+    files, or one such file (a JSON file with API-Bank's keys)."""
+    if data == API_BANK:
+        return True
+    path = pathlib.Path(data)
+    if path.is_dir():
+        return any(path.glob("level-*-api_processed.json"))
+    if path.is_file() and path.suffix == ".json":
+        try:
+            return detect_kind(path) == "api_bank"
+        except (ValueError, DataFormatError):
+            return False
+    return False
+
+
+def _evaluate_data(options: EvalOptions, workdir: pathlib.Path) -> tuple[dict[str, Any], str]:
+    """(the summary, its `split_table`) of ``--data``, data of your own in any form the run's loaders
+    read, rendered as the run's prompts and scored as the run's splits are (`evaluate_split`)."""
+    if options.model_path or not RunDir(workdir).config.is_file():
+        raise EvalError(
+            f"--data={options.data}: data of your own is scored by a training run's rewards: pass "
+            "--workdir=RUN (a directory written by train.py), not --model_path"
+        )
+    config, setup = _run_setup(options, workdir)
+    try:
+        dataset = load_file(options.data, config, "data", what="--data")
+    except ConfigError as err:
+        raise EvalError(str(err)) from None
+    if options.max_examples:
+        dataset = dataset.select(range(min(options.max_examples, len(dataset))))
+    try:
+        prompts = build_prompt_set(
+            dataset,
+            setup.tokenizer,
+            max_prompt_tokens=config.data.max_prompt_tokens,
+            where=f"--data={options.data}",
+            truncation=config.data.prompt_truncation,
+            template_kwargs=config.data.template_kwargs,
+            tools_column=config.data.tools_column,
+        )
+    except ValueError as err:
+        raise EvalError(str(err)) from None
+    name = data_report_name(options.data)
+    setup = dataclasses.replace(
+        setup,
+        evals={**setup.evals, name: prompts},
+        prompt_length=max(setup.prompt_length, bucket_length(prompts.max_tokens)),
+    )
+    policy = policy_from_run(config, setup, workdir, options.checkpoint_step)
+    summary = evaluate_split(
+        config,
+        setup,
+        policy.model,
+        name,
+        RunDir(workdir).eval_dir,
+        name,
+        progress=options.progress,
+        extra={"policy": policy.source, "data": options.data},
     )
     return summary, split_table(summary, task_of(config).split_table_extra(config, summary))
 
@@ -365,7 +469,7 @@ def _evaluate_api_bank(options: EvalOptions, workdir: pathlib.Path) -> dict[str,
     return evaluate_api_bank(
         policy,
         path,
-        RunDir(workdir).eval_dir,
+        reports_dir(workdir),
         batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or API_BANK_MAX_NEW_TOKENS,
         max_examples=options.max_examples,
@@ -406,7 +510,7 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
         policy,
         sets,
         cast(RewardModelReward, reward_fn),  # config.rewards.kind == "reward_model" (checked above)
-        RunDir(workdir).eval_dir,
+        reports_dir(workdir),
         batch_size=options.batch_size or batch_size,
         max_new_tokens=options.max_new_tokens or config.sampling.max_new_tokens,
         max_examples=options.max_examples,
@@ -418,13 +522,25 @@ def _evaluate_safe_alignment(options: EvalOptions, workdir: pathlib.Path) -> dic
     )
 
 
+def _scored_by_reward_models(options: EvalOptions, workdir: pathlib.Path) -> bool:
+    """Whether parquet ``--data`` means the helpfulness-safety sets: ``safe_alignment``, a plain
+    model (scored by a run's reward models), or a run of ``rewards.kind='reward_model'`` without
+    reward functions; else it is data of your own, scored as the run's splits are."""
+    if options.data == SAFE_ALIGNMENT or options.model_path or not RunDir(workdir).config.is_file():
+        return True
+    config = load_run_config_or_eval_error(workdir)
+    return config.rewards.kind == "reward_model" and not config.rewards.functions
+
+
 def run(options: EvalOptions) -> dict[str, Any]:
     """Evaluate as ``options`` ask; returns the summary written to ``<workdir>/eval/<name>.json``
     and prints a table when ``options.progress``. With ``options.habits``, returns (and prints) the
     habit breakdown of saved generations instead, and writes nothing.
 
     An evaluation holds the workdir's lock (`run_dir.lock_workdir`): it stops at once, naming the
-    holder, while train.py (or another eval.py) works there. ``--habits`` only reads: no lock.
+    holder, while train.py (or another eval.py) works there. ``--habits`` only reads: no lock. A
+    finished run on storage this process cannot write is read without the lock, and the reports go
+    to `reports_dir` (``runs/eval/<workdir name>/eval``).
 
     Raises:
       EvalError: naming the flag or file to fix.
@@ -444,16 +560,18 @@ def run(options: EvalOptions) -> dict[str, Any]:
     # prunes: one process at a time (a workdir without config.json fails below, unlocked).
     # Several processes: process 0 holds the lock for all.
     locks = (options.model_path or RunDir(workdir).config.is_file()) and is_primary()
-    lock = run_dir.lock_workdir(workdir, "eval.py") if locks else None
+    lock = run_dir.lock_workdir(workdir, "eval.py", readers_ok=True) if locks else None  # read-only: no lock
     try:
-        if lock is not None:
+        if lock is not None and not lock.read_only:
             run_dir.remove_stale_staging(RunDir(workdir).eval_dir, all_stale=True)
-        if options.data and is_safe_alignment_data(options.data):
+        if options.data and is_api_bank_data(options.data):
+            result = _evaluate_api_bank(options, workdir)
+            table = api_bank_table(result)
+        elif options.data and is_safe_alignment_data(options.data) and _scored_by_reward_models(options, workdir):
             result = _evaluate_safe_alignment(options, workdir)
             table = safe_alignment_table(result, f"helpfulness-safety ({_describe(result['policy'])})")
         elif options.data:
-            result = _evaluate_api_bank(options, workdir)
-            table = api_bank_table(result)
+            result, table = _evaluate_data(options, workdir)
         else:
             result, table = _evaluate_split(options, workdir)
     finally:
@@ -461,7 +579,7 @@ def run(options: EvalOptions) -> dict[str, Any]:
             lock.release()
     if options.progress:
         print(table)
-        print(f"written to {RunDir(workdir).eval_dir}")
+        print(f"written to {reports_dir(workdir)}")
     return result
 
 

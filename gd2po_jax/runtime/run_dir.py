@@ -554,12 +554,39 @@ def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def is_read_only(workdir: str | pathlib.Path) -> bool:
+    """Whether this process cannot write in ``workdir`` (read-only storage, or a directory it may not
+    write): `os.access`, which also sees a read-only mount (EROFS) for root."""
+    return pathlib.Path(workdir).is_dir() and not os.access(workdir, os.W_OK)
+
+
+class ReadOnlyAccess:
+    """What `lock_workdir` gives a reader of a workdir it cannot write (``read_only`` True): no lock
+    file (none can be created), nothing to release. No process can write there either, so nothing
+    changes under the reader; the reader writes nothing in it."""
+
+    read_only = True
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+
+    def __enter__(self) -> ReadOnlyAccess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        pass
+
+
 class WorkdirLock:
     """An exclusive `fcntl.flock` on ``WORKDIR/.lock`` (`lock_workdir`); the file holds the
     holder's pid, host, program and start time. The kernel drops the lock when the process ends,
     however it ends (also ``kill -9``), so a stale file never blocks anyone."""
 
     _fd: int | None
+    read_only = False
 
     def __init__(self, path: pathlib.Path, fd: int):
         self.path, self._fd = path, fd
@@ -603,7 +630,9 @@ def _holder(fd: int) -> str:
     )
 
 
-def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
+def lock_workdir(
+    workdir: str | pathlib.Path, program: str, *, readers_ok: bool = False
+) -> WorkdirLock | ReadOnlyAccess:
     """Take the workdir's exclusive lock (creating ``workdir``), or stop at once if another
     process holds it: two processes writing one workdir corrupt its metrics and checkpoints.
     Release it with `WorkdirLock.release` (or use it as a context manager); it is also released
@@ -612,12 +641,18 @@ def lock_workdir(workdir: str | pathlib.Path, program: str) -> WorkdirLock:
     Args:
       program: what the holder is ("train.py", "eval.py"), written into the lock file for the
         message another process gets.
+      readers_ok: the caller only reads the workdir (eval.py, export.py): on storage this process
+        cannot write (`is_read_only`: a finished run on a read-only mount) it gets a `ReadOnlyAccess`
+        instead of a lock, and must write nothing there.
 
     Raises:
       WorkdirBusyError: naming the lock file and its holder.
       LinkInWorkdirError: the lock, or another entry of the workdir, is a symbolic link (`check_no_links`).
     """
     path = RunDir(workdir).lock
+    if readers_ok and is_read_only(path.parent):
+        logger.warning("%s is read-only: %s reads it without taking its lock", path.parent, program)
+        return ReadOnlyAccess(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         try:  # never through a link (O_NOFOLLOW): the lock is truncated and written below
