@@ -171,8 +171,30 @@ class EpochSampler:
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "offset": self.offset}
 
+    def check_state(self, state: Any) -> dict[str, int]:
+        """``state`` (a checkpoint's data position) if `state` could have written it for this data:
+        a JSON object of exactly the integers ``epoch`` >= 0 and ``offset`` in [0, size).
+
+        Raises:
+          ValueError: naming what is wrong (a checkpoint whose position is damaged).
+        """
+        if not isinstance(state, dict) or set(state) != {"epoch", "offset"}:
+            raise ValueError(f"the data position is not {{'epoch': E, 'offset': O}}: {state!r}")
+        epoch, offset = state["epoch"], state["offset"]
+        if type(epoch) is not int or type(offset) is not int:
+            raise ValueError(f"the data position's epoch and offset are not integers: {state!r}")
+        if epoch < 0 or not 0 <= offset < max(self.size, 1):
+            raise ValueError(f"the data position {state!r} is out of bounds for {self.size} prompts")
+        return {"epoch": epoch, "offset": offset}
+
     def restore(self, state: dict[str, int]) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        """Move to ``state`` (`check_state` checks it first).
+
+        Raises:
+          ValueError: ``state`` is not a data position of this data (`check_state`).
+        """
+        state = self.check_state(state)
+        self.epoch, self.offset = state["epoch"], state["offset"]
 
 
 def padded_batches(num_items: int, batch_size: int) -> list[tuple[list[int], int]]:

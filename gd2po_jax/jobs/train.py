@@ -39,7 +39,7 @@ from gd2po_jax.models.lora import (
     split_lora,
 )
 from gd2po_jax.rewards.base import begin_step
-from gd2po_jax.rewards.scoring import check_failures
+from gd2po_jax.rewards.scoring import check_failures, failure_modes
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
 from gd2po_jax.rl.train_step import (
@@ -141,7 +141,8 @@ def resume(
       CorruptCheckpointError: every checkpoint is damaged (naming each).
       ConfigError: a LoRA checkpoint of another base (`check_base`).
     """
-    restored = checkpoints.restore_intact(state)
+    # A checkpoint whose data position is missing, mistyped or out of bounds is damaged: the previous one is used.
+    restored = checkpoints.restore_intact(state, check_meta=lambda meta: sampler.check_state(meta["data"]))
     if restored is None:
         return state, 0
     step, state, meta = restored
@@ -415,6 +416,7 @@ def _rl_step(
         config.rewards.max_failed_fraction,
         step=step + 1,
         first_error=rollouts.first_failure,
+        modes=failure_modes(setup.reward_fn, config.rewards.on_error),
     )
     batch = rollouts.batch
     if loop.ref_params is not None:

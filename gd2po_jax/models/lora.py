@@ -32,7 +32,7 @@ from jax.sharding import Mesh
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.models.decoder import LORA_A_INIT, LORA_TARGETS, Decoder, LoRASpec, effective_kernel
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, write_file
-from gd2po_jax.runtime.checkpoints import state_integrity
+from gd2po_jax.runtime.checkpoints import legacy_sums
 from gd2po_jax.runtime.distributed import host_value, is_primary
 from gd2po_jax.runtime.run_dir import writing
 from gd2po_jax.runtime.sharding import place_host_array, variable_sharding
@@ -107,10 +107,10 @@ def init_adapters(model: Decoder, seed: int, mesh: Mesh | None = None) -> None:
 
 
 def base_checksum(base: nnx.State) -> int:
-    """One number for the base weights: the sum mod 2**32 of `state_integrity`'s per-array
-    checksums (exact, independent of the sharding), which a checkpoint records to refuse a
-    different base on resume."""
-    return sum(state_integrity(base)[0].values()) % 2**32
+    """One number for the base weights: the sum mod 2**32 of the per-array `legacy_sums` (exact,
+    independent of the sharding; the number LoRA checkpoints have always recorded), which a
+    checkpoint records to refuse a different base on resume."""
+    return sum(legacy_sums(base).values()) % 2**32
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,13 @@
 """Orbax checkpoints of a run (``WORKDIR/checkpoints``) and the integrity checks of saved arrays.
 
-A checkpoint records a checksum of every array in its metadata (`state_integrity`), so a damaged
-one is found on restore (`CorruptCheckpointError`), and the trainer falls back to the previous
-intact one (`Checkpoints.restore_intact`), moving the damaged ones to ``corrupt_checkpoints/``.
+A checkpoint records a hash of every array in its metadata (`state_integrity`: position-sensitive,
+over the array's bytes, its dtype and shape), and a hash of the whole metadata (`META_CHECKSUM_KEY`:
+the data position, the step, the arrays' hashes, LoRA's base ...), so a damaged one is found on
+restore (`CorruptCheckpointError`); the trainer also validates what the metadata says (its
+``check_meta``: the data position's types and bounds) and falls back to the previous intact one
+(`Checkpoints.restore_intact`), moving the damaged ones to ``corrupt_checkpoints/``. Checkpoints
+written before the hashes existed (an integer sum per array, no metadata hash) are still read and
+checked the old way (`legacy_sums`).
 NaN or infinite parameters are never written: `Checkpoints.save` refuses them, and `check_finite`
 is the same check for the other writers of parameters (the exported policy, the warm start, a
 trained reward model), all raising `NonFiniteError`.
@@ -12,10 +17,13 @@ The paths, the lock and the other files of a workdir are `gd2po_jax.runtime.run_
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import jax
@@ -39,7 +47,9 @@ class NonFiniteError(UserError, ValueError):
     about to be written: the policy, the warm start, a reward model); the message names them."""
 
 
-CHECKSUMS_KEY = "checksums"  # in a checkpoint's metadata: array name -> `state_integrity` checksum
+CHECKSUMS_KEY = "checksums"  # in a checkpoint's metadata: array name -> `state_integrity` hash
+META_CHECKSUM_KEY = "meta_checksum"  # in a checkpoint's metadata: `meta_checksum` of the rest of it
+HASH_PREFIX = "b2:"  # an array hash (`state_integrity`); an int is the legacy sum (`legacy_sums`)
 
 
 def leaf_name(path) -> str:
@@ -56,36 +66,107 @@ def leaf_name(path) -> str:
     return "/".join(parts)
 
 
+def _plain(x: jax.Array) -> jax.Array:
+    return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
 def _bits(x: jax.Array) -> jax.Array:
-    """The bit patterns of ``x``'s elements as uint32 (narrower types zero-extended)."""
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
+    """The bit patterns of ``x``'s elements as uint32 (narrower types zero-extended; 8-byte ones cut
+    to their low word: the legacy sum's view, `legacy_sums`)."""
+    x = _plain(x)
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint32)
     unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize]
     return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
 
 
+def _words(x: jax.Array) -> jax.Array:
+    """Every bit of ``x`` as uint32 words: ``x.shape`` for types of 4 bytes or fewer (zero-extended),
+    ``x.shape + (2,)`` for 8-byte types."""
+    x = _plain(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    if x.dtype.itemsize == 8:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)  # [..., 2]
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3's finalizer: a bijection of uint32 in which every input bit flips each output bit
+    with probability about 1/2."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+_SEEDS = (0x243F6A88, 0x85A308D3)  # two independent 32-bit lanes: a 64-bit array hash
+
+
+def _lanes(x: jax.Array) -> list[jax.Array]:
+    """The array hash's two uint32 lanes: for each seed, the sum mod 2**32 of
+    ``fmix32(fmix32(index ^ seed) ^ word)`` over the words of ``x`` (each word mixed with its
+    position, so an element moved, or two changed in opposite directions, changes the sum). Exact
+    integer arithmetic: the same on any sharding."""
+    words = _words(x)
+    index = jnp.arange(words.size, dtype=jnp.uint32).reshape(words.shape)
+    return [jnp.sum(_fmix32(_fmix32(index ^ jnp.uint32(seed)) ^ words), dtype=jnp.uint32) for seed in _SEEDS]
+
+
 @jax.jit
-def _integrity(leaves: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
-    checksums = [jnp.sum(_bits(x), dtype=jnp.uint32) for x in leaves]
+def _integrity(leaves: list[jax.Array]) -> tuple[list[list[jax.Array]], list[jax.Array], list[jax.Array]]:
+    lanes = [_lanes(x) for x in leaves]
+    sums = [jnp.sum(_bits(x), dtype=jnp.uint32) for x in leaves]
     finite = [jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True) for x in leaves]
-    return checksums, finite
+    return lanes, sums, finite
 
 
-def state_integrity(tree: Any) -> tuple[dict[str, int], list[str]]:
-    """(checksum of each array by `leaf_name`, the names of the arrays with a NaN or infinity).
+def _array_hash(x: Any, lanes: list[Any]) -> str:
+    """``b2:<hex>``: BLAKE2b of the array's dtype, shape and its two device-computed lanes."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{jnp.dtype(_plain(jnp.asarray(x)).dtype).name}|{tuple(x.shape)}|".encode())
+    digest.update(b"".join(int(lane).to_bytes(4, "little") for lane in lanes))
+    return HASH_PREFIX + digest.hexdigest()
 
-    The checksum is the sum of the array's bit patterns modulo 2**32: exact integer arithmetic,
-    so it does not depend on how the array is sharded, and any single flipped bit changes it.
-    Computed on the devices; only one number per array comes back.
-    """
+
+def _integrity_of(tree: Any) -> tuple[list[str], list[str], list[int], list[bool]]:
+    """(names, hashes, legacy sums, finite) of ``tree``'s arrays, computed on the devices."""
     named = jax.tree_util.tree_flatten_with_path(tree)[0]
     if not named:
-        return {}, []
-    checksums, finite = jax.device_get(_integrity([jnp.asarray(x) for _, x in named]))
+        return [], [], [], []
+    leaves = [jnp.asarray(x) for _, x in named]
+    lanes, sums, finite = jax.device_get(_integrity(leaves))
     names = [leaf_name(path) for path, _ in named]
-    return ({name: int(c) for name, c in zip(names, checksums)}, [name for name, ok in zip(names, finite) if not ok])
+    hashes = [_array_hash(x, lane) for x, lane in zip(leaves, lanes)]
+    return names, hashes, [int(c) for c in sums], [bool(ok) for ok in finite]
+
+
+def state_integrity(tree: Any) -> tuple[dict[str, str], list[str]]:
+    """(hash of each array by `leaf_name`, the names of the arrays with a NaN or infinity).
+
+    The hash (``b2:<32 hex digits>``) is BLAKE2b of the array's dtype, shape and a 64-bit digest of
+    its bytes computed on the devices (`_lanes`: each 32-bit word mixed with its position, summed
+    mod 2**32 in two lanes): exact integer arithmetic, so it does not depend on how the array is
+    sharded; a flipped bit, a reordered array or two elements changed in opposite directions change
+    it. Only two numbers per array come back to the host.
+    """
+    names, hashes, _, finite = _integrity_of(tree)
+    return dict(zip(names, hashes)), [name for name, ok in zip(names, finite) if not ok]
+
+
+def legacy_sums(tree: Any) -> dict[str, int]:
+    """The checksums of checkpoints written before `state_integrity`'s hashes: the sum of each
+    array's bit patterns (as uint32) modulo 2**32, by `leaf_name`. Read to verify such checkpoints."""
+    names, _, sums, _ = _integrity_of(tree)
+    return dict(zip(names, sums))
+
+
+def meta_checksum(meta: dict[str, Any]) -> str:
+    """BLAKE2b of a checkpoint's metadata (but `META_CHECKSUM_KEY`), as canonical JSON."""
+    text = json.dumps({k: v for k, v in meta.items() if k != META_CHECKSUM_KEY}, sort_keys=True, allow_nan=True)
+    return HASH_PREFIX + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def check_finite(tree: Any, what: str) -> None:
@@ -130,9 +211,10 @@ class Checkpoints:
     any moment (also during a save) resumes from the last complete one. The trainer saves and
     restores the whole state; evaluation reads only its ``params`` (`restore_params`).
 
-    Integrity: `save` refuses a state with non-finite values and records a checksum of every array
-    in the metadata (`state_integrity`); `restore` and `restore_params` check them (checkpoints
-    written before checksums existed are checked for non-finite values only) and raise
+    Integrity: `save` refuses a state with non-finite values and records a hash of every array
+    and of the metadata (`state_integrity`, `meta_checksum`); `restore`, `restore_params` and
+    `metadata` check them (checkpoints written before checksums existed are checked for non-finite
+    values only; those with legacy sums by their sums) and raise
     `CorruptCheckpointError` naming the checkpoint for anything that cannot be read. The trainer
     resumes from the newest intact one (`restore_intact`).
 
@@ -190,6 +272,7 @@ class Checkpoints:
                 f"not saving checkpoint {self.step_dir(step)}"
             )
         metadata = {**metadata, CHECKSUMS_KEY: checksums}
+        metadata[META_CHECKSUM_KEY] = meta_checksum(metadata)
         assert self._manager is not None
         try:
             self._manager.save(
@@ -230,10 +313,40 @@ class Checkpoints:
                 f"checkpoint {self.step_dir(step)} cannot be read ({_root_cause(err)})"
             ) from err
 
-    def _verify(self, step: int, tree: Any, expected: dict[str, int] | None) -> None:
-        """Compare ``tree``'s arrays with the checksums saved with them (those ``tree`` has)."""
+    def _checked_meta(self, step: int, meta: Any) -> dict[str, Any]:
+        """The metadata of checkpoint ``step``, checked against its `meta_checksum` (a checkpoint with
+        array hashes must have one; a legacy one, with integer sums, has none), without it.
+
+        Raises:
+          CorruptCheckpointError: not a JSON object, no checksum where one is due, or one that differs.
+        """
+        where = f"checkpoint {self.step_dir(step)}"
+        if not isinstance(meta, dict):
+            raise CorruptCheckpointError(f"{where}: its metadata is not a JSON object")
+        meta = dict(meta)
+        recorded = meta.pop(META_CHECKSUM_KEY, None)
+        sums = meta.get(CHECKSUMS_KEY)
+        if not isinstance(sums, (dict, type(None))):
+            raise CorruptCheckpointError(f"{where}: its metadata's {CHECKSUMS_KEY!r} is not a JSON object")
+        legacy = recorded is None and all(isinstance(v, int) for v in (sums or {}).values())
+        if not legacy and recorded != meta_checksum(meta):
+            raise CorruptCheckpointError(
+                f"{where} is damaged: its metadata (data position, step ...) differs from what was saved"
+            )
+        if "step" in meta and (
+            not isinstance(meta["step"], int) or isinstance(meta["step"], bool) or meta["step"] != step
+        ):
+            raise CorruptCheckpointError(f"{where}: its metadata says step {meta['step']!r}")
+        return meta
+
+    def _verify(self, step: int, tree: Any, expected: dict[str, Any] | None) -> None:
+        """Compare ``tree``'s arrays with the hashes saved with them (those ``tree`` has; integer
+        values: a legacy checkpoint's sums, `legacy_sums`)."""
+        expected = expected or {}
         checksums, bad = state_integrity(tree)
-        differ = sorted(name for name, value in (expected or {}).items() if checksums.get(name, value) != value)
+        if any(isinstance(value, int) for value in expected.values()):
+            checksums = {**checksums, **legacy_sums(tree)}
+        differ = sorted(name for name, value in expected.items() if checksums.get(name, value) != value)
         if differ:
             raise CorruptCheckpointError(
                 f"checkpoint {self.step_dir(step)} is damaged: {len(differ)} arrays differ "
@@ -245,31 +358,45 @@ class Checkpoints:
                 f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}"
             )
 
-    def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+    def restore(
+        self, step: int | None, abstract_state: Any, check_meta: Callable[[dict[str, Any]], Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """(state, metadata) of checkpoint ``step`` (default: the latest), placed on the shardings of
-        ``abstract_state`` (a pytree of arrays or `jax.ShapeDtypeStruct`s), its arrays checked
-        against their checksums.
+        ``abstract_state`` (a pytree of arrays or `jax.ShapeDtypeStruct`s), its metadata checked
+        against its checksum and its arrays against their hashes.
+
+        Args:
+          check_meta: the caller's validation of the metadata (types, bounds: the data position);
+            a ValueError, TypeError or KeyError it raises makes the checkpoint damaged.
 
         Raises:
           FileNotFoundError: there is no checkpoint ``step``.
-          CorruptCheckpointError: it cannot be read, or an array differs from what was saved.
+          CorruptCheckpointError: it cannot be read, its metadata or an array differs from what was
+            saved, or ``check_meta`` refuses its metadata.
         """
         step = self._check_step(step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
         restored = self._restore(
             step, ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
         )
-        meta = dict(restored.meta) if isinstance(restored.meta, dict) else None
-        if meta is None:
-            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)}: its metadata is not a JSON object")
+        meta = self._checked_meta(step, restored.meta)
+        if check_meta is not None:
+            try:
+                check_meta(meta)
+            except (ValueError, TypeError, KeyError) as err:
+                raise CorruptCheckpointError(
+                    f"checkpoint {self.step_dir(step)}: its metadata is invalid ({err})"
+                ) from None
         self._verify(step, restored.state, meta.pop(CHECKSUMS_KEY, None))
         return restored.state, meta
 
-    def restore_intact(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
-        """(step, state, metadata) of the newest checkpoint that restores intact (`restore`);
-        None when there is no checkpoint. Each damaged newer one is named in a warning and, once an
-        older one restored, moved to ``corrupt_checkpoints/`` next to this directory, so that the
-        run can save that step again.
+    def restore_intact(
+        self, abstract_state: Any, check_meta: Callable[[dict[str, Any]], Any] | None = None
+    ) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, metadata) of the newest checkpoint that restores intact (`restore`, with
+        ``check_meta``); None when there is no checkpoint. Each damaged newer one is named in a
+        warning and, once an older one restored, moved to ``corrupt_checkpoints/`` next to this
+        directory, so that the run can save that step again.
 
         Raises:
           CorruptCheckpointError: every checkpoint is damaged (naming each; nothing is moved).
@@ -278,7 +405,7 @@ class Checkpoints:
         for step in reversed(self.steps()):
             error: CorruptCheckpointError | None
             try:
-                state, meta = self.restore(step, abstract_state)
+                state, meta = self.restore(step, abstract_state, check_meta)
             except CorruptCheckpointError as err:
                 error = err
             else:
@@ -323,9 +450,7 @@ class Checkpoints:
         """
         step = self._check_step(step)
         restored = self._restore(step, ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        if not isinstance(restored.meta, dict):
-            raise CorruptCheckpointError(f"checkpoint {self.step_dir(step)}: its metadata is not a JSON object")
-        return {k: v for k, v in restored.meta.items() if k != CHECKSUMS_KEY}
+        return {k: v for k, v in self._checked_meta(step, restored.meta).items() if k != CHECKSUMS_KEY}
 
     def restore_params(self, step: int | None, target: Any) -> Any:
         """Only the ``params`` field of the state saved at ``step`` (default: the latest), restored
@@ -346,8 +471,7 @@ class Checkpoints:
                 meta=ocp.args.JsonRestore(),
             ),
         )
-        meta = restored.meta if isinstance(restored.meta, dict) else {}
-        checksums = meta.get(CHECKSUMS_KEY) or {}
+        checksums = self._checked_meta(step, restored.meta).get(CHECKSUMS_KEY) or {}
         self._verify(
             step,
             {"params": restored.state["params"]},

@@ -132,3 +132,18 @@ def test_a_batch_larger_than_the_data_spans_epochs():
 def test_padded_batches_keep_one_shape():
     assert padded_batches(5, 2) == [([0, 1], 2), ([2, 3], 2), ([4, 4], 1)]
     assert padded_batches(4, 4) == [([0, 1, 2, 3], 4)]
+
+
+def test_a_data_position_is_checked_before_the_sampler_moves_there():
+    """Issue 63 finding 6: an edited offset (999 on 32 rows) was accepted and the run diverged silently."""
+    sampler = EpochSampler(32, seed=0)
+    sampler.next_batch(8)
+    assert sampler.check_state(sampler.state()) == {"epoch": 0, "offset": 8}
+    for bad in ({"epoch": 0, "offset": 999}, {"epoch": 0, "offset": 32}, {"epoch": -1, "offset": 0},
+                {"epoch": 0, "offset": "8"}, {"epoch": 0, "offset": True}, {"epoch": 0}, None,
+                {"epoch": 0, "offset": 8, "extra": 1}):
+        with pytest.raises(ValueError, match="data position"):
+            sampler.restore(bad)
+    assert sampler.state() == {"epoch": 0, "offset": 8}  # unmoved
+    sampler.restore({"epoch": 3, "offset": 31})
+    assert sampler.state() == {"epoch": 3, "offset": 31}

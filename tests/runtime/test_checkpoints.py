@@ -157,3 +157,95 @@ def test_checksums_do_not_depend_on_the_sharding():
     flipped = x.at[5, 2].set(jax.lax.bitcast_convert_type(
         jax.lax.bitcast_convert_type(x[5, 2], jnp.uint32) ^ jnp.uint32(1 << 31), jnp.float32))
     assert state_integrity({"x": flipped})[0] != state_integrity({"x": x})[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 63, finding 6: a real hash of each array, the metadata (the data position) covered and checked.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_array_hash_sees_what_the_old_sum_missed():
+    """The old checksum, a sum of bit patterns mod 2**32, gave the same value for a reversed array and for
+    two elements moved one ulp in opposite directions."""
+    from gd2po_jax.runtime.checkpoints import legacy_sums
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(16,)), jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    ulp_pair = jax.lax.bitcast_convert_type(bits.at[3].add(1).at[7].add(-1), jnp.float32)
+    for other in (x[::-1], ulp_pair):
+        assert legacy_sums({"x": other}) == legacy_sums({"x": x})  # what the old sum saw
+        assert state_integrity({"x": other})[0] != state_integrity({"x": x})[0]
+    # dtype and shape are part of it, and so is the high word of 8-byte values.
+    assert state_integrity({"x": x.reshape(4, 4)})[0] != state_integrity({"x": x})[0]
+    assert state_integrity({"x": jnp.zeros(4, jnp.int32)})[0] != state_integrity({"x": jnp.zeros(4, jnp.uint32)})[0]
+    [value] = state_integrity({"x": x})[0].values()
+    assert value.startswith("b2:") and len(value) == 3 + 32
+
+
+def edit_meta(checkpoint_dir, change, *, rehash: bool = False) -> None:
+    """Edit checkpoint ``checkpoint_dir``'s metadata file on disk with ``change(meta)``; with ``rehash``,
+    write a matching metadata checksum (a consistent edit, caught only by validation)."""
+    import json
+
+    from gd2po_jax.runtime.checkpoints import META_CHECKSUM_KEY, meta_checksum
+
+    file = checkpoint_dir / "meta" / "metadata"
+    meta = json.loads(file.read_text())
+    change(meta)
+    if rehash:
+        meta[META_CHECKSUM_KEY] = meta_checksum(meta)
+    file.write_text(json.dumps(meta))
+
+
+def check_position(meta):
+    """What the trainer checks of a checkpoint's metadata: a data position of a 32-prompt set."""
+    from gd2po_jax.data.prompts import EpochSampler
+
+    return EpochSampler(32, seed=0).check_state(meta["data"])
+
+
+@pytest.mark.parametrize("edit", ["offset 999", "offset 999, rehashed", "offset a string, rehashed",
+                                  "no data, rehashed", "step", "no checksum"])
+def test_an_edited_data_position_falls_back_to_the_previous_checkpoint(tmp_path, edit, caplog):
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        for step in (1, 2):
+            checkpoints.save(step, small_state(float(step)), {"step": step, "data": {"epoch": 0, "offset": 4 * step}})
+    edits = {
+        "offset 999": lambda m: m["data"].update(offset=999),
+        "offset 999, rehashed": lambda m: m["data"].update(offset=999),
+        "offset a string, rehashed": lambda m: m["data"].update(offset="8"),
+        "no data, rehashed": lambda m: m.pop("data"),
+        "step": lambda m: m.update(step=7),
+        "no checksum": lambda m: m.pop("meta_checksum"),
+    }
+    edit_meta(tmp_path / "checkpoints" / "2", edits[edit], rehash="rehashed" in edit)
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        step, state, meta = checkpoints.restore_intact(small_state(0.0), check_meta=check_position)
+        assert step == 1 and meta == {"step": 1, "data": {"epoch": 0, "offset": 4}}
+        assert_trees_equal(state, small_state(1.0))
+    assert f"checkpoint {tmp_path / 'checkpoints' / '2'}" in caplog.text and "falling back" in caplog.text
+
+
+def test_a_checkpoint_of_the_old_format_still_restores_and_is_checked(tmp_path):
+    """Checkpoints written before the hashes: integer sums per array, no metadata checksum."""
+    import orbax.checkpoint as ocp
+
+    from gd2po_jax.runtime.checkpoints import legacy_sums
+
+    def save_old(checkpoints, step, state):
+        meta = {"step": step, "data": {"epoch": 0, "offset": step}, "checksums": legacy_sums(state)}
+        checkpoints._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                                meta=ocp.args.JsonSave(meta)), force=True)
+        checkpoints._manager.wait_until_finished()
+
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        save_old(checkpoints, 1, small_state(1.0))
+        save_old(checkpoints, 2, small_state(2.0))
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        state, meta = checkpoints.restore(2, small_state(0.0), check_meta=check_position)
+        assert_trees_equal(state, small_state(2.0)) and meta == {"step": 2, "data": {"epoch": 0, "offset": 2}}
+    damage(tmp_path / "checkpoints" / "2", "other data")  # the old sums still find a damaged one
+    with Checkpoints(tmp_path / "checkpoints", keep=3) as checkpoints:
+        with pytest.raises(CorruptCheckpointError, match="arrays differ from what was saved"):
+            checkpoints.restore(2, small_state(0.0))
+        assert checkpoints.restore_intact(small_state(0.0), check_meta=check_position)[0] == 1
