@@ -343,9 +343,10 @@ class Checkpoints:
         """Compare ``tree``'s arrays with the hashes saved with them (those ``tree`` has; integer
         values: a legacy checkpoint's sums, `legacy_sums`)."""
         expected = expected or {}
-        checksums, bad = state_integrity(tree)
+        hashes, bad = state_integrity(tree)
+        checksums: dict[str, Any] = dict(hashes)
         if any(isinstance(value, int) for value in expected.values()):
-            checksums = {**checksums, **legacy_sums(tree)}
+            checksums.update(legacy_sums(tree))
         differ = sorted(name for name, value in expected.items() if checksums.get(name, value) != value)
         if differ:
             raise CorruptCheckpointError(
