@@ -114,10 +114,14 @@ class RewardsConfig(_Section):
     rewards; abstain leaves them unscored (NaN); both counted per step as ``reward_failed/<name>`` in
     metrics.jsonl. An entry of ``functions`` may set its own."""
     num_workers: int
-    """Threads scoring rollouts in parallel."""
+    """Reward calls in flight at once: the step's reward functions run side by side (threads for plain
+    functions, one event loop for ``async def`` ones), each function's rollouts cut into chunks (this many
+    for one function; dealt out among several), at most this many calls at a time
+    (`gd2po_jax.rewards.scoring`). 1: one call after another."""
     timeout_s: float = 600.0
-    """Seconds the scoring of one step's rollouts may take; calls still running then fail (``on_error``),
-    and their threads are abandoned (Python cannot stop them). 0: no limit."""
+    """Seconds the scoring of one step's rollouts may take (and the trial call before compute); calls still
+    running then fail (``on_error``), and their threads are abandoned (Python cannot stop them). 0: no
+    limit. An entry of ``functions`` may set a limit per call (its ``timeout_s``)."""
     max_failed_fraction: float = 0.1
     """With on_error=min, stop the run (naming the step, the reward and the first error) when a reward
     failed on more than this share of a step's rollouts; 1: never stop."""
@@ -129,8 +133,9 @@ class RewardsConfig(_Section):
     devices together."""
     functions: tuple[Any, ...] = ()
     """Reward functions of your own (`FunctionEntry`), each an import path ``module:callable`` or
-    ``path/to/file.py:callable`` (short form), or a mapping ``{"fn": ..., "name": ..., "weight": ...,
-    "options": {...}, "on_error": ..., "min_value": ...}`` (config-file form)."""
+    ``path/to/file.py:callable`` (short form), or a mapping ``{"fn": ..., "name": ..., "names": {...},
+    "weight": ..., "options": {...}, "on_error": ..., "min_value": ..., "timeout_s": ...}`` (config-file
+    form)."""
 
     def __post_init__(self):
         _text(self.kind, "rewards.kind", "the name of a registered reward family, or empty (none)")
@@ -237,9 +242,10 @@ class FunctionEntry:
     ``path/to/file.py:callable``; the callable may be dotted (``module:Class.method``)."""
     name: str | None = None
     """The reward column's name; None: the callable's ``__name__`` (a function with a ``names`` attribute
-    gives its K columns those names)."""
-    weight: float | None = None
-    """w_k of its columns; None: ``rewards.weights``, else 1."""
+    gives its K columns those names; a TRL-form function that returns components, ``<name>/<component>``)."""
+    weight: float | dict[str, float] | None = None
+    """w_k of its columns: one number for all, or a mapping component (or column) -> weight (1 for the
+    others); None: ``rewards.weights``, else 1."""
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments: a class is built with them, a function gets them with every call."""
     on_error: str | None = None
@@ -248,8 +254,15 @@ class FunctionEntry:
     min_value: float | None = None
     """The score of a failed rollout with on_error=min (None: the function's own ``min_values``, if it
     declares them)."""
+    names: dict[str, str] | None = None
+    """Column names of its rewards, in order: component -> column for a TRL-form function returning
+    components (which fixes the components before any call), or each of a batch function's ``names`` ->
+    its new name; None: ``<name>/<component>``, or the function's own names."""
+    timeout_s: float | None = None
+    """Seconds one call of it may take (one chunk of a step's rollouts); a call still running then fails
+    (``on_error``) and is abandoned. None: only the step's limit, ``rewards.timeout_s``."""
 
-    KEYS: ClassVar[tuple[str, ...]] = ("fn", "name", "weight", "options", "on_error", "min_value")
+    KEYS: ClassVar[tuple[str, ...]] = ("fn", "name", "names", "weight", "options", "on_error", "min_value", "timeout_s")
 
     @classmethod
     def parse(cls, entry: Any, index: int) -> FunctionEntry:
@@ -285,7 +298,32 @@ class FunctionEntry:
             f"must be a non-empty string, got {name!r}",
         )
         weight = entry.get("weight")
-        _require(weight is None or _is_number(weight), f"{field}.weight", f"must be a finite number, got {weight!r}")
+        _require(
+            weight is None
+            or _is_number(weight)
+            or (isinstance(weight, Mapping) and all(isinstance(k, str) and _is_number(v) for k, v in weight.items())),
+            f"{field}.weight",
+            f"must be a finite number, or a mapping of component to finite number, got {weight!r}",
+        )
+        names = entry.get("names")
+        _require(
+            names is None
+            or (
+                isinstance(names, Mapping)
+                and len(names) >= 1
+                and all(isinstance(k, str) and isinstance(v, str) and k.strip() and v.strip() for k, v in names.items())
+                and len(set(names.values())) == len(names)
+            ),
+            f"{field}.names",
+            f"must map each component (or reward) to a distinct column name, e.g. {{'correct': 'judge_correct'}}; "
+            f"got {names!r}",
+        )
+        timeout_s = entry.get("timeout_s")
+        _require(
+            timeout_s is None or (_is_number(timeout_s) and timeout_s > 0),
+            f"{field}.timeout_s",
+            f"must be a number of seconds > 0 (None: only rewards.timeout_s), got {timeout_s!r}",
+        )
         options = entry.get("options") or {}
         _require(
             isinstance(options, Mapping) and all(isinstance(k, str) for k in options),
@@ -308,8 +346,10 @@ class FunctionEntry:
             index=index,
             fn=fn.strip(),
             name=name,
-            weight=None if weight is None else float(weight),
+            weight=None if weight is None else dict(weight) if isinstance(weight, Mapping) else float(weight),
             options=dict(options),
             on_error=on_error,
             min_value=None if min_value is None else float(min_value),
+            names=None if names is None else {str(k): str(v) for k, v in names.items()},
+            timeout_s=None if timeout_s is None else float(timeout_s),
         )

@@ -1,38 +1,52 @@
-"""Scoring rollouts on the host: reward functions over decoded texts, chunked over threads.
+"""Scoring rollouts on the host: reward functions over decoded texts, side by side.
 
-Reward functions are plain Python over strings; `score_batch` runs them on N responses (in
-``num_workers`` parallel chunks, each function of a `CombinedReward` on its own) and returns the
-[N, K] float32 rewards with the [N, K] mask of failed values. Three outcomes per value:
+Reward functions are plain Python over strings; `score_batch` runs them on N responses and returns
+the [N, K] float32 rewards with the [N, K] mask of failed values. Three outcomes per value:
 
   a finite number   the reward
   NaN               the function abstained (returned NaN or None): the reward is missing for that
                     rollout and moves no statistic of the advantages; `abstained_fraction` is the
                     share the trainer logs per reward
-  a failure         the function raised, or gave no result before the step's deadline
-                    (``config.rewards.timeout_s``): with ``config.rewards.on_error='raise'`` the
-                    run stops naming the function and the rollout; with ``'min'`` the failed
-                    function's rewards of that rollout are its ``min_values``, the value is marked
-                    failed, `failed_fraction` is the share the trainer logs per reward
-                    (``reward_failed/<name>``), and `check_failures` stops the run when more than
-                    ``config.rewards.max_failed_fraction`` of a step's rollouts failed
+  a failure         the function raised, or gave no result in time (the step's deadline
+                    ``config.rewards.timeout_s``, or its entry's own ``timeout_s`` per call): with
+                    ``on_error='raise'`` the run stops naming the function and the rollout; with
+                    ``'min'`` the failed function's rewards of that rollout are its ``min_values``, with
+                    ``'abstain'`` NaN; the value is marked failed, `failed_fraction` is the share the
+                    trainer logs per reward (``reward_failed/<name>``), and `check_failures` stops the
+                    run when more than ``config.rewards.max_failed_fraction`` of a step's rollouts failed
 
-A value that is neither (+-inf, a string such as "2.5", a bool) is a bug in the reward function
-and always raises `RewardOutputError` naming the reward, the rollout and the value, whatever
-``on_error`` says.
+A value that is neither (+-inf, a string such as "2.5", a bool from the batch interface) is a bug in
+the reward function and always raises `RewardOutputError` naming the reward, the rollout and the
+value, whatever ``on_error`` says. So does anything a reward raises that is not an ``Exception``
+(``SystemExit`` from ``sys.exit()``, ``KeyboardInterrupt``, ...): one line naming the function.
 
-Timeouts: a reward call with a deadline runs in a daemon thread that the scorer waits on until the
-deadline. Python cannot kill a thread, so a call that hangs is abandoned, not stopped: it keeps
-its thread (and whatever it holds) until it returns or the process exits, and its late result is
-dropped.
+Side by side: each function's rollouts are cut into chunks (``num_workers`` chunks for one function;
+the workers dealt out among several), and every chunk of every function is one call; at most
+``num_workers`` calls are in flight at once. Plain functions run on a pool of daemon threads that lives
+as long as the process; ``async def`` functions run as tasks of one event loop (its own thread),
+gathered across chunks and functions. Functions that score with device programs
+(``scores_on_devices``: reward models) run one call at a time, in order, so that every process of a
+multi-host run issues their programs in the same order. A chunk whose call raises is scored again row
+by row, to find (and floor or abstain) the rollouts it fails on.
+
+Timeouts: Python cannot stop a thread, so a call that hangs is abandoned, not stopped: it keeps its
+thread until it returns (an async call is cancelled: that stops it at its next ``await``), its late
+result is dropped, and the pool starts a thread in its place. A function with an abandoned call still
+running is not called again until that call returns: its rollouts fail at once (``on_error``), so a
+reward that hangs on every call holds at most its chunks' threads, never one more per step
+(`abandoned_calls`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import collections
 import dataclasses
 import logging
+import queue
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,23 +68,24 @@ class RewardError(UserError, RuntimeError):
 
 
 class RewardTimeoutError(RewardError):
-    """A reward function gave no result within ``config.rewards.timeout_s`` (with on_error='raise')."""
+    """A reward function gave no result in time (with on_error='raise')."""
 
 
 class RewardFailuresError(RewardError):
     """More of a step's rollouts failed than ``config.rewards.max_failed_fraction`` allows."""
 
 
-class _TimedOut(Exception):
-    """A reward call did not return before the deadline (its thread is abandoned)."""
+class RewardMinimumError(RewardError):
+    """on_error='min' for a reward function that declares no minimum to score a failed rollout with."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Scores:
     """The rewards of N rollouts and which of them failed.
 
-    rewards: [N, K] float32; NaN where a reward abstained, the function's minimum where it failed.
-    failed: [N, K] bool, True where the reward function raised or timed out (on_error='min').
+    rewards: [N, K] float32; NaN where a reward abstained, the function's minimum where it failed
+      (on_error='min'), NaN where it failed with on_error='abstain'.
+    failed: [N, K] bool, True where the reward function raised or timed out.
     first_error: what went wrong on the first failed rollout (function, rollout, error); None when
       nothing failed.
     """
@@ -81,12 +96,18 @@ class Scores:
 
 
 def reward_minimums(reward_fn: RewardFunction) -> np.ndarray:
-    """[K] minimum of each reward, from the function's ``min_values`` (required for on_error=min)."""
+    """[K] minimum of each reward, from the function's ``min_values`` (required for on_error=min).
+
+    Raises:
+      RewardMinimumError: the function declares none (one line: what to set instead).
+    """
     minimums = getattr(reward_fn, "min_values", None)
     if minimums is None:
-        raise ValueError(
-            f"on_error='min' needs the reward function {function_label(reward_fn)} to declare min_values "
-            "(an entry of config.rewards.functions: its min_value); use on_error='raise' or 'abstain'"
+        raise RewardMinimumError(
+            f"on_error='min' needs a minimum of reward function {function_label(reward_fn)} to score its "
+            "failed rollouts with: give its entry of config.rewards.functions a min_value (e.g. "
+            "{'fn': ..., 'on_error': 'min', 'min_value': 0.0}), or use on_error='abstain' (failed rollouts "
+            "left unscored) or 'raise'"
         )
     return np.asarray(minimums, np.float32)
 
@@ -97,34 +118,307 @@ def reward_functions(reward_fn: RewardFunction) -> tuple[RewardFunction, ...]:
     return reward_fn.functions if isinstance(reward_fn, CombinedReward) else (reward_fn,)
 
 
-# ---------------------------------------------------------------- one call, with a deadline
+def failure_modes(reward_fn: RewardFunction, on_error: str) -> tuple[str, ...]:
+    """[K] what a failure of each reward column does: its function's own ``on_error`` (an entry of
+    config.rewards.functions may set one), else ``on_error``."""
+    return tuple(getattr(fn, "on_error", None) or on_error for fn in reward_functions(reward_fn) for _ in fn.names)
 
 
-def _call(reward_fn, prompts, responses, columns, deadline: float | None):
-    """``reward_fn(prompts, responses, columns)``; with a deadline (a `time.monotonic` value) in a
-    daemon thread, raising `_TimedOut` when it has not returned by then (the thread is abandoned)."""
-    if deadline is None:
-        return reward_fn(prompts, responses, columns)
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise _TimedOut()
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
+def _advice(reward_fn, first: str = "Fix the reward") -> str:
+    """What to do so that a failure of ``reward_fn`` does not stop the run (with on_error='raise'), in
+    words that work when followed: on_error='min' only where the function has a minimum, else with the
+    min_value it needs; reward models, whose on_error is always 'raise', get none."""
+    if getattr(reward_fn, "scores_on_devices", False):
+        return f"{first}; a reward model's rewards.on_error is always 'raise'"
+    where = (
+        f"config.rewards.functions[{reward_fn.entry.index}]'s on_error"
+        if hasattr(reward_fn, "entry")
+        else "config.rewards.on_error"
+    )
+    if getattr(reward_fn, "min_values", None) is not None:
+        return (
+            f"{first}, or set {where} to 'min' (score such rollouts as its minimum) or 'abstain' (leave them unscored)"
+        )
+    return (
+        f"{first}, or set {where} to 'abstain' (leave such rollouts unscored), or to 'min' with a min_value "
+        "(the score of a failed rollout)"
+    )
 
-    def run():
+
+# ---------------------------------------------------------------- where calls run
+
+
+class _Workers:
+    """Daemon threads running calls from a queue, kept for the life of the process and reused by every
+    step. A thread stuck in an abandoned call is replaced (`abandon`); when that call returns at last,
+    its thread leaves if the pool has enough without it: the pool keeps ``size`` threads free to work,
+    plus one per abandoned call still running."""
+
+    def __init__(self, size: int):
+        self.size, self.alive, self.stuck = size, 0, 0
+        self.jobs: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        for _ in range(size):
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        with self.lock:
+            self.alive += 1
+        threading.Thread(target=self._work, name="gd2po-reward", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            call = self.jobs.get()
+            if call is None:
+                with self.lock:
+                    self.alive -= 1
+                return
+            call.run()
+            with self.lock:
+                if call.abandoned:
+                    self.stuck -= 1
+                if self.alive - self.stuck > self.size:
+                    self.alive -= 1
+                    return
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` threads free to work (more are started, or told to leave when idle)."""
+        with self.lock:
+            change, self.size = size - self.size, size
+        for _ in range(change):
+            self._start_thread()
+        for _ in range(-change):
+            self.jobs.put(None)
+
+    def submit(self, call: _Call) -> None:
+        self.jobs.put(call)
+
+    def abandon(self, call: _Call) -> None:
+        """``call`` (running on a thread of this pool) is abandoned: one more thread takes its place."""
+        with self.lock:
+            self.stuck += 1
+        self._start_thread()
+
+
+class _EventLoop:
+    """One asyncio event loop on its own daemon thread: the ``async def`` reward functions' calls run on
+    it as tasks, gathered across chunks and functions."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="gd2po-reward-loop", daemon=True).start()
+
+    def submit(self, call: _Call) -> None:
+        self.loop.call_soon_threadsafe(self._start_task, call)
+
+    def _start_task(self, call: _Call) -> None:
+        if call.abandoned:  # timed out before the loop got to it
+            call.finish()
+            return
+        call.task = self.loop.create_task(call.arun())
+        call.task.add_done_callback(lambda _: call.finish())
+
+    def abandon(self, call: _Call) -> None:
+        """Cancel ``call``'s task (it stops at its next ``await``)."""
+        self.loop.call_soon_threadsafe(lambda: call.task.cancel() if call.task is not None else None)
+
+    def responsive(self, wait_s: float = 1.0) -> bool:
+        """Whether the loop runs callbacks (a coroutine that blocks without awaiting stops it)."""
+        ran = threading.Event()
+        self.loop.call_soon_threadsafe(ran.set)
+        return ran.wait(wait_s)
+
+
+_LOCK = threading.Lock()  # guards the module's state below, and each call's finished / abandoned flags
+_WORKERS: _Workers | None = None
+_LOOP: _EventLoop | None = None
+_ABANDONED: list[_Call] = []  # calls abandoned at their deadline that had not returned when last looked at
+
+
+def _workers(size: int) -> _Workers:
+    global _WORKERS
+    with _LOCK:
+        if _WORKERS is None:
+            _WORKERS = _Workers(size)
+            return _WORKERS
+    if _WORKERS.size != size:
+        _WORKERS.resize(size)
+    return _WORKERS
+
+
+def _event_loop() -> _EventLoop:
+    """The reward functions' event loop; a new one when the last is blocked (a coroutine that never
+    awaits): the calls that waited on the blocked loop are dropped, the one blocking it stays abandoned."""
+    global _LOOP
+    with _LOCK:
+        loop = _LOOP
+        waiting_on_it = any(c.is_async and not c.finished for c in _ABANDONED)
+    if loop is not None and waiting_on_it and not loop.responsive():
+        with _LOCK:
+            for call in _ABANDONED:
+                if call.is_async and call.started is None:
+                    call.finished = True  # never ran and never will: its function is not hung
+        loop = None
+    if loop is None:
+        loop = _EventLoop()
+        with _LOCK:
+            _LOOP = loop
+    return loop
+
+
+def abandoned_calls() -> int:
+    """Reward calls abandoned at their deadline that have not returned yet (each holds a thread, or a
+    task of the event loop)."""
+    with _LOCK:
+        _ABANDONED[:] = [c for c in _ABANDONED if not c.finished]
+        return len(_ABANDONED)
+
+
+def _hung(fn) -> _Call | None:
+    """An abandoned call of ``fn`` that is still running, if any."""
+    with _LOCK:
+        _ABANDONED[:] = [c for c in _ABANDONED if not c.finished]
+        return next((c for c in _ABANDONED if c.fn is fn), None)
+
+
+# ---------------------------------------------------------------- one call
+
+
+class _Call:
+    """One call of a reward function on rollouts ``first .. first + n - 1`` of the step (a chunk, or one
+    row of a chunk that raised), run on the worker threads or the event loop.
+
+    After it finishes: ``value`` (what the function returned) or ``error`` (what it raised, any
+    BaseException). ``timed_out``: it gave no result by its deadline and was abandoned, or never started.
+    """
+
+    def __init__(self, fn, index: int, prompts, responses, columns, first: int, *, row: bool, timeout_s: float):
+        self.fn, self.index, self.first, self.row = fn, index, first, row
+        self.prompts, self.responses, self.columns = prompts, responses, columns
+        self.timeout_s = timeout_s  # the function's own limit per call (0: none)
+        self.is_async = bool(getattr(fn, "is_async", False)) and hasattr(fn, "acall")
+        self.exclusive = bool(getattr(fn, "scores_on_devices", False))
+        self.dispatched: float | None = None  # when handed to a thread or the loop (its own limit counts from then)
+        self.started: float | None = None  # when it began to run
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.finished = self.abandoned = self.timed_out = False
+        self.task: asyncio.Task | None = None
+        self.hung: _Call | None = None  # not made: this earlier call of its function still runs
+        self.done: queue.SimpleQueue[_Call] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.responses)
+
+    def run(self) -> None:
+        """The call, on a worker thread (its end is `finish`)."""
+        self.started = time.monotonic()
         try:
-            outcome["value"] = reward_fn(prompts, responses, columns)
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
-            outcome["error"] = err
+            self.value = self.fn(self.prompts, self.responses, self.columns)
+        except BaseException as err:  # noqa: BLE001 - the scorer decides (SystemExit included)
+            self.error = err
         finally:
-            done.set()
+            self.finish()
 
-    threading.Thread(target=run, name=f"reward-{type(reward_fn).__name__}", daemon=True).start()
-    if not done.wait(remaining):
-        raise _TimedOut()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    async def arun(self) -> None:
+        """The call, as a task of the event loop (its end is `finish`, from the task's done callback)."""
+        self.started = time.monotonic()
+        try:
+            self.value = await self.fn.acall(self.prompts, self.responses, self.columns)
+        except BaseException as err:  # noqa: BLE001 - CancelledError too: only after abandoning it
+            self.error = err
+
+    def finish(self) -> None:
+        with _LOCK:
+            self.finished = True
+        if self.done is not None:
+            self.done.put(self)
+
+    def deadline(self, step_deadline: float | None) -> float | None:
+        """When this call (dispatched) times out: the step's deadline, or its own limit if sooner."""
+        own = self.dispatched + self.timeout_s if self.timeout_s and self.dispatched is not None else None
+        ends = [d for d in (step_deadline, own) if d is not None]
+        return min(ends) if ends else None
+
+
+class _Scheduler:
+    """Runs calls at most ``limit`` at a time, yielding each when it has finished or timed out."""
+
+    def __init__(self, limit: int, step_deadline: float | None):
+        self.limit, self.step_deadline = max(1, limit), step_deadline
+        self.waiting: collections.deque[_Call] = collections.deque()
+        self.running: list[_Call] = []
+        self.done: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.skipped: list[_Call] = []  # calls not made: an abandoned call of their function still runs
+
+    def add(self, call: _Call) -> None:
+        self.waiting.append(call)
+
+    def _start(self, call: _Call) -> None:
+        call.done, call.dispatched = self.done, time.monotonic()
+        self.running.append(call)
+        if call.is_async:
+            _event_loop().submit(call)
+        else:
+            _workers(self.limit).submit(call)
+
+    def _start_what_fits(self) -> None:
+        for call in list(self.waiting):
+            if len(self.running) >= self.limit:
+                return
+            if call.exclusive and any(c.exclusive for c in self.running):
+                continue
+            self.waiting.remove(call)
+            hung = _hung(call.fn)
+            if hung is not None:
+                call.hung = hung
+                self.skipped.append(call)
+            else:
+                self._start(call)
+
+    def _abandon(self, call: _Call) -> bool:
+        """Give up on a running call at its deadline; False when it has just finished."""
+        with _LOCK:
+            if call.finished:
+                return False
+            call.abandoned = call.timed_out = True
+            _ABANDONED.append(call)
+        if call.is_async:
+            _event_loop().abandon(call)
+        else:
+            _workers(self.limit).abandon(call)
+        return True
+
+    def __iter__(self) -> Iterator[_Call]:
+        while self.waiting or self.running or self.skipped:
+            self._start_what_fits()
+            while self.skipped:
+                yield self.skipped.pop(0)
+            now = time.monotonic()
+            for call in list(self.running):
+                end = call.deadline(self.step_deadline)
+                if end is not None and now >= end and self._abandon(call):
+                    self.running.remove(call)
+                    yield call
+            if self.step_deadline is not None and now >= self.step_deadline:
+                while self.waiting:  # never started: failed by the step's deadline
+                    call = self.waiting.popleft()
+                    call.timed_out = True
+                    yield call
+            if not self.running:
+                continue
+            ends = [e for e in (c.deadline(self.step_deadline) for c in self.running) if e is not None]
+            try:
+                call = self.done.get(timeout=max(0.0, min(ends) - now) + 1e-3 if ends else None)
+            except queue.Empty:
+                continue
+            if call in self.running and not call.abandoned:
+                self.running.remove(call)
+                yield call
+
+
+# ---------------------------------------------------------------- what a failed call means
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,86 +441,157 @@ class _Policy:
             return np.full(len(reward_fn.names), np.nan, np.float32)
         return reward_minimums(reward_fn)
 
-    def timed_out(self, reward_fn, first: int, last: int) -> str:
-        """The failure message of rollouts ``first..last`` that got no result in time (raises it
-        with on_error='raise')."""
-        rollouts = f"rollout {first}" if first == last else f"rollouts {first}-{last}"
-        message = (
-            f"reward function {function_label(reward_fn)} gave no result for {rollouts} within "
-            f"config.rewards.timeout_s={self.timeout_s:g} s of the step's scoring (the call is "
-            "abandoned: its thread cannot be stopped)"
-        )
+    def _outcome(self, message: str, reward_fn, error: type[RewardError] = RewardError) -> str:
+        """``message`` as the failure of its rollouts; raised (with what to do) with on_error='raise'."""
         if self.on_error == "raise":
-            raise RewardTimeoutError(
-                f"{message}. Fix or speed up the reward, raise "
-                "config.rewards.timeout_s, or set config.rewards.on_error='min' "
-                "to score such rollouts as the minimum"
-            )
+            raise error(f"{message}. {_advice(reward_fn)}")
         return message
 
-
-# ---------------------------------------------------------------- one function, one chunk
-
-
-def _score_one(reward_fn, prompt, response, columns, index, rollout, policy) -> tuple[np.ndarray, str | None]:
-    """([K] rewards, failure message or None) of response ``index`` of the chunk (rollout
-    ``rollout`` of the step)."""
-    one = {name: values[index : index + 1] for name, values in columns.items()}
-    try:
-        raw = _call(reward_fn, [prompt], [response], one, policy.deadline)
-    except _TimedOut:
-        return policy.failed_values(reward_fn), policy.timed_out(reward_fn, rollout, rollout)
-    except RewardOutputError as err:  # raised by a CombinedReward's own check: a bug, not a crash
-        raise err.shifted(rollout) from None
-    except Exception as err:  # noqa: BLE001
-        if policy.on_error == "raise":
-            raise RewardError(
-                f"reward function {function_label(reward_fn)} failed on rollout {rollout} "
-                f"(response {response[:200]!r}): {type(err).__name__}: {err}. Fix the reward or "
-                "set config.rewards.on_error='min' to score such rollouts as the minimum"
-            ) from err
-        return policy.failed_values(reward_fn), (
-            f"reward function {function_label(reward_fn)} failed on rollout {rollout}: {type(err).__name__}: {err}"
+    def timed_out(self, call: _Call) -> str:
+        """The failure message of a call that got no result in time."""
+        fn, rollouts = call.fn, _rollouts(call.first, call.first + call.n - 1)
+        if (
+            call.dispatched is not None
+            and call.timeout_s
+            and call.dispatched + call.timeout_s <= (self.deadline or np.inf)
+        ):
+            limit = f"its timeout_s={call.timeout_s:g} s per call (its entry of config.rewards.functions)"
+        else:
+            limit = f"config.rewards.timeout_s={self.timeout_s:g} s of the step's scoring"
+        message = (
+            f"reward function {function_label(fn)} gave no result for {rollouts} within {limit} (the call "
+            f"is {'abandoned: its thread cannot be stopped' if call.started is not None else 'not made'})"
         )
-    try:
-        return check_reward_output(reward_fn, raw, 1)[0], None
-    except RewardOutputError as err:
-        raise err.shifted(rollout) from None
+        if self.on_error == "raise":
+            raise RewardTimeoutError(f"{message}. {_advice(fn, 'Fix or speed up the reward, raise the timeout')}")
+        return message
+
+    def still_running(self, call: _Call, hung: _Call) -> str:
+        """The failure message of a call not made because an abandoned call of its function still runs."""
+        message = (
+            f"reward function {function_label(call.fn)} was not called for "
+            f"{_rollouts(call.first, call.first + call.n - 1)}: its call on an earlier batch "
+            f"({_rollouts(hung.first, hung.first + hung.n - 1)}) gave no result in time and is still running"
+        )
+        return self._outcome(message, call.fn, RewardTimeoutError)
+
+    def raised(self, call: _Call, response: str) -> str:
+        """The failure message of a one-row call that raised ``call.error`` (an Exception)."""
+        error = call.error
+        if self.on_error == "raise":
+            raise RewardError(
+                f"reward function {function_label(call.fn)} failed on rollout {call.first} (response "
+                f"{response[:200]!r}): {type(error).__name__}: {error}. {_advice(call.fn)}"
+            ) from error
+        return (
+            f"reward function {function_label(call.fn)} failed on rollout {call.first}: {type(error).__name__}: {error}"
+        )
 
 
-def _score_chunk(reward_fn, prompts, responses, columns, start, policy) -> tuple[np.ndarray, list[str | None]]:
-    """([n, K] rewards, n failure messages or None) of the chunk starting at rollout ``start``:
-    scored together; when the function raises, row by row to find (or floor) the rollouts it fails
-    on; when it times out, the whole chunk failed (row by row would wait again)."""
+def _rollouts(first: int, last: int) -> str:
+    return f"rollout {first}" if first == last else f"rollouts {first}-{last}"
+
+
+def _stopped(call: _Call) -> RewardError:
+    """The one-line error of a reward that raised something that is not an Exception (SystemExit,
+    KeyboardInterrupt, ...): the run stops, whatever on_error says, naming the function."""
+    error = call.error
+    shown = f"{type(error).__name__}({', '.join(map(repr, getattr(error, 'args', ())))})"
+    return RewardError(
+        f"reward function {function_label(call.fn)} raised {shown} on "
+        f"{_rollouts(call.first, call.first + call.n - 1)}: a reward function returns its rewards or raises an "
+        "Exception (handled by on_error); sys.exit() or a BaseException inside one stops the run here"
+    )
+
+
+def _own_timeout(reward_fn) -> float:
+    """The function's own limit per call, in seconds (its entry's ``timeout_s``; 0: none)."""
+    return float(getattr(reward_fn, "timeout_s", None) or 0.0)
+
+
+# ---------------------------------------------------------------- the step's calls
+
+
+def _chunk_counts(num_functions: int, num_workers: int, n: int) -> list[int]:
+    """Chunks per function: ``num_workers`` for one function (as many as rollouts at most); with
+    several, the workers dealt out among them (at least one chunk each)."""
+    base, extra = divmod(max(1, num_workers), num_functions)
+    return [max(1, min(n, base + (f < extra))) for f in range(num_functions)]
+
+
+def _chunk_calls(functions, prompts, responses, columns, first_rollout: int, num_workers: int) -> list[_Call]:
+    """Every function's chunk calls, the first chunk of each function first (so that all start together)."""
     n = len(responses)
-    try:
-        raw = _call(reward_fn, prompts, responses, columns, policy.deadline)
-    except _TimedOut:
-        message = policy.timed_out(reward_fn, start, start + n - 1)
-        return np.tile(policy.failed_values(reward_fn), (n, 1)), [message] * n
-    except RewardOutputError as err:
-        raise err.shifted(start) from None
-    except Exception:  # noqa: BLE001 - re-raised by _score_one with the rollout that failed
-        rows = [
-            _score_one(reward_fn, prompt, response, columns, i, start + i, policy)
-            for i, (prompt, response) in enumerate(zip(prompts, responses))
-        ]
-        return np.stack([values for values, _ in rows]), [error for _, error in rows]
-    try:
-        return check_reward_output(reward_fn, raw, n), [None] * n
-    except RewardOutputError as err:
-        raise err.shifted(start) from None
+    per_function = []
+    for index, (fn, count) in enumerate(zip(functions, _chunk_counts(len(functions), num_workers, n))):
+        bounds = np.linspace(0, n, count + 1).astype(int)
+        per_function.append(
+            [
+                _Call(
+                    fn,
+                    index,
+                    prompts[a:b],
+                    responses[a:b],
+                    {k: v[a:b] for k, v in columns.items()},
+                    first_rollout + int(a),
+                    row=False,
+                    timeout_s=_own_timeout(fn),
+                )
+                for a, b in zip(bounds[:-1], bounds[1:])
+            ]
+        )
+    return [calls[j] for j in range(max(map(len, per_function))) for calls in per_function if j < len(calls)]
 
 
-def _score_function(reward_fn, chunks: list[tuple[Any, Any, Any, int]], policy) -> tuple[np.ndarray, list[str | None]]:
-    """([N, K_f] rewards, N failure messages or None) of one reward function over all chunks."""
-    if len(chunks) == 1:
-        parts = [_score_chunk(reward_fn, *chunks[0], policy)]
+def _row_calls(call: _Call) -> list[_Call]:
+    """``call``'s rollouts one by one (a chunk that raised: which rollouts does it fail on?)."""
+    return [
+        _Call(
+            call.fn,
+            call.index,
+            call.prompts[i : i + 1],
+            call.responses[i : i + 1],
+            {name: values[i : i + 1] for name, values in call.columns.items()},
+            call.first + i,
+            row=True,
+            timeout_s=call.timeout_s,
+        )
+        for i in range(call.n)
+    ]
+
+
+def _settle(call: _Call, policy: _Policy, rows: list[Any], scheduler: _Scheduler, first_rollout: int) -> None:
+    """Write what ``call`` gave into ``rows`` (the function's N outcomes: [K] values, or a failure
+    message), or queue its rows one by one when a chunk raised.
+
+    Raises:
+      RewardError, RewardTimeoutError: a failure with on_error='raise'; a BaseException that is not an
+        Exception, whatever on_error says.
+      RewardOutputError: a value that is not a reward, naming the rollout of the step.
+    """
+    offset = call.first - first_rollout
+    if call.hung is not None:
+        message = policy.still_running(call, call.hung)
+    elif call.timed_out:
+        message = policy.timed_out(call)
+    elif call.error is None:
+        try:
+            values = check_reward_output(call.fn, call.value, call.n)
+        except RewardOutputError as err:
+            raise err.shifted(call.first) from None
+        rows[offset : offset + call.n] = list(values)
+        return
+    elif isinstance(call.error, RewardOutputError):  # raised by the function's own check (TRL form, combined)
+        raise call.error.shifted(call.first) from None
+    elif not isinstance(call.error, Exception):
+        raise _stopped(call) from None
+    elif not call.row and call.n > 1:
+        for row_call in _row_calls(call):
+            scheduler.add(row_call)
+        return
     else:
-        with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
-            # mypy infers the lambda's c as Any here, and then counts *c as taking every parameter
-            parts = list(pool.map(lambda c: _score_chunk(reward_fn, *c, policy), chunks))  # type: ignore[call-arg]
-    return np.concatenate([values for values, _ in parts]), [e for _, errors in parts for e in errors]
+        message = policy.raised(call, call.responses[0])
+    rows[offset : offset + call.n] = [message] * call.n
 
 
 def score_batch(
@@ -241,40 +606,48 @@ def score_batch(
     first_rollout: int = 0,
 ) -> Scores:
     """The `Scores` of N responses: [N, K] rewards (NaN where a reward abstained) and the [N, K]
-    failed values, scored in ``num_workers`` parallel chunks, each function of a `CombinedReward`
-    on its own (a failing function floors only its columns).
+    failed values; every function of a `CombinedReward` on its own (a failing function fails only its
+    columns), all side by side, at most ``num_workers`` calls at once (the module docstring).
 
     Args:
       timeout_s: the scoring of the whole batch (every function, every chunk) must end this many
-        seconds after it starts; calls still running then fail (``on_error``). 0: no limit.
+        seconds after it starts; calls still running then fail (``on_error``). 0: no limit. A function
+        with its own ``timeout_s`` (an entry of config.rewards.functions) fails a call that runs longer.
       first_rollout: the step's number of the first response, for messages (a process of a
         multi-host run scores the step's rollouts from there on).
 
     Raises:
-      RewardError: a reward function raised on a rollout (with ``on_error='raise'``).
+      RewardError: a reward function raised on a rollout (with ``on_error='raise'``), or raised a
+        BaseException that is not an Exception (SystemExit ...).
       RewardTimeoutError: a reward function gave no result in time (with ``on_error='raise'``).
+      RewardMinimumError: on_error='min' for a function without ``min_values``.
       RewardOutputError: a reward function returned a value that is neither a finite number nor
         an abstention, or the wrong shape.
     """
     functions = reward_functions(reward_fn)
-    policy = _Policy(on_error, time.monotonic() + timeout_s if timeout_s else None, timeout_s)
-    for fn in functions:
-        if policy.of(fn).on_error == "min":
+    step = _Policy(on_error, time.monotonic() + timeout_s if timeout_s else None, timeout_s)
+    policies = [step.of(fn) for fn in functions]
+    for fn, policy in zip(functions, policies):
+        if policy.on_error == "min":
             reward_minimums(fn)  # fail early, not on the first bad rollout
     n = len(responses)
-    bounds = np.linspace(0, n, min(num_workers, n) + 1).astype(int)
-    chunks = [
-        (prompts[a:b], responses[a:b], {k: v[a:b] for k, v in columns.items()}, first_rollout + int(a))
-        for a, b in zip(bounds[:-1], bounds[1:])
-    ]
+    outcomes: list[list[Any]] = [[None] * n for _ in functions]
+    scheduler = _Scheduler(num_workers, step.deadline)
+    for call in _chunk_calls(functions, prompts, responses, columns, first_rollout, num_workers):
+        scheduler.add(call)
+    for call in scheduler:
+        _settle(call, policies[call.index], outcomes[call.index], scheduler, first_rollout)
     rewards, failed, first_errors = [], [], []
-    for fn in functions:
-        values, errors = _score_function(fn, chunks, policy.of(fn))
+    for fn, policy, rows in zip(functions, policies, outcomes):
+        errors = [row if isinstance(row, str) else None for row in rows]
+        values = np.empty((n, len(fn.names)), np.float32)  # K known now: a first call fixes components
+        for i, (row, error) in enumerate(zip(rows, errors)):
+            values[i] = row if error is None else policy.failed_values(fn)
         rewards.append(values)
         failed.append(np.repeat(np.array([e is not None for e in errors], bool)[:, None], values.shape[1], axis=1))
         bad = [e for e in errors if e is not None]
         if bad:
-            outcome = "left unscored" if policy.of(fn).on_error == "abstain" else "scored as the minimum"
+            outcome = "left unscored" if policy.on_error == "abstain" else "scored as the minimum"
             logger.warning(
                 "reward function %s failed on %d of %d rollouts (%s); first: %s",
                 function_label(fn),
@@ -289,6 +662,39 @@ def score_batch(
         failed=np.concatenate(failed, axis=1),
         first_error=min(first_errors)[1] if first_errors else None,
     )
+
+
+def call_reward(
+    reward_fn: RewardFunction,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    columns: dict[str, Any],
+    *,
+    timeout_s: float = 0.0,
+) -> Any:
+    """What one call ``reward_fn(prompts, responses, columns)`` returns, made as `score_batch` makes its
+    calls (a worker thread or the event loop) under the same deadlines: ``timeout_s`` (0: none) and the
+    function's own ``timeout_s`` (the trial call before compute, `gd2po_jax.rewards.user_functions.trial_call`).
+
+    Raises:
+      RewardTimeoutError: no result in time (the call is abandoned), naming the function and the limit.
+      RewardError: it raised a BaseException that is not an Exception (SystemExit ...).
+      Exception: what the function raised.
+    """
+    scheduler = _Scheduler(1, time.monotonic() + timeout_s if timeout_s else None)
+    call = _Call(reward_fn, 0, list(prompts), list(responses), columns, 0, row=False, timeout_s=_own_timeout(reward_fn))
+    scheduler.add(call)
+    for call in scheduler:
+        policy = _Policy("raise", scheduler.step_deadline, timeout_s)
+        if call.hung is not None:
+            policy.still_running(call, call.hung)
+        if call.timed_out:
+            policy.timed_out(call)
+        if call.error is not None and not isinstance(call.error, Exception):
+            raise _stopped(call) from None
+        if call.error is not None:
+            raise call.error
+    return call.value
 
 
 # ---------------------------------------------------------------- per-step shares and the failure limit
@@ -327,7 +733,13 @@ def failed_fraction(failed: np.ndarray, valid: np.ndarray | None = None) -> np.n
 
 
 def check_failures(
-    shares: np.ndarray, names: tuple[str, ...], max_failed_fraction: float, *, step: int, first_error: str | None
+    shares: np.ndarray,
+    names: tuple[str, ...],
+    max_failed_fraction: float,
+    *,
+    step: int,
+    first_error: str | None,
+    modes: Sequence[str] | None = None,
 ) -> None:
     """Stop the run when a reward failed on more than ``max_failed_fraction`` of a step's rollouts.
 
@@ -336,18 +748,25 @@ def check_failures(
       names: the K reward names.
       step: the step (1-based, as in metrics.jsonl) the rollouts were scored for.
       first_error: `Scores.first_error` of the step.
+      modes: [K] each reward's on_error (`failure_modes`), named in the message; None: 'min'.
 
     Raises:
-      RewardFailuresError: naming the step, each reward over the limit with its share, the limit
-        and the first error.
+      RewardFailuresError: naming the step, each reward over the limit with its share, the limit,
+        what its failed rollouts got and the first error.
     """
-    over = [f"{name!r} ({share:.0%})" for name, share in zip(names, np.asarray(shares)) if share > max_failed_fraction]
+    modes = tuple(modes) if modes is not None else ("min",) * len(names)
+    over = [k for k, share in enumerate(np.asarray(shares)) if share > max_failed_fraction]
     if over:
+        shown = ", ".join(f"{names[k]!r} ({float(shares[k]):.0%})" for k in over)
+        handled = sorted({modes[k] for k in over})
+        outcome = " / ".join(
+            "scored as the minimum, on_error='min'" if mode == "min" else f"left unscored, on_error={mode!r}"
+            for mode in handled
+        )
         raise RewardFailuresError(
-            f"step {step}: reward{'s' if len(over) > 1 else ''} {', '.join(over)} failed on more than "
-            f"config.rewards.max_failed_fraction={max_failed_fraction:g} of the rollouts (scored as the "
-            f"minimum, on_error='min'); first error: {first_error}. Fix the reward (or its backend), or "
-            "raise config.rewards.max_failed_fraction"
+            f"step {step}: reward{'s' if len(over) > 1 else ''} {shown} failed on more than "
+            f"config.rewards.max_failed_fraction={max_failed_fraction:g} of the rollouts ({outcome}); first "
+            f"error: {first_error}. Fix the reward (or its backend), or raise config.rewards.max_failed_fraction"
         )
 
 

@@ -21,10 +21,13 @@ from gd2po_jax.rewards.base import RewardOutputError
 from gd2po_jax.rewards.scoring import (
     RewardError,
     RewardFailuresError,
+    RewardMinimumError,
     RewardTimeoutError,
+    abandoned_calls,
     abstained_fraction,
     check_failures,
     failed_fraction,
+    failure_modes,
     repeat_columns,
     score_batch,
 )
@@ -339,3 +342,170 @@ def test_a_run_whose_reward_backend_is_down_stops_at_the_first_step(tmp_path, mo
                                                   r"DownBackend failed on rollout 0: ConnectionError"):
         train_and_evaluate(as_run_config(config), tmp_path, progress=False)
     assert not (tmp_path / "checkpoints" / "1").exists()
+
+
+# ---------------------------------------------------------------- side by side, deadlines per call, what may not pass silently
+
+
+@dataclasses.dataclass
+class Meets:
+    """K=1: every call waits (at most 10 s) until ``barrier.parties`` calls are in flight at once; 1 then."""
+
+    barrier: threading.Barrier
+    names: tuple = ("meets",)
+
+    def __call__(self, prompts, responses, columns):
+        self.barrier.wait(10)
+        return [[1.0]] * len(responses)
+
+
+def test_the_functions_of_a_combined_reward_run_side_by_side_up_to_num_workers():
+    """Three functions that each wait for the other two (a barrier): scored with num_workers=3, one chunk
+    each, all in flight at once (one after another, the first would wait 10 s and break the barrier)."""
+    barrier = threading.Barrier(3)
+    combined = CombinedReward(tuple(Meets(barrier, names=(f"m{i}",)) for i in range(3)))
+    scores = score_batch(combined, ["p"] * 4, ["a", "b", "c", "d"], {}, num_workers=3)
+    np.testing.assert_array_equal(scores.rewards, np.ones((4, 3)))
+    barrier.reset()
+    calls = []
+
+    class Counts(Meets):
+        def __call__(self, prompts, responses, columns):
+            calls.append(len(responses))
+            return [[1.0]] * len(responses)
+
+    counted = CombinedReward(tuple(Counts(barrier, names=(f"c{i}",)) for i in range(2)))
+    score_batch(counted, ["p"] * 4, ["a", "b", "c", "d"], {}, num_workers=4)
+    assert calls == [2, 2, 2, 2]  # 4 workers dealt out: 2 chunks of each function
+
+
+@dataclasses.dataclass
+class Exits:
+    """K=1: raises ``error`` (a BaseException) on every call."""
+
+    error: BaseException
+    names: tuple = ("exits",)
+    min_values: tuple = (0.0,)
+
+    def __call__(self, prompts, responses, columns):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, shown", [(SystemExit(3), "SystemExit(3)"), (KeyboardInterrupt(), "KeyboardInterrupt()"),
+                                          (GeneratorExit(), "GeneratorExit()")])
+@pytest.mark.parametrize("on_error", ["raise", "min", "abstain"])
+def test_sys_exit_or_any_base_exception_in_a_reward_is_one_line_naming_it(error, shown, on_error):
+    with pytest.raises(RewardError, match=rf"^reward function Exits raised {re.escape(shown)} on rollouts 0-1: .*stops "
+                                          r"the run here$") as caught:
+        score_batch(Exits(error), ["p"] * 2, ["a", "b"], {}, on_error=on_error)
+    assert "\n" not in str(caught.value)
+
+
+@dataclasses.dataclass
+class Blocks:
+    """K=1: every call waits on ``release`` (at most 30 s); counts its calls."""
+
+    release: threading.Event
+    names: tuple = ("blocks",)
+    min_values: tuple = (0.0,)
+    calls: list = dataclasses.field(default_factory=list)
+
+    def __call__(self, prompts, responses, columns):
+        self.calls.append(len(responses))
+        self.release.wait(30)
+        return [[1.0]] * len(responses)
+
+
+def test_a_reward_that_hangs_every_step_holds_its_threads_not_one_more_per_step():
+    """Issue 63 #10: abandoned calls are bounded: a function whose abandoned call still runs is not called
+    again (its rollouts fail at once, naming why), and the pool replaces the stuck thread once."""
+    release = threading.Event()
+    hangs = Blocks(release)
+    combined = CombinedReward((hangs, Judge()))
+    try:
+        score_batch(combined, ["p"] * 4, ["1", "2", "3", "4"], {}, on_error="abstain", num_workers=2, timeout_s=0.2)
+        before = threading.active_count()
+        for _ in range(8):
+            scores = score_batch(combined, ["p"] * 4, ["1", "2", "3", "4"], {}, on_error="abstain", num_workers=2,
+                                 timeout_s=0.2)
+            assert scores.failed[:, 0].all() and not scores.failed[:, 1].any()
+            np.testing.assert_array_equal(scores.rewards[:, 1], [1, 1, 1, 1])  # the other function is scored
+        assert hangs.calls == [4]  # called on the first step only
+        assert "was not called for rollouts 0-3: its call on an earlier batch (rollouts 0-3) gave no result in time" \
+            in scores.first_error
+        assert threading.active_count() <= before
+        with pytest.raises(RewardTimeoutError, match=r"not called .* still running\. Fix the reward, or set "
+                                                     r"config\.rewards\.on_error to 'min'"):
+            score_batch(combined, ["p"] * 4, ["1", "2", "3", "4"], {}, num_workers=2, timeout_s=0.2)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while abandoned_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert abandoned_calls() == 0  # the call returned at last: the function may be called again
+    assert score_batch(hangs, ["p"], ["1"], {}, timeout_s=5).rewards.tolist() == [[1.0]]
+
+
+class Sleeps:
+    """An async function behind the batch interface: K=1, awaits ``seconds`` per call (cancellable)."""
+
+    names = ("sleeps",)
+    is_async = True
+
+    def __init__(self, seconds: float, timeout_s: float | None = None):
+        self.seconds, self.timeout_s, self.cancelled = seconds, timeout_s, threading.Event()
+
+    def __call__(self, prompts, responses, columns):
+        raise AssertionError("the scorer awaits acall")
+
+    async def acall(self, prompts, responses, columns):
+        import asyncio
+
+        try:
+            await asyncio.sleep(self.seconds)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return np.ones((len(responses), 1))
+
+
+def test_an_async_call_past_its_own_timeout_fails_and_is_cancelled():
+    """A function's own timeout_s bounds each call (the step's deadline is longer); an async call is
+    cancelled at its next await, so nothing of it keeps running."""
+    slow = Sleeps(60, timeout_s=0.2)
+    scores = score_batch(slow, ["p"] * 2, ["a", "b"], {}, on_error="abstain", timeout_s=30)
+    assert scores.failed.all() and np.isnan(scores.rewards).all()
+    assert "Sleeps gave no result for rollouts 0-1 within its timeout_s=0.2 s per call" in scores.first_error
+    assert slow.cancelled.wait(5)
+    fast = Sleeps(0.0, timeout_s=5)
+    assert score_batch(fast, ["p"] * 3, ["a", "b", "c"], {}, num_workers=3).rewards.tolist() == [[1.0]] * 3
+
+
+def test_advice_that_can_be_followed_and_on_error_min_without_a_minimum_is_one_line():
+    """Issue 62 #5: a failure's advice suggests 'min' only with what it needs (min_value); 'min' without
+    a minimum is one line before any scoring, not a traceback."""
+
+    class NoMinimum:
+        names = ("judge",)
+
+        def __call__(self, prompts, responses, columns):
+            raise RuntimeError("judge crashed")
+
+    with pytest.raises(RewardError, match=r"failed on rollout 0 .*Fix the reward, or set config\.rewards\.on_error to "
+                                          r"'abstain' \(leave such rollouts unscored\), or to 'min' with a min_value"):
+        score_batch(NoMinimum(), ["p"] * 2, ["a", "b"], {})
+    with pytest.raises(RewardMinimumError, match=r"^on_error='min' needs a minimum of reward function NoMinimum .*"
+                                                 r"min_value.*'abstain'"):
+        score_batch(NoMinimum(), ["p"] * 2, ["a", "b"], {}, on_error="min")
+    abstained = score_batch(NoMinimum(), ["p"] * 2, ["a", "b"], {}, on_error="abstain")
+    assert abstained.failed.all() and np.isnan(abstained.rewards).all()
+
+
+def test_the_failure_limit_names_the_mode_the_failures_were_handled_by():
+    with pytest.raises(RewardFailuresError, match=r"failed on more than .*=0\.1 of the rollouts \(left unscored, "
+                                                  r"on_error='abstain'\); first error: boom"):
+        check_failures(np.array([0.5]), ("judge",), 0.1, step=2, first_error="boom", modes=("abstain",))
+    with pytest.raises(RewardFailuresError, match=r"\(scored as the minimum, on_error='min'\)"):
+        check_failures(np.array([0.5]), ("judge",), 0.1, step=2, first_error="boom")
+    assert failure_modes(CombinedReward((ToolCallingReward(names=("format", "length")), Judge())), "abstain") == (
+        "abstain", "abstain", "abstain")

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from gd2po_jax.config import ConfigError, FunctionEntry, RunConfig
-from gd2po_jax.rewards.base import RESPONSE_IDS, ROLLOUT_INDEX, CombinedReward, reward_step_extras, reward_step_metrics
+from gd2po_jax.rewards.base import (
+    RESPONSE_IDS,
+    ROLLOUT_INDEX,
+    CombinedReward,
+    RewardOutputError,
+    reward_step_extras,
+    reward_step_metrics,
+)
 from gd2po_jax.rewards.scoring import RewardError, score_batch
 from gd2po_jax.rewards.user_functions import (
     LOG_METRIC_PREFIX,
@@ -329,3 +336,135 @@ def test_the_config_round_trips_its_entries():
     config = tiny_run_config().replace({"rewards.functions": entries})
     assert RunConfig.from_dict(config.to_dict()) == config
     assert config.rewards.function_entries()[1].options == {"k": 1}
+
+
+# ---------------------------------------------------------------- components, bools, side by side, deadlines (issue 61)
+
+
+def judge_components(completions, **kwargs):
+    """One call scoring two criteria: a mapping of component -> value per completion (None abstains)."""
+    return [None if c == "skip" else {"correct": float("4" in c), "cites": "[1]" in c} for c in completions]
+
+
+def test_a_function_returning_components_gives_a_column_each_fixed_by_its_first_call():
+    function = load_function(_entry(_here("judge_components"), weight={"cites": 0.5}))
+    assert function.names == ("judge_components",) and function.components is None  # unknown before a call
+    scores = function(["p"] * 3, ["4 [1]", "5", "skip"], _columns(3))
+    assert function.names == ("judge_components/correct", "judge_components/cites")
+    np.testing.assert_array_equal(scores[:2], [[1.0, 1.0], [0.0, 0.0]])  # the bool True counts as 1.0
+    assert np.isnan(scores[2]).all()
+    assert function.column_weights() == {"judge_components/correct": 1.0, "judge_components/cites": 0.5}
+
+    def other_keys(completions, **kwargs):
+        return [{"correct": 1.0, "style": 0.0} for _ in completions]
+
+    function.fn = other_keys
+    with pytest.raises(RewardOutputError, match=r"test_user_functions:judge_components .*rollout 0: returned components "
+                                                r"\['correct', 'style'\] where its first call gave the components "
+                                                r"\['correct', 'cites'\]"):
+        function(["p"], ["x"], _columns(1))
+    named = load_function(_entry(_here("judge_components"), names={"correct": "acc", "cites": "refs"}))
+    assert named.names == ("acc", "refs")  # fixed by the entry before any call
+    assert named(["p"], ["4"], _columns(1)).tolist() == [[1.0, 0.0]]
+
+
+def test_components_reach_the_runs_columns_and_weights_after_the_trial_call():
+    config = tiny_run_config().replace({"rewards.kind": "", "rewards.names": (), "rewards.functions": (
+        {"fn": _here("judge_components"), "weight": {"correct": 2.0}}, _here("reward_len"))})
+    reward_fn = build_run_reward(config)
+    trial_call(reward_fn.functions[0], ["a", "b"], _columns(2, target=["4", "5"]), on_error="raise")
+    assert reward_fn.names == ("judge_components/correct", "judge_components/cites", "reward_len")
+    assert run_reward_weights(config, reward_fn) == (2.0, 1.0, 1.0)
+
+
+def bools(completions, **kwargs):
+    return [len(c) > 2 for c in completions]
+
+
+def test_bools_count_as_one_and_zero_as_in_trl():
+    function = load_function(_entry(_here("bools")))
+    assert function(["p"] * 2, ["abc", "a"], _columns(2)).tolist() == [[1.0], [0.0]]
+    assert score_batch(function, ["p"] * 2, ["abc", "a"], _columns(2)).rewards.tolist() == [[1.0], [0.0]]
+
+
+def test_three_functions_one_async_are_scored_side_by_side(tmp_path, monkeypatch):
+    """Two plain functions and an async one, each waiting until all three are in flight (num_workers=3):
+    they meet only when scored at once (the async one on the scorer's event loop)."""
+    (tmp_path / "meeting.py").write_text(textwrap.dedent("""
+        import asyncio, threading
+        BARRIER = threading.Barrier(3)
+
+        def first(completions, **kwargs):
+            BARRIER.wait(10)
+            return [1.0] * len(completions)
+
+        def second(completions, **kwargs):
+            BARRIER.wait(10)
+            return [2.0] * len(completions)
+
+        async def third(completions, **kwargs):
+            await asyncio.to_thread(BARRIER.wait, 10)
+            return [3.0] * len(completions)
+    """))
+    monkeypatch.chdir(tmp_path)
+    combined = CombinedReward(tuple(load_function(_entry(f"meeting:{name}", i))
+                                    for i, name in enumerate(("first", "second", "third"))))
+    assert combined.functions[2].is_async
+    scores = score_batch(combined, ["p"] * 2, ["a", "b"], _columns(2), num_workers=3)
+    assert scores.rewards.tolist() == [[1.0, 2.0, 3.0]] * 2
+
+
+HANG = __import__("threading").Event()
+
+
+def hangs_forever(completions, **kwargs):
+    HANG.wait(30)
+    return [1.0] * len(completions)
+
+
+def exits(completions, **kwargs):
+    import sys
+
+    sys.exit(3)
+
+
+def test_a_trial_call_that_hangs_stops_at_the_timeout_with_one_line():
+    """Issue 63 #4: the trial call before compute runs under rewards.timeout_s (and the entry's own)."""
+    try:
+        with pytest.raises(RewardFunctionError, match=r"^config\.rewards\.functions\[0\] .* a trial call with the first "
+                                                      r"2 training rows .* gave no result within config\.rewards\."
+                                                      r"timeout_s=0\.3 s \(the call is abandoned\); fix the function"):
+            trial_call(load_function(_entry(_here("hangs_forever"))), ["a", "b"], _columns(2), on_error="raise",
+                       timeout_s=0.3)
+        with pytest.raises(RewardFunctionError, match=r"gave no result within its timeout_s=0\.2 s"):
+            trial_call(load_function(_entry(_here("hangs_forever"), timeout_s=0.2)), ["a", "b"], _columns(2),
+                       on_error="raise", timeout_s=600)
+    finally:
+        HANG.set()
+
+
+def test_sys_exit_in_a_trial_call_is_one_line_naming_the_function():
+    with pytest.raises(RewardFunctionError, match=r"^config\.rewards\.functions\[0\] \('tests\.rewards\.test_user_"
+                                                  r"functions:exits'\) in .*: a trial call .*: reward function .*exits.* "
+                                                  r"raised SystemExit\(3\) on rollouts 0-1: .*stops the run here$"):
+        trial_call(load_function(_entry(_here("exits"), on_error="abstain")), ["a", "b"], _columns(2),
+                   on_error="raise")
+
+
+def test_on_error_min_without_a_minimum_is_refused_before_compute():
+    """Issue 62 #5: the advice 'min' works only with a minimum: without one, one line naming the entry."""
+    with pytest.raises(RewardFunctionError, match=r"^config\.rewards\.functions\[0\] .*: config\.rewards\.on_error="
+                                                  r"'min' scores a failed rollout with the function's minimum, and it "
+                                                  r"declares none: give the entry a min_value"):
+        trial_call(load_function(_entry(_here("reward_len"))), ["a"], _columns(1), on_error="min")
+    trial_call(load_function(_entry(_here("reward_len"), min_value=-5)), ["a"], _columns(1), on_error="min")
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"fn": "m:f", "timeout_s": 0}, r"functions\[0\]\.timeout_s: must be a number of seconds > 0"),
+    ({"fn": "m:f", "names": {"a": "x", "b": "x"}}, r"functions\[0\]\.names: must map each component"),
+    ({"fn": "m:f", "weight": {"a": "x"}}, r"functions\[0\]\.weight: must be a finite number, or a mapping"),
+])
+def test_the_new_entry_keys_are_checked_when_the_config_is_read(entry, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_run_config().replace({"rewards.functions": (entry,)})
