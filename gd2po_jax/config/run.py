@@ -6,8 +6,10 @@ May import: the other modules of gd2po_jax.config.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +67,60 @@ def _batch_layout(config: RunConfig, num_data_shards: int) -> tuple[int, int]:
         return check_batch_layout(rollouts, config.rl.num_minibatches, config.rl.micro_batch_size, num_data_shards)
     except ValueError as err:  # its message starts with the field at fault
         raise ConfigError(f"config.{err}") from None
+
+
+SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
+"""An option whose name matches looks like a secret (``api_key``, ``hf_token``, ``client_secret``,
+``password``): its value is never written to config.json nor sent to W&B (`redacted`)."""
+REDACTED = "<redacted>"
+"""What config.json and W&B hold in place of a secret's value."""
+
+
+def redacted(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(a copy of ``values`` -- a config as a nested dict, `RunConfig.to_dict` -- whose secrets are
+    `REDACTED`, the dotted fields redacted). A secret is a string value, at any depth of a reward
+    function's ``options`` (``rewards.functions[i].options``), whose name matches `SECRET_NAME`;
+    numbers and booleans (``max_tokens: 64``) are kept. Secrets belong in the environment: a reward
+    function reads ``os.environ["MY_API_KEY"]`` (docs/reliability.md)."""
+    values = copy.deepcopy(values)
+    fields: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                if isinstance(value, str) and SECRET_NAME.search(str(name)) and value != REDACTED:
+                    node[name] = REDACTED
+                    fields.append(f"{where}.{name}")
+                else:
+                    walk(value, f"{where}.{name}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{where}[{index}]")
+
+    functions = (values.get("rewards") or {}).get("functions") or ()
+    for index, entry in enumerate(functions):
+        if isinstance(entry, dict) and isinstance(entry.get("options"), dict):
+            walk(entry["options"], f"rewards.functions[{index}].options")
+    return values, fields
+
+
+def redacted_fields(values: dict[str, Any]) -> list[str]:
+    """The dotted fields of ``values`` (a config as a nested dict) that hold `REDACTED`: secrets a
+    config.json does not have (`redacted`)."""
+    found: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                walk(value, f"{where}.{name}" if where else str(name))
+        elif isinstance(node, (list, tuple)):
+            for index, value in enumerate(node):
+                walk(value, f"{where}[{index}]")
+        elif node == REDACTED:
+            found.append(where)
+
+    walk(values, "")
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,10 +220,12 @@ class RunConfig(_Section):
                     f"{model.batch_size} is not divisible by the {num_data_shards} data-parallel devices",
                 )
 
-    def to_json(self) -> str:
+    def to_json(self, *, redact: bool = False) -> str:
         """The text of a run's ``config.json``: indented JSON with sorted keys (what
-        ``ConfigDict.to_json_best_effort(indent=2, sort_keys=True)`` writes for the same config)."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        ``ConfigDict.to_json_best_effort(indent=2, sort_keys=True)`` writes for the same config);
+        with ``redact``, secrets replaced by `REDACTED` (`redacted`)."""
+        values = self.to_dict()
+        return json.dumps(redacted(values)[0] if redact else values, indent=2, sort_keys=True)
 
     def replace(self, changes: Mapping[str, Any]) -> RunConfig:
         """A validated copy with ``changes`` (dotted name -> value, e.g. ``{"rl.algorithm": "gdpo"}``).

@@ -58,6 +58,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from gd2po_jax.config import ConfigError, RunConfig, upgrade
+from gd2po_jax.config.run import redacted, redacted_fields
 from gd2po_jax.errors import UserError
 from gd2po_jax.runtime.imports import UntrustedCodeError, importing_only, is_import_path, untrusted_message
 
@@ -247,6 +248,10 @@ FILE_MODE_POLICY = "files 0666 & ~umask, directories 0777 & ~umask (0644 / 0755 
 """The permission policy of everything a run writes (docs/reliability.md)."""
 
 
+class RedactedSecretError(RunDirError):
+    """A secret the run's config.json does not hold (`write_config` leaves secrets out) is needed."""
+
+
 class LinkInWorkdirError(RunDirError):
     """An entry of a workdir that is a symbolic link: a write there would leave the workdir."""
 
@@ -356,8 +361,17 @@ def read_jsonl(path: str | pathlib.Path, *, drop_torn_last_line: bool = False) -
 
 def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
     """Write the resolved ``config`` to ``workdir/config.json`` (atomically): `RunConfig.to_json`,
-    indented JSON with sorted keys."""
-    write_text(RunDir(workdir).config, config.to_json())
+    indented JSON with sorted keys, secrets left out (`gd2po_jax.config.run.redacted`: option values
+    named like ``*key*``, ``*token*``, ``*secret*``, ``*password*``)."""
+    fields = redacted(config.to_dict())[1]
+    if fields:
+        logger.warning(
+            "%s: not writing the value of %s (it looks like a secret); a resumed run takes it from its "
+            "--config again, and eval.py cannot: read secrets from the environment (docs/reliability.md)",
+            RunDir(workdir).config,
+            ", ".join(fields),
+        )
+    write_text(RunDir(workdir).config, config.to_json(redact=True))
 
 
 def load_run_config(path: str | pathlib.Path) -> RunConfig:
@@ -421,15 +435,24 @@ def trusting_code_of(
 
     Raises:
       UntrustedCodeError: naming every path the config names that the user did not trust, and the flag.
+      RedactedSecretError: with ``rewards``, an option of a reward function was a secret, not written
+        to config.json (`write_config`): the function cannot get it.
     """
     file = RunDir(workdir).config
-    if trust or not file.is_file():
-        yield
-        return
     try:
-        values = json.loads(file.read_text())
+        values = json.loads(file.read_text()) if file.is_file() else None
     except (OSError, ValueError):
         values = None  # reading it later names the problem
+    secrets = [f for f in redacted_fields(values) if f.startswith("rewards.functions")] if rewards else []
+    if secrets and named_code(values):
+        raise RedactedSecretError(
+            f"{file}: {', '.join(secrets)} looked like a secret and was not written there, and the reward "
+            "function would get the placeholder: have the function read it from the environment "
+            "(os.environ; docs/reliability.md) and train again, or evaluate with --model_path"
+        )
+    if trust or values is None:
+        yield
+        return
     given = {path.strip() for path in given if path.strip()}
     how = f"pass {TRUST_FLAG}" + (" (or give the same paths again with --reward_functions)" if rewards else "")
     refused = [f"{field} ({path})" for field, path in named_code(values, rewards=rewards) if path not in given]
@@ -534,10 +557,11 @@ def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
     files = RunDir(workdir)
     if not files.config.is_file() or not has_progress(workdir):
         return
-    before = {"config": json.loads(load_run_config(workdir).to_json())}
+    # Secrets are not in config.json (`write_config`): they are not compared.
+    before = {"config": json.loads(load_run_config(workdir).to_json(redact=True))}
     changes = config_changes(
         before,
-        {"config": json.loads(config.to_json())},
+        {"config": json.loads(config.to_json(redact=True))},
         limit=None,
         ignore=[f"config.{name}" for name in RESUMABLE_FIELDS],
     )

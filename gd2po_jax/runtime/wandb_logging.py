@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gd2po_jax.config import ConfigError, RunConfig, WandbConfig
+from gd2po_jax.config.run import redacted
 from gd2po_jax.runtime import preemption, run_dir
 from gd2po_jax.runtime.run_dir import RunDir
 
@@ -90,7 +91,7 @@ def init_arguments(
         entity=settings.entity or None,
         mode=resolved_mode(settings, environ),
         dir=str(workdir.absolute()),
-        config=config.to_dict(),
+        config=redacted(config.to_dict())[0],  # secrets are not sent (as config.json: run_dir.write_config)
         id=wandb_id,
         resume="allow",
         allow_val_change=True,

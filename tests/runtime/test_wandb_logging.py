@@ -151,3 +151,40 @@ def test_enabled_without_wandb_installed_is_a_config_error(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"^config\.logging\.wandb\.enabled:.*pip install wandb"):
         wandb_logging.WandbLogger(wandb_config(), tmp_path)
     wandb_logging.WandbLogger(tiny_run_config(), tmp_path)  # off: wandb is never imported
+
+
+def test_secrets_in_reward_options_reach_neither_config_json_nor_wandb(tmp_path, caplog):
+    """Issue 63 finding 9: a reward option ``api_key`` was written to config.json and sent to W&B."""
+    import json
+
+    from gd2po_jax.config.run import REDACTED
+    from gd2po_jax.runtime import run_dir
+    from gd2po_jax.runtime.wandb_logging import init_arguments
+    from tests.fakes import tiny_run_config
+
+    options = {"api_key": "sk-SECRET1", "Auth": {"HF_Token": "hf_SECRET2"}, "password": "SECRET3",
+               "max_tokens": 64, "model": "judge-1"}
+    entry = {"fn": "my_rewards:judge", "options": options}
+    config = tiny_run_config(rewards__functions=(entry,))
+    run_dir.write_config(tmp_path, config)
+    text = run_dir.RunDir(tmp_path).config.read_text()
+    assert "SECRET" not in text
+    written = json.loads(text)["rewards"]["functions"][0]["options"]
+    assert written == {"api_key": REDACTED, "Auth": {"HF_Token": REDACTED}, "password": REDACTED,
+                       "max_tokens": 64, "model": "judge-1"}
+    assert "rewards.functions[0].options.api_key" in caplog.text and "SECRET" not in caplog.text
+    sent = init_arguments(config.replace({"logging.wandb.enabled": True}), tmp_path, "abc")["config"]
+    assert "SECRET" not in json.dumps(sent) and sent["rewards"]["functions"][0]["options"]["model"] == "judge-1"
+    assert config.rewards.function_entries()[0].options["api_key"] == "sk-SECRET1"  # the run itself has it
+    # The run resumes from its --config (which has the secret): the redacted field is not compared.
+    run_dir.RunDir(tmp_path).metrics.write_text('{"step": 1}\n')
+    run_dir.check_resume_config(tmp_path, config)
+    run_dir.check_resume_config(tmp_path, tiny_run_config(rewards__functions=(
+        {**entry, "options": {**options, "api_key": "sk-ROTATED"}},)))
+    # eval.py would hand the placeholder to the function: refused, naming the field.
+    with pytest.raises(run_dir.RedactedSecretError, match=r"config\.json: .*rewards\.functions\[0\]\.options\.api_key"
+                                                          r".* read it from the environment"):
+        with run_dir.trusting_code_of(tmp_path, trust=True):
+            pass
+    with run_dir.trusting_code_of(tmp_path, trust=True, rewards=False):  # export.py needs no reward
+        pass
