@@ -104,7 +104,7 @@ def redacted(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, fields
 
 
-def redacted_fields(values: dict[str, Any]) -> list[str]:
+def redacted_fields(values: Any) -> list[str]:
     """The dotted fields of ``values`` (a config as a nested dict) that hold `REDACTED`: secrets a
     config.json does not have (`redacted`)."""
     found: list[str] = []
