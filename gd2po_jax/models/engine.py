@@ -503,6 +503,91 @@ class EngineRun:
     stats: EngineStats
 
 
+def drive(
+    scheduler: Scheduler,
+    *,
+    admit: Callable[[list[int]], None],
+    chunk: Callable[[list[tuple[int, int, int]]], Sequence[bool]],
+    compact: Callable[[list[int]], None],
+    slot_counts: Sequence[int],
+    single_token: bool = False,
+    on_group: Callable[[int], None] | None = None,
+) -> None:
+    """The engine's host loop, over the device through three callbacks (`run_engine` runs the
+    programs; `simulate` counts): until every row is done, admit prompts for the free slots
+    (``admit(prompts)``), place waiting rows and run a chunk (``chunk(placed)`` returns every slot's
+    ``slot_active`` after it: the one sync), free the slots of the rows that stopped, report the
+    groups that completed, and once drained shrink the slots (``compact(keep)``).
+    ``single_token``: M = 1, the prefill samples every row's only token (no chunk runs).
+    """
+    while not scheduler.done:
+        admitted = scheduler.prompts_to_admit()
+        if admitted:
+            admit(admitted)
+        if single_token:
+            scheduler.waiting.clear()
+            for prompt in admitted:
+                scheduler.rows_left[prompt] = 0
+                scheduler.free_regions.append(scheduler.region_of_prompt.pop(prompt))
+                scheduler.completed.append(prompt)
+                if on_group is not None:
+                    on_group(prompt)
+            continue
+        active = chunk(scheduler.place())
+        for prompt in scheduler.finish(active):
+            if on_group is not None:
+                on_group(prompt)
+        keep = scheduler.shrink_to(slot_counts)
+        if keep is not None:
+            compact(keep)
+
+
+def engine_layout(rows: int, num_samples: int, slots: int, min_slots: int) -> tuple[int, int, int, tuple[int, ...]]:
+    """``(slots, max_prefill, regions, slot_counts)`` of an engine for ``rows`` rows of groups of
+    ``num_samples``: ``slots`` capped at the rows (0: one per row); at most one slot's worth of
+    prompts per prefill; a region for every prompt that can be in flight; the drain's slot counts."""
+    slots = min(slots or rows, rows)
+    max_prefill = max(1, -(-slots // num_samples))
+    return slots, max_prefill, slots + max_prefill, slot_counts(slots, min(min_slots, slots))
+
+
+def simulate(
+    lengths: Sequence[int], num_samples: int, *, slots: int = 0, min_slots: int = 4, chunk: int = 16
+) -> EngineStats:
+    """The `EngineStats` `run_engine` would report for rows whose completions have these
+    ``lengths [N]`` (tokens, EOS included, >= 1; prompt-major): the same host loop (`drive`) over
+    a model of the device's slots that only counts. For choosing slots and chunk without a model."""
+    lengths = [int(n) for n in lengths]
+    rows = len(lengths)
+    slots, max_prefill, regions, counts = engine_layout(rows, num_samples, slots, min_slots)
+    scheduler = Scheduler(rows // num_samples, num_samples, slots, regions, max_prefill)
+    stats = EngineStats(tokens=sum(lengths))
+    next_token = [0] * slots  # index of the next token each slot samples; 0: empty
+
+    def admit(prompts):
+        stats.prefills += 1
+
+    def run(placed):
+        for slot, row, _ in placed:
+            next_token[slot] = 1
+        stats.chunks += 1
+        stats.slot_steps += len(scheduler.slot_rows) * chunk
+        if len(scheduler.slot_rows) not in stats.slot_counts:
+            stats.slot_counts.append(len(scheduler.slot_rows))
+        active = []
+        for slot, row in enumerate(scheduler.slot_rows):
+            if row < rows:
+                next_token[slot] = min(next_token[slot] + chunk, lengths[row])
+            active.append(row < rows and next_token[slot] < lengths[row])
+        return active
+
+    def shrink(keep):
+        next_token[:] = [next_token[s] for s in keep]
+
+    drive(scheduler, admit=admit, chunk=run, compact=shrink, slot_counts=counts, single_token=max(lengths) == 1)
+    return stats
+
+
 def run_engine(
     model: Decoder,
     ids: np.ndarray,
@@ -531,63 +616,55 @@ def run_engine(
     """
     p, lp = ids.shape
     n, m = p * num_samples, params.max_new_tokens
-    slots = min(slots or n, n)
-    max_prefill = max(1, -(-slots // num_samples))
-    regions = slots + max_prefill
+    slots, max_prefill, regions, counts = engine_layout(n, num_samples, slots, min_slots)
     graphdef, params_state = nnx.split(model)
-    state = init_state(
-        model.config,
-        regions=regions,
-        slots=slots,
-        rows=n,
-        prompt_length=lp,
-        max_new_tokens=m,
-        dtype=activation_dtype(model),
-        pad_token_id=params.pad_token_id,
-        rng=rng,
-    )
+    holder = [
+        init_state(
+            model.config,
+            regions=regions,
+            slots=slots,
+            rows=n,
+            prompt_length=lp,
+            max_new_tokens=m,
+            dtype=activation_dtype(model),
+            pad_token_id=params.pad_token_id,
+            rng=rng,
+        )
+    ]
     weights = weights_fn(graphdef, params_state, params.merge_adapters)
     scheduler = Scheduler(p, num_samples, slots, regions, max_prefill)
-    counts = slot_counts(slots, min(min_slots, slots))
     stats = EngineStats()
-    while not scheduler.done:
-        admitted = scheduler.prompts_to_admit()
-        if admitted:
-            size = min(_power_of_two_at_least(len(admitted)), _power_of_two_at_least(max_prefill))
-            pad = size - len(admitted)
-            pick = np.asarray(admitted + [0] * pad)
-            regions_in = np.asarray([scheduler.region_of_prompt[q] for q in admitted] + [regions] * pad, np.int32)
-            first_rows = np.asarray([q * num_samples for q in admitted] + [n] * pad, np.int32)
-            state = admit_fn(
-                graphdef, params_state, state, ids[pick], mask[pick], regions_in, first_rows, params, num_samples
-            )
-            stats.prefills += 1
-        if m == 1:  # token 0 is the whole completion
-            scheduler.waiting.clear()
-            scheduler.finish([])
-            for q in admitted:
-                scheduler.rows_left[q] = 0
-                scheduler.free_regions.append(scheduler.region_of_prompt.pop(q))
-                scheduler.completed.append(q)
-                if on_group is not None:
-                    on_group(q)
-            continue
-        placed = scheduler.place()
+    prefill_size = _power_of_two_at_least(max_prefill)
+
+    def admit(prompts: list[int]) -> None:
+        size = min(_power_of_two_at_least(len(prompts)), prefill_size)
+        pad = size - len(prompts)
+        pick = np.asarray(prompts + [0] * pad)
+        regions_in = np.asarray([scheduler.region_of_prompt[q] for q in prompts] + [regions] * pad, np.int32)
+        first_rows = np.asarray([q * num_samples for q in prompts] + [n] * pad, np.int32)
+        holder[0] = admit_fn(
+            graphdef, params_state, holder[0], ids[pick], mask[pick], regions_in, first_rows, params, num_samples
+        )
+        stats.prefills += 1
+
+    def run(placed: list[tuple[int, int, int]]) -> Sequence[bool]:
+        state = holder[0]
         assign_rows = np.full(state.num_slots, n, np.int32)
         assign_regions = np.zeros(state.num_slots, np.int32)
         for slot, row, region in placed:
             assign_rows[slot], assign_regions[slot] = row, region
-        state = chunk_fn(model.config, weights, state, assign_rows, assign_regions, params, chunk)
+        state = holder[0] = chunk_fn(model.config, weights, state, assign_rows, assign_regions, params, chunk)
         stats.chunks += 1
         stats.slot_steps += state.num_slots * chunk
         if state.num_slots not in stats.slot_counts:
             stats.slot_counts.append(state.num_slots)
-        for q in scheduler.finish(np.asarray(jax.device_get(state.slot_active)).tolist()):
-            if on_group is not None:
-                on_group(q)
-        keep = scheduler.shrink_to(counts)
-        if keep is not None:
-            state = compact_fn(state, np.asarray(keep, np.int32))
+        return np.asarray(jax.device_get(state.slot_active)).tolist()
+
+    def shrink(keep: list[int]) -> None:
+        holder[0] = compact_fn(holder[0], np.asarray(keep, np.int32))
+
+    drive(scheduler, admit=admit, chunk=run, compact=shrink, slot_counts=counts, single_token=m == 1, on_group=on_group)
+    state = holder[0]
     stats.tokens = int(np.sum(jax.device_get(state.lengths)))
     return EngineRun(
         tokens=state.tokens,

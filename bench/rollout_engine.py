@@ -1,0 +1,202 @@
+"""Workload W-tail: the rollout engine against the static lock-step batch on long-tailed lengths.
+
+    python -m bench.rollout_engine --hf_dir ../bench-models/small-qwen2 --json out.json
+
+The checkpoint's model gets an EOS token (id 1, which the harness's random prompts never hold) whose
+logit is raised so that a completion stops with probability about 1/128 per token: the EOS row of
+the (tied or untied) output matrix becomes ``c * u``, u the unit mean of the model's final hidden
+states over random text, c found by bisection so that the mean EOS probability over those states
+is ``--stop_probability``. Lengths are then roughly geometric (mean ~128), cut at ``--new_tokens``
+(512). ``--prompts`` (64) random prompts x ``--num_samples`` (4) rows are generated at temperature 1,
+in the same process: by the static path (every row prefilled together and decoded until the
+longest stops, `gd2po_jax.models.sampling.generate(static=True)`) and by the engine
+(`gd2po_jax.models.engine.run_engine`, ``--slots`` slots). Each runs once untimed (compilation),
+then ``--repeats`` timed runs with compilations counted.
+
+JSON: ``{"static": {"tokens_per_s", "median_s", "times_s", "row_steps_per_token"}, "engine":
+{"tokens_per_s", "median_s", "times_s", "row_steps_per_token", "slots", "slot_counts", "chunks",
+"prefills"}, "engine_over_static", "mean_length", "max_length", "compiles_after_warmup",
+"compile_s", "config"}``; the completions of both paths are checked equal (same per-row keys).
+``--cpu-smoke`` runs a tiny random model end to end in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import harness
+from gd2po_jax.models import Decoder, load_pretrained
+from gd2po_jax.models.engine import run_engine
+from gd2po_jax.models.sampling import SamplingParams, bucket_length, generate, left_pad
+
+EOS = 1
+
+
+def eos_scale(hidden: np.ndarray, other_logits: np.ndarray, direction: np.ndarray, target: float) -> float:
+    """The c whose EOS logit ``c * hidden @ direction`` has mean softmax probability ``target`` over
+    the rows of ``hidden [R, D]`` beside ``other_logits [R, V - 1]`` (bisection on c)."""
+    projection = hidden @ direction  # [R]
+    peak = other_logits.max(axis=-1)
+    log_rest = peak + np.log(np.exp(other_logits - peak[:, None]).sum(axis=-1))
+
+    def mean_probability(c: float) -> float:
+        return float(np.mean(1.0 / (1.0 + np.exp(log_rest - c * projection))))
+
+    low, high = -1e3, 1e3
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mean_probability(mid) < target else (low, mid)
+    return (low + high) / 2
+
+
+def with_raised_eos(model: Decoder, stop_probability: float, seed: int = 0) -> Decoder:
+    """``model`` with EOS's output row set so that its mean probability is ``stop_probability``."""
+    vocab = model.config.vocab_size
+    prompts = harness.random_prompts(vocab, 16, 96, seed=seed + 7)
+    ids = jnp.asarray(prompts, jnp.int32)
+    hidden, _ = model.hidden_states(ids)
+    hidden = np.asarray(hidden, np.float64).reshape(-1, hidden.shape[-1])
+    logits = np.asarray(model.logits(jnp.asarray(hidden, jnp.float32)[None])[0], np.float64)
+    direction = hidden.mean(axis=0)
+    direction /= np.linalg.norm(direction)
+    c = eos_scale(hidden, np.delete(logits, EOS, axis=1), direction, stop_probability)
+    row = jnp.asarray(c * direction, model.embed[...].dtype)
+    if model.lm_head is None:
+        model.embed[...] = model.embed[...].at[EOS].set(row)
+    else:
+        model.lm_head[...] = model.lm_head[...].at[:, EOS].set(row)
+    return model
+
+
+def timed(fn, repeats: int) -> tuple[list[float], object]:
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return times, result
+
+
+def run(model: Decoder, *, prompts: int, num_samples: int, prompt_len: int, new_tokens: int, slots: int,
+        min_slots: int, chunk: int, repeats: int, seed: int = 0) -> dict:
+    """The W-tail report for ``model`` (its EOS already raised)."""
+    prompt_ids = harness.random_prompts(model.config.vocab_size, prompts, prompt_len, seed=seed)
+    length = bucket_length(prompt_len)
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=(EOS,), pad_token_id=0)
+    ids, mask = left_pad(prompt_ids, length, 0)
+    keys = iter(range(10**6))
+    rngs = [jax.random.key(1000 + next(keys)) for _ in range(repeats + 1)]
+
+    def static(rng):
+        out = generate(model, prompt_ids, max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=[EOS],
+                       pad_token_id=0, rng=rng, num_samples=num_samples, prompt_length=length, static=True)
+        return out.tokens, out.lengths
+
+    def engine(rng):
+        return run_engine(model, ids, mask, params, num_samples=num_samples, rng=rng, slots=slots,
+                          min_slots=min_slots, chunk=chunk)
+
+    compile_counter = harness.CompileCounter()
+    start = time.perf_counter()
+    jax.block_until_ready(static(rngs[0]))
+    warm = engine(rngs[0])
+    jax.block_until_ready(warm.tokens)
+    warmup_s = time.perf_counter() - start
+    compiles_warmup, compile_s = compile_counter.snapshot()
+    static_times, engine_times, runs, static_out = [], [], [], None
+    for rng in rngs[1:]:  # alternated, so that the machine's drift falls on both alike
+        t, static_out = timed(lambda rng=rng: static(rng), 1)
+        static_times += t
+        start = time.perf_counter()
+        result = engine(rng)
+        jax.block_until_ready(result.tokens)
+        engine_times.append(time.perf_counter() - start)
+        runs.append(result)
+    compiles_after = compile_counter.snapshot()[0] - compiles_warmup
+    compile_counter.close()
+    static_tokens, static_lengths = (np.asarray(x) for x in static_out)
+    last = runs[-1]
+    same = bool(np.array_equal(static_tokens, np.asarray(last.tokens))
+                and np.array_equal(static_lengths, np.asarray(last.lengths)))
+    tokens = int(static_lengths.sum())
+    longest = int(static_lengths.max())
+    static_median, engine_median = statistics.median(static_times), statistics.median(engine_times)
+    return {
+        "static": {
+            "tokens_per_s": tokens / static_median,
+            "median_s": static_median,
+            "times_s": static_times,
+            # every row steps until the longest stops (token 0 comes from the prefill)
+            "row_steps_per_token": len(static_lengths) * max(longest - 1, 0) / tokens,
+        },
+        "engine": {
+            "tokens_per_s": tokens / engine_median,
+            "median_s": engine_median,
+            "times_s": engine_times,
+            "row_steps_per_token": last.stats.slot_steps_per_token,
+            "slots": slots,
+            "min_slots": min_slots,
+            "chunk": chunk,
+            "slot_counts": last.stats.slot_counts,
+            "chunks": last.stats.chunks,
+            "prefills": last.stats.prefills,
+        },
+        "engine_over_static": static_median / engine_median,
+        "completions_equal": same,
+        "tokens": tokens,
+        "mean_length": float(static_lengths.mean()),
+        "max_length": longest,
+        "truncated_fraction": float(np.mean(static_lengths >= new_tokens)),
+        "compiles_after_warmup": compiles_after,
+        "warmup_s": warmup_s,
+        "compile_s": compile_s,
+        "compiles_in_warmup": compiles_warmup,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hf_dir", default=None, help="the checkpoint (the harness's small model)")
+    parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--num_samples", type=int, default=4)
+    parser.add_argument("--prompt_len", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--stop_probability", type=float, default=1 / 128)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--min_slots", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
+                        help="a tiny random model and workload: checks the script end to end in seconds")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        config = harness.qwen2_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, head_dim=16)
+        model = harness.random_model(config)
+        args.prompts, args.new_tokens, args.slots, args.prompt_len = 8, 48, 8, 16
+        args.stop_probability = 1 / 12
+    elif args.hf_dir is None:
+        parser.error("--hf_dir is required (or --cpu-smoke)")
+    else:
+        model = load_pretrained(args.hf_dir)
+    model = with_raised_eos(model, args.stop_probability)
+    report = run(model, prompts=args.prompts, num_samples=args.num_samples, prompt_len=args.prompt_len,
+                 new_tokens=args.new_tokens, slots=args.slots, min_slots=args.min_slots, chunk=args.chunk,
+                 repeats=args.repeats)
+    report["config"] = vars(args) | {"device": harness.device_description(), "stop_probability": args.stop_probability}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

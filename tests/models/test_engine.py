@@ -1,0 +1,166 @@
+"""gd2po_jax.models.engine: the engine's completions equal the one-shot path's for any slot count;
+the host loop's bookkeeping (slots, regions, groups, the drain) and its work per token."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gd2po_jax.models import load_pretrained
+from gd2po_jax.models.engine import (
+    Scheduler,
+    engine_layout,
+    run_engine,
+    simulate,
+    slot_counts,
+    stack_layers,
+)
+from gd2po_jax.models.decode_step import decode_weights
+from gd2po_jax.models.logprobs import merge_model
+from gd2po_jax.models.sampling import SamplingParams, bucket_length, generate, left_pad
+from tests.fakes import VOCAB, tiny_checkpoint
+
+PROMPT_LENGTHS = (3, 7, 5, 9, 1, 4)
+
+
+@pytest.fixture(scope="module")
+def model():
+    path, _ = tiny_checkpoint("qwen2", True)
+    return load_pretrained(path)
+
+
+def _prompts(seed=1, lengths=PROMPT_LENGTHS):
+    rs = np.random.RandomState(seed)
+    return [[int(t) for t in rs.randint(0, VOCAB, n)] for n in lengths]
+
+
+def _eos_ids(model, prompts, new_tokens):
+    """Two EOS ids taken from greedy rows at different steps: rows stop at different lengths."""
+    free = np.asarray(generate(model, prompts, max_new_tokens=new_tokens, temperature=0.0, static=True).tokens)
+    return sorted({int(free[0, 2]), int(free[1, 5])})
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_engine_equals_the_one_shot_path_for_any_slot_count(model, temperature, top_k, top_p):
+    prompts, new = _prompts(), 14
+    eos = _eos_ids(model, prompts, new)
+    kwargs = dict(max_new_tokens=new, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_ids=eos,
+                  rng=jax.random.key(5), num_samples=3)
+    one_shot = generate(model, prompts, static=True, **kwargs)
+    lengths = np.asarray(one_shot.lengths)
+    assert lengths.min() < new and len(set(lengths.tolist())) >= 3, "test needs rows stopping at different steps"
+    for slots, chunk in ((0, 16), (1, 4), (4, 3), (7, 5), (18, 1)):
+        out = generate(model, prompts, slots=slots, chunk=chunk, **kwargs)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one_shot.tokens), err_msg=f"slots={slots}")
+        np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
+        np.testing.assert_array_equal(np.asarray(out.finished), np.asarray(one_shot.finished))
+        np.testing.assert_array_equal(np.asarray(out.prompt_tokens), np.asarray(one_shot.prompt_tokens))
+        # The same values summed in other orders (other batch sizes, the new token's key apart): ulps.
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one_shot.logprobs), atol=1e-5, rtol=0)
+
+
+def test_engine_in_bf16_follows_the_one_shot_path(model):
+    prompts = _prompts(2)
+    kwargs = dict(max_new_tokens=9, temperature=0.0, num_samples=2)
+    graphdef, state = nnx.split(model)
+    bf16 = merge_model(graphdef, state, jnp.bfloat16)
+    one_shot = generate(bf16, prompts, static=True, **kwargs)
+    out = generate(bf16, prompts, slots=3, chunk=2, **kwargs)
+    # bf16 keys and values are rounded alike in both paths: greedy tokens agree where no near-tie.
+    agree = np.mean(np.asarray(out.tokens) == np.asarray(one_shot.tokens))
+    assert agree >= 0.9, agree
+    np.testing.assert_allclose(np.asarray(out.logprobs)[:, 0], np.asarray(one_shot.logprobs)[:, 0], atol=2e-2)
+
+
+def test_stacked_weights_hold_every_layer(model):
+    weights = decode_weights(model)
+    stacked = stack_layers(weights)
+    (layer,) = stacked.layers
+    assert layer.qkv.shape == (len(weights.layers), *weights.layers[0].qkv.shape)
+    np.testing.assert_array_equal(np.asarray(layer.down[1]), np.asarray(weights.layers[1].down))
+
+
+def test_groups_are_reported_once_as_they_complete(model):
+    prompts = _prompts(3)
+    eos = _eos_ids(model, prompts, 12)
+    ids, mask = left_pad(prompts, bucket_length(max(map(len, prompts))), 0)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, eos_token_ids=tuple(eos), pad_token_id=0)
+    seen = []
+    run = run_engine(model, ids, mask, params, num_samples=2, rng=jax.random.key(1), slots=3, chunk=2,
+                     on_group=seen.append)
+    assert sorted(seen) == list(range(len(prompts))) and seen == run.completed_groups
+    lengths = np.asarray(run.lengths).reshape(len(prompts), 2).max(axis=1)
+    # With 3 slots a group that stops early completes before a later-admitted longer one: the order
+    # follows completion (not the prompts' order) wherever lengths differ enough.
+    assert run.stats.tokens == int(np.asarray(run.lengths).sum())
+    assert run.stats.slot_steps >= run.stats.tokens - len(prompts) * 2  # token 0 comes from the prefill
+    assert len(seen) == len(lengths)
+
+
+def test_single_token_budget_needs_no_decode(model):
+    prompts = _prompts(4)
+    out = generate(model, prompts, max_new_tokens=1, temperature=0.0, num_samples=2, slots=2)
+    ref = generate(model, prompts, max_new_tokens=1, temperature=0.0, num_samples=2, static=True)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert np.all(np.asarray(out.lengths) == 1)
+
+
+def test_slot_counts_and_layout():
+    assert slot_counts(64, 4) == (64, 32, 16, 8, 4)
+    assert slot_counts(6, 4) == (6,)
+    assert slot_counts(5, 1) == (5, 2, 1)
+    assert engine_layout(rows=24, num_samples=4, slots=0, min_slots=4) == (24, 6, 30, (24, 12, 6))
+    assert engine_layout(rows=24, num_samples=4, slots=100, min_slots=4)[0] == 24
+
+
+def test_scheduler_places_rows_frees_slots_and_regions():
+    scheduler = Scheduler(num_prompts=3, num_samples=2, slots=3, regions=4, max_prefill=2)
+    assert scheduler.prompts_to_admit() == [0, 1]  # 3 free slots need 2 groups of 2
+    placed = scheduler.place()
+    assert [(slot, row) for slot, row, _ in placed] == [(0, 0), (1, 1), (2, 2)]
+    assert list(scheduler.waiting) == [3]
+    assert scheduler.finish([True, False, True]) == []  # row 1 stopped; prompt 0 still has row 0
+    assert scheduler.prompts_to_admit() == []  # row 3 waits for the free slot
+    assert scheduler.place() == [(1, 3, scheduler.region_of_prompt[1])]
+    assert scheduler.finish([False, True, True]) == [0]  # row 0 done: group 0 complete, region freed
+    assert 0 not in scheduler.region_of_prompt and len(scheduler.free_regions) == 3
+    assert scheduler.prompts_to_admit() == [2]
+    assert not scheduler.drained or scheduler.waiting
+
+
+def test_drain_shrinks_to_the_smallest_count_that_holds_the_busy_slots():
+    scheduler = Scheduler(num_prompts=2, num_samples=2, slots=4, regions=6, max_prefill=2)
+    scheduler.prompts_to_admit()
+    scheduler.place()
+    scheduler.finish([False, True, False, False])
+    assert scheduler.drained and scheduler.busy == 1
+    assert scheduler.shrink_to((4, 2, 1)) == [1]
+    assert scheduler.slot_rows == [1]
+
+
+def test_work_is_proportional_to_tokens_on_a_long_tail():
+    # W-tail's lengths: geometric with mean 128, cut at 512 tokens; 64 prompts x 4.
+    lengths = np.minimum(np.random.default_rng(0).geometric(1 / 128, 256), 512)
+    static = 256 * (lengths.max() - 1) / lengths.sum()
+    stats = simulate(lengths, 4, slots=64, min_slots=4, chunk=16)
+    assert stats.slot_steps_per_token <= 1.3 < 3 < static, (stats, static)
+    assert stats.slot_counts == [64, 32, 16, 8, 4]
+    # Fixed lengths (workload W): one prefill, no idle slot but the last chunk's remainder.
+    fixed = simulate([64] * 32, 1, slots=0, chunk=16)
+    assert fixed.prefills == 1 and fixed.chunks == 4 and fixed.slot_steps == 32 * 64
+
+
+def test_simulate_counts_what_the_engine_runs(model):
+    prompts = _prompts(5)
+    eos = _eos_ids(model, prompts, 16)
+    ids, mask = left_pad(prompts, bucket_length(max(map(len, prompts))), 0)
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, eos_token_ids=tuple(eos), pad_token_id=0)
+    run = run_engine(model, ids, mask, params, num_samples=2, rng=jax.random.key(3), slots=4, min_slots=1, chunk=3)
+    predicted = simulate(np.asarray(run.lengths), 2, slots=4, min_slots=1, chunk=3)
+    assert (predicted.slot_steps, predicted.chunks, predicted.prefills, predicted.slot_counts) == (
+        run.stats.slot_steps,
+        run.stats.chunks,
+        run.stats.prefills,
+        run.stats.slot_counts,
+    )
