@@ -14,8 +14,14 @@ import numpy as np
 from gd2po_jax.data.chat import check_template_kwargs, column_tools, render_prompts
 from gd2po_jax.data.columns import PROMPT, RESPONSE_IDS, ROLLOUT_INDEX
 from gd2po_jax.data.schema import dataset_columns
+from gd2po_jax.errors import UserError
 
 logger = logging.getLogger(__name__)
+
+
+class PromptError(UserError, ValueError):
+    """A prompt of the data that cannot be used (too long, no tokens ...); the message names where it
+    is (the file or field) and the row (`build_prompt_set`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +84,9 @@ def build_prompt_set(
         no tools); ``config.data.tools_column``. Empty: no tools.
 
     Raises:
-      ValueError: a prompt longer than ``max_prompt_tokens`` (with "error"), one that renders to no
-        tokens, a column named `RESPONSE_IDS` or `ROLLOUT_INDEX`, a missing ``tools_column`` or a bad
+      PromptError: a prompt longer than ``max_prompt_tokens`` (with "error") or one that renders to no
+        tokens, naming ``where`` and the row.
+      ValueError: a column named `RESPONSE_IDS` or `ROLLOUT_INDEX`, a missing ``tools_column`` or a bad
         value of it, or template arguments `check_template_kwargs` refuses, naming ``where`` and the
         row.
     """
@@ -102,13 +109,15 @@ def build_prompt_set(
             if truncation == "left":
                 token_ids[row], cut = ids[-max_prompt_tokens:], cut + 1
                 continue
-            raise ValueError(
+            raise PromptError(
                 f"{where}, row {row} (0-based): the prompt has {len(ids)} tokens, more than "
                 f"config.data.max_prompt_tokens={max_prompt_tokens} (config.data.prompt_truncation='left' "
                 "keeps the last ones instead)"
             )
         if not ids:
-            raise ValueError(f"{where}, row {row} (0-based): the prompt renders to no tokens")
+            raise PromptError(
+                f"{where}, row {row} (0-based): the prompt renders to no tokens (is the tokenizer the model's?)"
+            )
     if cut:
         logger.warning(
             "%s: %d of %d prompts are longer than config.data.max_prompt_tokens=%d and keep their last "

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
+
+from gd2po_jax.errors import UserError
 
 if TYPE_CHECKING:  # AutoTokenizer is imported in load_tokenizer: transformers' auto classes import
     # torch where it is installed (2.3 s in a fresh process on a CI machine)
@@ -82,3 +85,61 @@ def decode_completions(
         cast(str, tokenizer.decode(row[:n].tolist(), skip_special_tokens=skip_special_tokens))  # one row: a str
         for row, n in zip(tokens, lengths)
     ]
+
+
+class TokenizerMismatchError(UserError, ValueError):
+    """A tokenizer that does not fit its model or cannot encode the data; the message names both
+    directories (`check_tokenizer`)."""
+
+
+def _model_vocab_size(model_dir) -> int | None:
+    """``vocab_size`` of ``model_dir/config.json`` (None where it has none, or cannot be read)."""
+    try:
+        value = json.loads((pathlib.Path(model_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _comparable(text: str) -> str:
+    """``text`` without whitespace, NFKC-normalized and case-folded: what every tokenizer of a causal
+    LM gives back when it decodes what it encoded."""
+    return "".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def check_tokenizer(tokenizer, tokenizer_dir, model_dir, prompt: str, where: str = "the first training prompt") -> None:
+    """Refuse a tokenizer that does not match its model, before anything is computed: more tokens
+    than the model's ``vocab_size`` (ids past it index no embedding), or that encodes ``prompt`` (a
+    rendered prompt of the data) to no tokens, to ids past the vocabulary, or to tokens that do not
+    decode back to it (whitespace, case and Unicode compatibility forms aside): a tokenizer of another
+    model, or a broken one (a model directory without ``tokenizer.json`` can load a 3-token one).
+
+    Raises:
+      TokenizerMismatchError: one line naming the tokenizer's and the model's directories.
+    """
+    same = pathlib.Path(tokenizer_dir) == pathlib.Path(model_dir)
+    both = f"the tokenizer of {model_dir}" if same else f"the tokenizer {tokenizer_dir} (for the model {model_dir})"
+    fix = (
+        "give the model directory its own tokenizer files (tokenizer.json, tokenizer_config.json)"
+        if same
+        else "set config.model.tokenizer_path to this model's tokenizer"
+    )
+    vocab = _model_vocab_size(model_dir)
+    size = len(tokenizer)
+    if vocab is not None and size > vocab:
+        raise TokenizerMismatchError(
+            f"{both} has {size} tokens, more than the model's vocab_size {vocab} ({model_dir}/config.json): {fix}"
+        )
+    ids = [int(i) for i in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+    if not ids:
+        raise TokenizerMismatchError(f"{both} encodes {where} to no tokens ({prompt[:60]!r}): {fix}")
+    if vocab is not None and max(ids) >= vocab:
+        raise TokenizerMismatchError(
+            f"{both} encodes {where} to id {max(ids)}, past the model's vocab_size {vocab}: {fix}"
+        )
+    back = tokenizer.decode(ids, skip_special_tokens=False)
+    if _comparable(back) != _comparable(prompt):
+        raise TokenizerMismatchError(
+            f"{both} does not decode {where} back to its text ({prompt[:40]!r} came back as {back[:40]!r}; "
+            f"{len(ids)} tokens for {len(prompt)} characters): {fix}"
+        )

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from gd2po_jax.config import ConfigError, RunConfig
 from gd2po_jax.data.prompts import PromptSet, build_prompt_set
-from gd2po_jax.data.tokenization import eos_token_ids, load_tokenizer, pad_token_id
+from gd2po_jax.data.tokenization import check_tokenizer, eos_token_ids, load_tokenizer, pad_token_id
 from gd2po_jax.models.sampling import bucket_length
 from gd2po_jax.rewards.base import CombinedReward, build_reward_function, reward_kinds, unknown_kind_message
 from gd2po_jax.rewards.user_functions import check_call, load_function, run_reward_weights, trial_call, user_functions
@@ -256,6 +256,15 @@ def eval_split(config: RunConfig, setup: RunSetup) -> str | None:
     return split
 
 
+def data_where(config: RunConfig, task, split: str) -> str:
+    """How errors name a split's rows: the field and the file that give them
+    (``config.data.train=data/train.jsonl``), else ``<split> data`` (a generated split)."""
+    field, value = task.split_field(config, split), config
+    for name in field.split("."):
+        value = getattr(value, name, None)
+    return f"config.{field}={value}" if isinstance(value, str) and value else f"{split} data"
+
+
 def prepare(task, config: RunConfig, workdir: pathlib.Path) -> RunConfig:
     """`gd2po_jax.tasks.Task.prepare` on every process: process 0 builds what the task needs (the
     others wait), then each reads it and gets the config the run uses."""
@@ -286,8 +295,14 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
     template: dict[str, Any]  # build_prompt_set's keywords
     template = {"template_kwargs": config.data.template_kwargs, "tools_column": config.data.tools_column}
     train = build_prompt_set(
-        splits["train"], tokenizer, max_prompt_tokens=limit, where="training data", truncation=truncation, **template
+        splits["train"],
+        tokenizer,
+        max_prompt_tokens=limit,
+        where=data_where(config, task, "train"),
+        truncation=truncation,
+        **template,
     )
+    check_tokenizer(tokenizer, config.model.tokenizer_path or model_path, model_path, train.texts[0])
     check_user_functions(config, reward_fn, train)
     reward_weights = run_reward_weights(config, reward_fn)  # after the trial calls: components are columns
     evals: dict[str, PromptSet] = {}
@@ -297,7 +312,12 @@ def build_setup(config: RunConfig, workdir: pathlib.Path) -> RunSetup:
             if config.eval.max_examples:
                 dataset = dataset.select(range(min(config.eval.max_examples, len(dataset))))
             evals[split] = build_prompt_set(
-                dataset, tokenizer, max_prompt_tokens=limit, where=f"{split} data", truncation=truncation, **template
+                dataset,
+                tokenizer,
+                max_prompt_tokens=limit,
+                where=data_where(config, task, split),
+                truncation=truncation,
+                **template,
             )
     longest = max([train.max_tokens] + [p.max_tokens for p in evals.values()])
     sft_dataset = warm_start_data(config, splits["train"])

@@ -96,3 +96,50 @@ def test_pad_equal_to_eos_keeps_eos_in_the_loss_mask(tmp_path):
     assert decode_completions(tokenizer, tokens, lengths) == ["four", "two plus two four"]
     raw = decode_completions(tokenizer, tokens, lengths, skip_special_tokens=False)
     assert raw[0] == "four <|im_end|>"
+
+
+# ----------------------------------------------------------------------------------------------
+# A tokenizer that does not match its model (issue 63, finding 3).
+# ----------------------------------------------------------------------------------------------
+
+
+def _model_dir(directory, vocab_size: int):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": vocab_size}))
+    return directory
+
+
+def test_a_tokenizer_that_does_not_fit_its_model_is_one_line_naming_both(tmp_path):
+    from gd2po_jax.data.tokenization import TokenizerMismatchError, check_tokenizer
+
+    _save_tokenizer(tmp_path / "tok")
+    tokenizer = load_tokenizer(tmp_path / "tok")  # 15 tokens
+    model = _model_dir(tmp_path / "model", 374)
+    check_tokenizer(tokenizer, tmp_path / "tok", model, "what is two plus four")  # fits
+    cases = [
+        (_model_dir(tmp_path / "small", 10), "what is two", r"has 15 tokens, more than the model's vocab_size 10"),
+        (model, "what is seven plus eight", r"does not decode the first training prompt back to its text"),
+        (model, "", r"encodes the first training prompt to no tokens"),
+    ]
+    for model_dir, prompt, message in cases:
+        with pytest.raises(TokenizerMismatchError, match=message) as refused:
+            check_tokenizer(tokenizer, tmp_path / "tok", model_dir, prompt)
+        line = str(refused.value)
+        assert "\n" not in line and str(tmp_path / "tok") in line and str(model_dir) in line
+        assert "config.model.tokenizer_path" in line
+    # The model directory's own tokenizer: named once, and what to do about it.
+    with pytest.raises(TokenizerMismatchError, match=r"^the tokenizer of .*small has 15 tokens.*tokenizer\.json"):
+        check_tokenizer(tokenizer, tmp_path / "small", tmp_path / "small", "what is two")
+
+
+def test_a_run_with_a_foreign_tokenizer_stops_before_compute(tmp_path):
+    """The red team's run: a 3-token tokenizer for a 374-token model trained on garbage, exit 0."""
+    from gd2po_jax.data.tokenization import TokenizerMismatchError
+    from gd2po_jax.tasks.setup import build_setup
+    from tests.fakes import tiny_run_config
+
+    _save_tokenizer(tmp_path / "tok")
+    config = tiny_run_config(model__tokenizer_path=str(tmp_path / "tok"))
+    with pytest.raises(TokenizerMismatchError, match=rf"^the tokenizer {tmp_path / 'tok'} \(for the model "
+                                                     rf"{tmp_path / 'run' / 'base_model'}\)"):
+        build_setup(config, tmp_path / "run")

@@ -219,3 +219,19 @@ def test_the_trainer_checks_the_eval_split_before_the_warm_start(tmp_path):
     with pytest.raises(ConfigError, match=r"config\.eval\.split: the data has no 'test' split"):
         train_and_evaluate(as_run_config(config), tmp_path, progress=False)
     assert not (tmp_path / "warm_start").exists() and not (tmp_path / "config.json").exists()
+
+
+def test_an_over_long_prompt_is_one_line_naming_the_file_and_the_row(tmp_path):
+    """Issue 62 item 9: a 26-line traceback naming "training data" instead of the file and the row."""
+    from gd2po_jax.cli import one_line
+    from gd2po_jax.data.prompts import PromptError
+    from gd2po_jax.errors import UserError
+    from tests.fakes import tiny_policy
+
+    config = _files_config(tmp_path, model__path=str(tiny_policy()), data__max_prompt_tokens=8,
+                           data__validation="", data__test="")
+    with pytest.raises(PromptError) as refused:
+        build_setup(config, tmp_path / "run")
+    assert isinstance(refused.value, UserError)  # the commands print it in one line, exit code 2
+    assert one_line(refused.value).startswith(f"config.data.train={_rlla()}, row 0 (0-based): the prompt has ")
+    assert "more than config.data.max_prompt_tokens=8" in str(refused.value)
