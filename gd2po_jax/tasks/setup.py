@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-from typing import Any
+from typing import Any, cast
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -259,7 +259,7 @@ def eval_split(config: RunConfig, setup: RunSetup) -> str | None:
 def data_where(config: RunConfig, task, split: str) -> str:
     """How errors name a split's rows: the field and the file that give them
     (``config.data.train=data/train.jsonl``), else ``<split> data`` (a generated split)."""
-    field, value = task.split_field(config, split), config
+    field, value = task.split_field(config, split), cast(Any, config)
     for name in field.split("."):
         value = getattr(value, name, None)
     return f"config.{field}={value}" if isinstance(value, str) and value else f"{split} data"
