@@ -12,7 +12,8 @@ from typing import ClassVar
 from gd2po_jax.config.base import _flag, _in_range, _int_at_least, _number, _one_of, _require, _Section
 
 ALGORITHMS = ("grpo", "gdpo", "gd2po_hard", "gd2po_snr", "low_conflict_half", "high_conflict_half")
-"""The values of ``config.rl.algorithm``: the advantage estimators of `gd2po_jax.rl.advantages`."""
+"""The built-in values of ``config.rl.algorithm``: the names `gd2po_jax.rl.advantages` registers
+(tests/rl/test_advantages.py holds them equal: this layer cannot import that one)."""
 SNR_HALF_ALGORITHMS = ("low_conflict_half", "high_conflict_half")
 """The paper's ablation of the SNR ranking (no official code)."""
 BATCH_NORMS = ("token", "sequence", "none")
@@ -39,7 +40,9 @@ class RLConfig(_Section):
     # Advantages.
     algorithm: str
     """grpo | gdpo | gd2po_hard | gd2po_snr, or the paper's SNR-ranking ablation low_conflict_half |
-    high_conflict_half (`gd2po_jax.rl.advantages.METHODS`)."""
+    high_conflict_half (`gd2po_jax.rl.advantages.METHODS`); or an aggregator of your own,
+    ``module:callable`` or ``path/to/file.py:callable`` with the built-in methods' signature
+    (docs/algorithm.md#your-own-aggregator)."""
     snr_tau: float
     """tau, the SNR threshold of GD2PO-SNR, in [0, 1] (0: GDPO, 1: GD2PO-Hard)."""
     num_generations: int
@@ -134,7 +137,15 @@ class RLConfig(_Section):
     below the minibatch) to skip part of one."""
 
     def __post_init__(self):
-        _one_of(self.algorithm, "rl.algorithm", ALGORITHMS)
+        if isinstance(self.algorithm, str) and ":" in self.algorithm:  # an aggregator of your own
+            location, _, attribute = self.algorithm.rpartition(":")
+            _require(
+                bool(location.strip() and attribute.strip()),
+                "rl.algorithm",
+                f"{self.algorithm!r} is not module:callable or path/to/file.py:callable (an aggregator of your own)",
+            )
+        else:
+            _one_of(self.algorithm, "rl.algorithm", ALGORITHMS)
         _in_range(self.snr_tau, "rl.snr_tau", 0.0, 1.0)
         _int_at_least(self.num_generations, "rl.num_generations", minimum=2)
         _one_of(self.batch_norm, "rl.batch_norm", BATCH_NORMS)

@@ -40,6 +40,7 @@ from gd2po_jax.models.lora import (
 )
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures, failure_modes
+from gd2po_jax.rl.advantages import MagnitudeWatch, advantage_method
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
 from gd2po_jax.rl.train_step import (
@@ -254,6 +255,7 @@ def _open_run(config: RunConfig, workdir: pathlib.Path, wandb_log: WandbLogger) 
     run_dir.check_resume_config(workdir, config)
     wandb_log.start()  # W&B (process 0): a new run, or the workdir's run resumed
     setup = build_setup(config, workdir)
+    advantage_method(config.rl.algorithm)  # an aggregator of your own: imported and checked before compute
     split = eval_target(config, setup)  # the split, or "sets" (eval.sets); checked before the warm start
     checkpoints = Checkpoints(files.checkpoints, keep=config.checkpoint.keep)
     check_num_steps(config, checkpoints)
@@ -355,6 +357,7 @@ class RLLoopParts:
     graphdef: Any
     frozen: Any
     dtype: str
+    magnitude_watch: MagnitudeWatch = dataclasses.field(default_factory=MagnitudeWatch)
 
     def policy(self, params) -> Any:
         """The policy of ``params`` (a state's), in the compute dtype."""
@@ -434,6 +437,7 @@ def _rl_step(
         "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds),
     }
     metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
+    metrics |= loop.magnitude_watch.check(step + 1, metrics)  # the GDPO guidance's >10x check, warned once
     return state, metrics, rollouts
 
 

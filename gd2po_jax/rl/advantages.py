@@ -57,6 +57,15 @@ left out of every statistic, as TRL does: a reward that is missing for a rollout
 to its sum, and a rollout whose rewards are all missing gets advantage 0 and no weight. Padded
 prompts of a partly filled batch are marked by ``valid=False`` and move no statistic either.
 
+Your own aggregator: ``rl.algorithm`` may name a function of the methods' signature,
+``fn(signals: RewardSignals, eligible: [P, G] bool, options: AdvantageOptions) -> (keep [P, G] bool,
+advantages [P, G] float)``, as ``module:callable`` or ``path/to/file.py:callable``; `advantage_method`
+imports it (once) and registers it, and `compute_advantages` calls it inside the same jitted step as
+the built-ins. ``examples/aggregators/quantile_gdpo.py`` is one (docs/algorithm.md#your-own-aggregator).
+The registry (`register_advantage_method`) is the one source of the built-in names;
+``gd2po_jax.config.ALGORITHMS`` (the config cannot import this layer) is held equal to it by
+tests/rl/test_advantages.py.
+
 The only choice here that the official code does not make: conflict and SNR use the *weighted*
 reward-wise advantages ``w_k A_k`` (identical with the official all-ones weights), so that a reward
 with weight 0 cannot put a rollout in conflict.
@@ -64,14 +73,19 @@ with weight 0 cannot put a rollout in conflict.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from gd2po_jax.config import BATCH_NORMS, HALVES_RANKINGS, SNR_HALF_ALGORITHMS
+from gd2po_jax.config import BATCH_NORMS, HALVES_RANKINGS, SNR_HALF_ALGORITHMS, ConfigError
+from gd2po_jax.runtime.imports import ImportPathError, import_object, is_import_path
+
+logger = logging.getLogger(__name__)
 
 Method = Literal["grpo", "gdpo", "gd2po_hard", "gd2po_snr", "low_conflict_half", "high_conflict_half"]
 BatchNorm = Literal["token", "sequence", "none"]
@@ -109,6 +123,10 @@ class AdvantageOutput:
       unfiltered_advantages: [P, G] float32, the advantages the same method gives with every
         rollout kept (GDPO's for the GD2PO methods); used for "|advantage| before filtering".
       reward_zero_std: [P, K] bool, groups whose values of reward k are all equal.
+      reward_present: [P, G, K] bool, reward k exists for the rollout (not missing, prompt valid).
+      reward_weights: [K] float32 w_k.
+      summed: [P, G] float32 S = sum_k w_k A_k, the aggregate before the batch step (what GDPO and GD2PO
+        normalize over the batch; its magnitude is ``advantages/pre_batch_abs_mean``).
     """
 
     advantages: jax.Array
@@ -119,6 +137,9 @@ class AdvantageOutput:
     reward_advantages: jax.Array
     unfiltered_advantages: jax.Array
     reward_zero_std: jax.Array
+    reward_present: jax.Array
+    reward_weights: jax.Array
+    summed: jax.Array
 
 
 # ----------------------------------------------------------------------------------------------
@@ -345,6 +366,27 @@ class AdvantageOptions(NamedTuple):
     halves_ranking: HalvesRanking = "prompt"
 
 
+AdvantageMethod = Callable[["RewardSignals", jax.Array, "AdvantageOptions"], tuple[jax.Array, jax.Array]]
+"""``fn(signals, eligible, options) -> (keep [P, G] bool, advantages [P, G] float32)``: an advantage method."""
+
+#: method name -> its function: the built-ins (`register_advantage_method`), then the aggregators that
+#: ``rl.algorithm`` named by import path (`advantage_method`).
+ADVANTAGE_METHODS: dict[str, AdvantageMethod] = {}
+
+
+def register_advantage_method(name: str) -> Callable[[AdvantageMethod], AdvantageMethod]:
+    """Decorator: register an advantage method under ``name`` (``rl.algorithm=<name>``)."""
+
+    def register(fn: AdvantageMethod) -> AdvantageMethod:
+        if name in ADVANTAGE_METHODS and ADVANTAGE_METHODS[name] is not fn:
+            raise ValueError(f"advantage method {name!r} is already registered")
+        ADVANTAGE_METHODS[name] = fn
+        return fn
+
+    return register
+
+
+@register_advantage_method("grpo")
 def grpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """GRPO: ``A = groupnorm(sum_k w_k r_k)``, no batch step (docs/algorithm.md#grpo).
 
@@ -357,6 +399,7 @@ def grpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[ja
     return eligible, jnp.where(eligible, advantages, 0.0)
 
 
+@register_advantage_method("gdpo")
 def gdpo(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """GDPO: ``A = batch_whiten(S, weights = L)`` over the eligible rollouts (docs/algorithm.md#gdpo)."""
     return eligible, batch_normalize(s.summed, eligible, s.lengths, mode=o.batch_norm, eps=o.batch_eps)
@@ -369,6 +412,7 @@ def _reweighted_batch_step(s: RewardSignals, keep: jax.Array, o: AdvantageOption
     return batch_normalize(reweighted, keep, s.lengths, mode=o.batch_norm, eps=o.batch_eps)
 
 
+@register_advantage_method("gd2po_hard")
 def gd2po_hard(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """GD2PO-Hard: drop every rollout in sign conflict, ``keep = not conflict``
     (docs/algorithm.md#gd2po)."""
@@ -376,6 +420,7 @@ def gd2po_hard(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tu
     return keep, _reweighted_batch_step(s, keep, o)
 
 
+@register_advantage_method("gd2po_snr")
 def gd2po_snr(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """GD2PO-SNR: drop a conflicting rollout only when its rewards mostly cancel,
     ``keep = not (conflict and |snr| < tau)``, tau clamped to [0, 1] (docs/algorithm.md#gd2po)."""
@@ -427,6 +472,7 @@ def snr_halves(score: jax.Array, eligible: jax.Array, ranking: HalvesRanking = "
     return eligible & (position < half), eligible & (position >= count - half)
 
 
+@register_advantage_method("low_conflict_half")
 def low_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """The paper's "Low-Conflict Half" (appendix C.1, Table 6): keep the half of each prompt's
     rollouts with the highest conflict score c (`snr_halves`), then GD2PO's batch step."""
@@ -434,6 +480,7 @@ def low_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions
     return keep, _reweighted_batch_step(s, keep, o)
 
 
+@register_advantage_method("high_conflict_half")
 def high_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOptions) -> tuple[jax.Array, jax.Array]:
     """The paper's "High-Conflict Half": keep the half of each prompt's rollouts with the lowest
     conflict score c (`snr_halves`), then GD2PO's batch step."""
@@ -441,20 +488,61 @@ def high_conflict_half(s: RewardSignals, eligible: jax.Array, o: AdvantageOption
     return keep, _reweighted_batch_step(s, keep, o)
 
 
-#: method name -> ``fn(signals, eligible, options) -> (keep [P, G], advantages [P, G])``.
-ADVANTAGE_METHODS = {
-    "grpo": grpo,
-    "gdpo": gdpo,
-    "gd2po_hard": gd2po_hard,
-    "gd2po_snr": gd2po_snr,
-    "low_conflict_half": low_conflict_half,
-    "high_conflict_half": high_conflict_half,
-}
+#: the built-in methods' names, from the registry (``gd2po_jax.config.ALGORITHMS`` is tested equal).
 METHODS: tuple[str, ...] = tuple(ADVANTAGE_METHODS)
 #: the paper's ablation of the SNR ranking (no official code: not in tests/reference/).
 SNR_HALF_METHODS: tuple[str, ...] = SNR_HALF_ALGORITHMS
 #: the methods that filter rollouts and reweight prompts by kappa.
 FILTERING_METHODS: tuple[str, ...] = ("gd2po_hard", "gd2po_snr", *SNR_HALF_METHODS)
+
+
+def advantage_method(name: str) -> AdvantageMethod:
+    """The method ``rl.algorithm=name`` names: a registered one, or a function of your own named
+    ``module:callable`` / ``path/to/file.py:callable``, imported once and registered under ``name``.
+
+    Raises:
+      ConfigError: not a registered name nor an import path, an import that fails, or a callable whose
+        signature cannot take ``(signals, eligible, options)``, naming ``config.rl.algorithm``.
+    """
+    if name in ADVANTAGE_METHODS:
+        return ADVANTAGE_METHODS[name]
+    if not is_import_path(name):
+        raise ConfigError(
+            f"config.rl.algorithm: {name!r} is not one of {METHODS}, nor an aggregator of your own "
+            "(module:callable or path/to/file.py:callable)"
+        )
+    label = f"config.rl.algorithm ({name!r})"
+    try:
+        fn, source = import_object(name, label)
+    except ImportPathError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"{label}: {name.rpartition(':')[2]} in {source} cannot take (signals, eligible, options), the "
+            f"signature of the built-in methods (gd2po_jax.rl.advantages.gdpo): {err}"
+        ) from None
+    return register_advantage_method(name)(fn)
+
+
+def _checked_method_output(name: str, output, shape: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+    """(keep, advantages) of an aggregator of your own, checked at trace time.
+
+    Raises:
+      ConfigError: not a pair of [P, G] arrays, naming ``config.rl.algorithm``.
+    """
+    try:
+        keep, advantages = output
+        keep, advantages = jnp.asarray(keep), jnp.asarray(advantages)
+    except (TypeError, ValueError):
+        keep = advantages = None
+    if keep is None or advantages is None or keep.shape != shape or advantages.shape != shape:
+        raise ConfigError(
+            f"config.rl.algorithm ({name!r}): returned {output!r:.120}; an aggregator returns (keep, advantages), "
+            f"two [P, G] = {shape} arrays (bool, float)"
+        )
+    return keep.astype(bool), advantages.astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,7 +553,7 @@ FILTERING_METHODS: tuple[str, ...] = ("gd2po_hard", "gd2po_snr", *SNR_HALF_METHO
 def compute_advantages(
     rewards: jax.Array,
     lengths: jax.Array,
-    method: Method = "gd2po_snr",
+    method: Method | str = "gd2po_snr",
     *,
     snr_tau: float | jax.Array = 0.8,
     reward_weights: jax.Array | None = None,
@@ -515,8 +603,8 @@ def compute_advantages(
     Returns:
       An `AdvantageOutput`.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method not in METHODS and not is_import_path(method):
+        raise ValueError(f"method must be one of {METHODS} or an import path module:callable, got {method!r}")
     if batch_norm not in BATCH_NORMS:
         raise ValueError(f"batch_norm must be one of {BATCH_NORMS}, got {batch_norm!r}")
     if rewards.ndim != 3:
@@ -565,14 +653,19 @@ def compute_advantages(
         query_reweighting=query_reweighting,
         halves_ranking=halves_ranking,
     )
-    keep, advantages = ADVANTAGE_METHODS[method](signals, eligible, options)
+    if method in METHODS:
+        keep, advantages = ADVANTAGE_METHODS[method](signals, eligible, options)
+    else:  # an aggregator of your own
+        output = advantage_method(method)(signals, eligible, options)
+        keep, advantages = _checked_method_output(method, output, (num_prompts, group_size))
     # kappa as applied; 1 or 0 (a prompt with or without a kept rollout) where no kappa is applied.
     kappa = (
         query_weight(keep)
         if method in FILTERING_METHODS and query_reweighting
         else jnp.where(jnp.any(keep, axis=1), 1.0, 0.0)
     )
-    unfiltered = gdpo(signals, eligible, options)[1] if method in FILTERING_METHODS else advantages
+    # GDPO's advantages as "before filtering" for every method but GRPO and GDPO (and yours).
+    unfiltered = gdpo(signals, eligible, options)[1] if method not in ("grpo", "gdpo") else advantages
 
     return AdvantageOutput(
         advantages=advantages,
@@ -583,6 +676,9 @@ def compute_advantages(
         reward_advantages=reward_adv,
         unfiltered_advantages=unfiltered,
         reward_zero_std=reward_zero_std,
+        reward_present=present,
+        reward_weights=weights,
+        summed=signals.summed,
     )
 
 
@@ -656,7 +752,106 @@ def advantage_diagnostics(
         raise ValueError(f"reward_names: {len(names)} names {names} for the {num_rewards} rewards")
     for k, name in enumerate(names):
         metrics[f"zero_std_fraction/{name}"] = zero_std[k]
+    metrics.update(reward_diagnostics(out, real, names))
     any_valid = jnp.any(valid)
     for name in ("query_weight_min", "query_weight_max"):
         metrics[name] = jnp.where(any_valid, metrics[name], 0.0)
     return {name: jnp.asarray(value, jnp.float32) for name, value in metrics.items()}
+
+
+def _sign(values: jax.Array, eps: float = RATIO_EPS) -> jax.Array:
+    """-1, 0 or 1: values within +-eps count as neither sign (as `sign_conflict`)."""
+    return jnp.where(values > eps, 1.0, jnp.where(values < -eps, -1.0, 0.0))
+
+
+def reward_diagnostics(out: AdvantageOutput, real: jax.Array, names: Sequence[str]) -> dict[str, jax.Array]:
+    """What each reward and each pair of rewards does to the step's advantages (jittable scalars):
+
+    ``reward_advantage_mean/<name>``, ``reward_advantage_std/<name>``  mean and std (ddof=0) of A_k over
+        the rollouts where reward k is present
+    ``opposes_sum/<name>``  the share of those where w_k A_k and S = sum_k w_k A_k have opposite signs (the
+        reward pulls against the aggregate)
+    ``conflict/<a>~<b>``  per pair a < b (in column order), the share of the rollouts where both are
+        present whose w_a A_a and w_b A_b have opposite signs (the pairwise view of ``conflict_ratio``)
+    ``pre_batch_abs_mean``  mean |S| over the scorable rollouts: the aggregate's magnitude before the
+        batch step (the GDPO guidance's ">10x between batches" check, `MagnitudeWatch`)
+    ``post_batch_abs_mean``  mean |advantage| over the kept rollouts, after it
+
+    Signs within +-1e-8 count as neither (as the conflict test). Args: ``real`` [P, G] bool, the rollouts
+    of valid prompts; ``names`` the K reward names.
+    """
+    present = out.reward_present & real[..., None]  # [P, G, K]
+    count = jnp.maximum(jnp.sum(present, axis=(0, 1)), 1)  # [K]
+    mean = jnp.sum(jnp.where(present, out.reward_advantages, 0.0), axis=(0, 1)) / count
+    var = jnp.sum(jnp.where(present, (out.reward_advantages - mean) ** 2, 0.0), axis=(0, 1)) / count
+    sign = _sign(out.reward_advantages * out.reward_weights)  # [P, G, K]
+    opposes = present & (sign * _sign(out.summed)[..., None] < 0)
+    opposes_share = jnp.sum(opposes, axis=(0, 1)) / count
+    metrics = {}
+    for k, name in enumerate(names):
+        metrics[f"reward_advantage_mean/{name}"] = mean[k]
+        metrics[f"reward_advantage_std/{name}"] = jnp.sqrt(var[k])
+        metrics[f"opposes_sum/{name}"] = opposes_share[k]
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            both = present[..., a] & present[..., b]
+            metrics[f"conflict/{names[a]}~{names[b]}"] = _masked_mean(sign[..., a] * sign[..., b] < 0, both)
+    metrics["pre_batch_abs_mean"] = _masked_mean(jnp.abs(out.summed), jnp.any(present, axis=-1))
+    metrics["post_batch_abs_mean"] = _masked_mean(jnp.abs(out.advantages), out.keep & real)
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# Across steps, on the host.
+# ----------------------------------------------------------------------------------------------
+
+
+class MagnitudeWatch:
+    """The GDPO guidance's stability check ("validate that the advantage distribution prevents >10x
+    magnitude fluctuations between batches"): each step's ``advantages/pre_batch_abs_mean`` against the
+    step before; the first change by more than ``factor`` (up or down) is warned about once, in the
+    console and as ``advantages/pre_batch_jump`` (the ratio) in that step's metrics. A step whose
+    magnitude is 0 (no group with a spread: nothing to compare) neither warns nor is compared with.
+
+    Group normalization makes S scale-free, so with the default ``group_scale="group"`` a reward whose
+    scale jumps moves it little; without the group std (``group_scale="none"``) it jumps with the rewards.
+    """
+
+    METRIC = "advantages/pre_batch_abs_mean"
+    JUMP = "advantages/pre_batch_jump"
+
+    def __init__(self, factor: float = 10.0):
+        self.factor = factor
+        self.previous: tuple[int, float] | None = None
+        self.warned = False
+
+    def check(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
+        """{JUMP: ratio} at the first step whose magnitude is more than ``factor`` times (or less than
+        1/``factor`` of) the step before's, warning naming both steps; else {}.
+
+        Args:
+          step: the RL step, 1-based (as in metrics.jsonl). metrics: the step's.
+        """
+        value = float(metrics.get(self.METRIC, float("nan")))
+        if not value > 0 or value == float("inf"):
+            return {}
+        previous, self.previous = self.previous, (step, value)
+        if previous is None or self.warned:
+            return {}
+        last_step, last = previous
+        ratio = max(value / last, last / value)
+        if ratio <= self.factor:
+            return {}
+        self.warned = True
+        logger.warning(
+            "%s changed %.1fx from step %d (%.4g) to step %d (%.4g): more than the %gx between batches that the "
+            "GDPO guidance asks to prevent; look at the rewards' scales and the group normalization (warned once)",
+            self.METRIC,
+            ratio,
+            last_step,
+            last,
+            step,
+            value,
+            self.factor,
+        )
+        return {self.JUMP: ratio}

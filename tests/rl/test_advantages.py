@@ -772,3 +772,100 @@ def test_snr_halves_are_complementary_halves(batch, discrete):
         assert score[p][keep_low[p]].min() >= score[p][keep_high[p]].max()
     np.testing.assert_array_equal(low.query_weight, np.float32(group // 2) / np.float32(group))
     np.testing.assert_array_equal(low.conflict, high.conflict)
+
+
+# ------------------------------------------------------------------------------------------------
+# The registry, aggregators of your own, per-reward and pairwise diagnostics, the >10x check (issue 61).
+# ------------------------------------------------------------------------------------------------
+
+
+def test_the_registry_is_the_one_source_of_the_algorithm_names():
+    from gd2po_jax.config import ALGORITHMS
+    from gd2po_jax.rl.advantages import ADVANTAGE_METHODS
+
+    assert METHODS == ALGORITHMS  # config cannot import rl: held equal here
+    assert set(METHODS) <= set(ADVANTAGE_METHODS)
+
+
+def test_an_aggregator_of_your_own_is_checked_before_it_runs(tmp_path):
+    from gd2po_jax.config import ConfigError
+    from gd2po_jax.rl.advantages import advantage_method
+
+    path = tmp_path / "my_aggregators.py"
+    path.write_text(
+        "import jax.numpy as jnp\n\n"
+        "def keep_all(signals, eligible, options):\n    return eligible, jnp.where(eligible, signals.summed, 0.0)\n\n"
+        "def two_args(signals, eligible):\n    return eligible, signals.summed\n\n"
+        "def flat(signals, eligible, options):\n    return eligible, signals.summed.reshape(-1)\n"
+    )
+    rewards, lengths = jnp.asarray([[[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]]]), jnp.ones((1, 3), jnp.int32)
+    out = compute_advantages(rewards, lengths, f"{path}:keep_all")
+    np.testing.assert_allclose(out.advantages, out.summed)  # S itself, kept everywhere
+    np.testing.assert_allclose(out.unfiltered_advantages, compute_advantages(rewards, lengths, "gdpo").advantages)
+    with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm \('.*:two_args'\): two_args in .* cannot take "
+                                          r"\(signals, eligible, options\)"):
+        advantage_method(f"{path}:two_args")
+    with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm \('.*:flat'\): returned .*; an aggregator returns "
+                                          r"\(keep, advantages\), two \[P, G\] = \(1, 3\) arrays"):
+        compute_advantages(rewards, lengths, f"{path}:flat")
+    with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm \('.*nowhere\.py:f'\): no file"):
+        advantage_method(f"{tmp_path / 'nowhere.py'}:f")
+    with pytest.raises(ConfigError, match=r"'ppo' is not one of .*nor an aggregator of your own"):
+        advantage_method("ppo")
+
+
+def test_the_config_takes_an_aggregator_by_import_path():
+    from gd2po_jax.config import ConfigError
+    from tests.fakes import tiny_run_config
+
+    config = tiny_run_config().replace({"rl.algorithm": "examples/aggregators/quantile_gdpo.py:quantile_gdpo"})
+    assert config.rl.algorithm.endswith(":quantile_gdpo")
+    with pytest.raises(ConfigError, match=r"^config\.rl\.algorithm: 'my_module:' is not module:callable"):
+        tiny_run_config().replace({"rl.algorithm": "my_module:"})
+
+
+def test_per_reward_and_pairwise_diagnostics_by_hand():
+    """Two rewards that disagree on every rollout of the first group, a third that agrees with the first."""
+    rewards = jnp.asarray([[[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], [[1.0, 1.0, 1.0], [0.0, 0.0, np.nan]]])
+    out = compute_advantages(rewards, jnp.ones((2, 2), jnp.int32), "gdpo", reward_weights=jnp.asarray([1.0, 3.0, 1.0]))
+    m = {k: float(v) for k, v in advantage_diagnostics(out, reward_names=("a", "b", "c")).items()}
+    # A_a = +-0.707 in both groups; A_b = -+0.707, then +-0.707; A_c = A_a in group 0, 0 in group 1 (one value).
+    assert m["conflict/a~b"] == pytest.approx(0.5)  # 2 of 4 rollouts
+    assert m["conflict/a~c"] == 0.0 and m["conflict/b~c"] == pytest.approx(2 / 3)  # of the 3 with both
+    # S = A_a + 3 A_b + A_c: b (weight 3) sets the sign: a and c oppose S on group 0.
+    assert m["opposes_sum/a"] == pytest.approx(0.5) and m["opposes_sum/b"] == 0.0
+    assert m["opposes_sum/c"] == pytest.approx(2 / 3)  # of its 3 present values
+    assert m["reward_advantage_mean/a"] == pytest.approx(0.0, abs=1e-6)
+    assert m["reward_advantage_std/a"] == pytest.approx(1 / np.sqrt(2), rel=1e-4)
+    summed = np.asarray(out.summed)
+    assert m["pre_batch_abs_mean"] == pytest.approx(np.abs(summed).mean(), rel=1e-5)
+    assert m["post_batch_abs_mean"] == pytest.approx(float(jnp.mean(jnp.abs(out.advantages))), rel=1e-5)
+    assert not [k for k in m if k.startswith("conflict/") and k not in ("conflict/a~b", "conflict/a~c", "conflict/b~c")]
+
+
+def test_a_10x_jump_of_the_pre_batch_magnitude_is_warned_once_naming_both_steps(caplog):
+    """The GDPO guidance's check: rewards whose scale jumps 100x at step 3 move S 100x without the group
+    std (group_scale='none'): warned once, at step 3, naming steps 2 and 3; GDPO's group normalization
+    keeps S scale-free (no warning)."""
+    from gd2po_jax.rl.advantages import MagnitudeWatch
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(6, 4, 8, 2)).astype(np.float32)
+    scales = [1.0, 1.0, 100.0, 100.0, 1.0, 1.0]
+    lengths = jnp.full((4, 8), 3)
+
+    def run(group_scale):
+        watch, jumps = MagnitudeWatch(), {}
+        for step, (rewards, scale) in enumerate(zip(base, scales), start=1):
+            out = compute_advantages(jnp.asarray(rewards * scale), lengths, "gdpo", group_scale=group_scale)
+            metrics = {f"advantages/{k}": float(v) for k, v in advantage_diagnostics(out).items()}
+            jumps.update({step: v for v in watch.check(step, metrics).values()})
+        return jumps
+
+    with caplog.at_level("WARNING", logger="gd2po_jax.rl.advantages"):
+        jumps = run("none")
+    assert list(jumps) == [3] and jumps[3] > 10  # step 5 falls back 100x too: warned once only
+    assert len(caplog.records) == 1
+    assert "advantages/pre_batch_abs_mean changed" in caplog.text and "from step 2" in caplog.text
+    assert "to step 3" in caplog.text
+    assert run("group") == {}
