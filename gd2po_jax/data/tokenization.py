@@ -29,14 +29,30 @@ if TYPE_CHECKING:  # AutoTokenizer is imported in load_tokenizer: transformers' 
     from transformers import PreTrainedTokenizerBase
 
 
+class TokenizerLoadError(UserError, ValueError):
+    """A directory no tokenizer loads from; one line naming it (`load_tokenizer`)."""
+
+
 def load_tokenizer(path, *, padding_side: str = "left") -> PreTrainedTokenizerBase:
-    """`AutoTokenizer` of a checkpoint directory; a missing pad token is set to the EOS token."""
+    """`AutoTokenizer` of a checkpoint directory; a missing pad token is set to the EOS token.
+
+    Raises:
+      TokenizerLoadError: naming ``path``, when transformers cannot load a tokenizer from it (a broken
+        config.json, no tokenizer files ...).
+    """
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # transformers' chained errors
+        raise TokenizerLoadError(
+            f"{path}: cannot load a tokenizer from it ({type(err).__name__}: {' '.join(str(err).split())[:300]}); "
+            "give the model directory its tokenizer files (tokenizer.json, tokenizer_config.json) and a valid "
+            "config.json, or config.model.tokenizer_path"
+        ) from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"{path}: the tokenizer defines neither a pad nor an EOS token; add one")
+            raise TokenizerLoadError(f"{path}: the tokenizer defines neither a pad nor an EOS token; add one")
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
     return tokenizer

@@ -8,10 +8,12 @@ own slice (`jax.make_array_from_callback`), so no second host copy of the model 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -20,6 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from gd2po_jax.errors import UserError
 from gd2po_jax.models.config import ModelConfig, config_to_hf_dict, load_hf_config
 from gd2po_jax.models.decoder import Decoder, LoRASpec
 from gd2po_jax.models.lora import init_adapters
@@ -45,6 +48,32 @@ AUXILIARY_FILES = (
 
 # Checkpoint tensors that are not parameters of the decoder and may be ignored.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class ModelDirError(UserError, ValueError):
+    """A Hugging Face model directory that cannot be loaded (no or truncated safetensors, a tensor of
+    the wrong shape, a config.json that is not JSON or not a supported model); one line naming the
+    file (`model_dir_errors`)."""
+
+
+@contextlib.contextmanager
+def model_dir_errors(path) -> Iterator[None]:
+    """Within: what reading the model directory ``path`` raises (a missing or truncated file, a
+    malformed header or config.json, a tensor missing or of the wrong shape) becomes a one-line
+    `ModelDirError` naming the file and what to do."""
+    try:
+        yield
+    except ModelDirError:
+        raise
+    except (OSError, ValueError, KeyError) as err:
+        text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        text = " ".join(str(text).split()) or type(err).__name__
+        if str(path) not in text:
+            text = f"{path}: {text}"
+        raise ModelDirError(
+            f"{text} (the model directory is incomplete, damaged or not a model this project loads: "
+            "copy or save it again)"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +185,15 @@ def load_pretrained(
       remat: rematerialise layers in the backward pass.
       lora: adapters (in ``lora.dtype``), fresh as PEFT initialises them from ``lora_seed``
         (`gd2po_jax.models.lora.init_adapters`: the model computes as the checkpoint's).
+
+    Raises:
+      ModelDirError: the directory cannot be loaded (one line naming the file: `model_dir_errors`).
     """
     path = resolve_model_dir(path)
-    config = load_hf_config(path)
-    checkpoint = SafetensorsCheckpoint(path)
+    with model_dir_errors(pathlib.Path(path) / "config.json" if pathlib.Path(path).is_dir() else path):
+        config = load_hf_config(path)
+    with model_dir_errors(path):
+        checkpoint = SafetensorsCheckpoint(path)
     model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat, lora=lora))
     if lora is not None:
         init_adapters(model, lora_seed, mesh)
@@ -168,7 +202,8 @@ def load_pretrained(
     expected = {tm.hf_name for tm in maps}
     if config.tie_word_embeddings:
         expected.add("lm_head.weight")
-    check_no_unexpected_tensors(checkpoint, expected, f"config.json (model_type={config.model_type!r})")
+    with model_dir_errors(path):
+        check_no_unexpected_tensors(checkpoint, expected, f"config.json (model_type={config.model_type!r})")
     return model
 
 
@@ -177,13 +212,14 @@ def fill_from_checkpoint(model: nnx.Module, maps, checkpoint: SafetensorsCheckpo
     ``checkpoint``, converted to ``dtype``; with a mesh, directly on its annotated sharding.
 
     Raises:
-      KeyError / ValueError: a tensor is missing or has the wrong shape (naming tensor and file).
+      ModelDirError: a tensor is missing or has the wrong shape (naming tensor and file).
       RuntimeError: a parameter of the model is not named by any map.
     """
     for tm in maps:
         variable = get_variable(model, tm.path)
         shape = tuple(variable.shape)
-        tensor = checkpoint.get(tm.hf_name, hf_shape(tm.kind, shape))
+        with model_dir_errors(checkpoint.directory):
+            tensor = checkpoint.get(tm.hf_name, hf_shape(tm.kind, shape))
         sharding = variable_sharding(variable, mesh) if mesh is not None else None
         variable.set_value(place_host_array(hf_to_ours(tensor, tm.kind, shape), dtype, sharding))
     leftover = [x for x in jax.tree.leaves(nnx.state(model)) if isinstance(x, jax.ShapeDtypeStruct)]

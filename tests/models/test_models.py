@@ -22,7 +22,7 @@ from gd2po_jax.models import (
     save_pretrained,
 )
 from gd2po_jax.models.decoder import MASK_VALUE, attention_mask_3d, dot_product_attention, linear
-from gd2po_jax.models.pretrained import get_variable, ours_to_hf, tensor_maps
+from gd2po_jax.models.pretrained import ModelDirError, get_variable, ours_to_hf, tensor_maps
 from gd2po_jax.models.safetensors_io import SafetensorsCheckpoint, read_header, write_file
 from gd2po_jax.models.logprobs import completion_logprobs
 from gd2po_jax.runtime.sharding import make_mesh
@@ -268,7 +268,7 @@ def test_missing_tensor_names_tensor_shape_and_files(tmp_path):
         array = np.array(reader._entries[name] and reader.get(name, reader._entries[name][1]["shape"]))
         tensors.append((name, array.shape, array.dtype, lambda a=array: a))
     write_file(ckpt / "model.safetensors", tensors)
-    with pytest.raises(KeyError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight.*\(16, 32\).*model\.safetensors"):
+    with pytest.raises(ModelDirError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight.*\(16, 32\).*model\.safetensors"):
         load_pretrained(ckpt)
 
 
