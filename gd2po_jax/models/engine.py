@@ -360,6 +360,22 @@ def compact(state: EngineState, keep: jax.Array) -> EngineState:
     )
 
 
+@struct.dataclass
+class GroupOutput:
+    """The rows of one completed group (G of them): tokens, logprobs [G, M]; lengths, finished [G]."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    finished: jax.Array
+
+
+def group_rows(state: EngineState, rows: jax.Array) -> GroupOutput:
+    """The rows ``rows [R]`` of ``state``'s outputs (a copy: the state goes on to the next chunk)."""
+    return GroupOutput(state.tokens[rows], state.logprobs[rows], state.lengths[rows], state.finished[rows])
+
+
+group_rows_fn = jax.jit(group_rows)
 weights_fn = jax.jit(engine_weights, static_argnums=(0, 2))
 admit_fn = jax.jit(admit_prompts, static_argnums=(0, 7, 8), donate_argnums=(2,))
 chunk_fn = jax.jit(run_chunk, static_argnums=(0, 5, 6), donate_argnums=(2,))
@@ -507,19 +523,35 @@ def drive(
     scheduler: Scheduler,
     *,
     admit: Callable[[list[int]], None],
-    chunk: Callable[[list[tuple[int, int, int]]], Sequence[bool]],
+    chunk: Callable[[list[tuple[int, int, int]]], Callable[[], Sequence[bool]]],
     compact: Callable[[list[int]], None],
     slot_counts: Sequence[int],
     single_token: bool = False,
-    on_group: Callable[[int], None] | None = None,
+    collect: Callable[[list[int]], list[Any]] | None = None,
+    on_group: Callable[[int, Any], None] | None = None,
 ) -> None:
-    """The engine's host loop, over the device through three callbacks (`run_engine` runs the
-    programs; `simulate` counts): until every row is done, admit prompts for the free slots
-    (``admit(prompts)``), place waiting rows and run a chunk (``chunk(placed)`` returns every slot's
-    ``slot_active`` after it: the one sync), free the slots of the rows that stopped, report the
-    groups that completed, and once drained shrink the slots (``compact(keep)``).
+    """The engine's host loop, over the device through callbacks (`run_engine` runs the programs;
+    `simulate` counts): until every row is done, admit prompts for the free slots
+    (``admit(prompts)``), place waiting rows and start a chunk (``chunk(placed)`` dispatches it and
+    returns the wait for every slot's ``slot_active`` after it: the one sync), free the slots of the
+    rows that stopped, and once drained shrink the slots (``compact(keep)``).
+
+    Completed groups: ``collect(prompts)`` takes what they produced (before the next chunk reuses
+    the state), and ``on_group(prompt, collected)`` hands it over while the next chunk runs on the
+    device (the host's work on a group overlaps the decode of the rest); the last ones after the loop.
     ``single_token``: M = 1, the prefill samples every row's only token (no chunk runs).
     """
+    pending: list[tuple[int, Any]] = []
+
+    def completed(prompts: list[int]) -> list[tuple[int, Any]]:
+        payloads = collect(prompts) if collect is not None and prompts else [None] * len(prompts)
+        return list(zip(prompts, payloads))
+
+    def report(groups: list[tuple[int, Any]]) -> None:
+        if on_group is not None:
+            for prompt, payload in groups:
+                on_group(prompt, payload)
+
     while not scheduler.done:
         admitted = scheduler.prompts_to_admit()
         if admitted:
@@ -530,16 +562,15 @@ def drive(
                 scheduler.rows_left[prompt] = 0
                 scheduler.free_regions.append(scheduler.region_of_prompt.pop(prompt))
                 scheduler.completed.append(prompt)
-                if on_group is not None:
-                    on_group(prompt)
+            report(completed(admitted))
             continue
-        active = chunk(scheduler.place())
-        for prompt in scheduler.finish(active):
-            if on_group is not None:
-                on_group(prompt)
+        wait = chunk(scheduler.place())
+        report(pending)  # while the chunk runs
+        pending = completed(scheduler.finish(wait()))
         keep = scheduler.shrink_to(slot_counts)
         if keep is not None:
             compact(keep)
+    report(pending)
 
 
 def engine_layout(rows: int, num_samples: int, slots: int, min_slots: int) -> tuple[int, int, int, tuple[int, ...]]:
@@ -579,7 +610,7 @@ def simulate(
             if row < rows:
                 next_token[slot] = min(next_token[slot] + chunk, lengths[row])
             active.append(row < rows and next_token[slot] < lengths[row])
-        return active
+        return lambda: active
 
     def shrink(keep):
         next_token[:] = [next_token[s] for s in keep]
@@ -599,7 +630,7 @@ def run_engine(
     slots: int = 0,
     min_slots: int = 4,
     chunk: int = 16,
-    on_group: Callable[[int], None] | None = None,
+    on_group: Callable[[int, GroupOutput], None] | None = None,
 ) -> EngineRun:
     """Generates ``num_samples`` completions of each of the P left-padded prompts ``ids, mask``
     ``[P, Lp]`` through ``slots`` slots (0: one per row, P x G).
@@ -612,7 +643,8 @@ def run_engine(
       rng: base key of the rows' keys (`row_keys`).
       slots: S, rows decoded at once; min_slots: the fewest the drain shrinks to; chunk: decode
         steps per host sync.
-      on_group: called with a prompt's index when its G rows are all done, between chunks.
+      on_group: ``on_group(prompt, group)`` with a prompt's index and its rows' `GroupOutput`
+        (device arrays) when its G rows are all done, while the next chunk decodes (`drive`).
     """
     p, lp = ids.shape
     n, m = p * num_samples, params.max_new_tokens
@@ -647,7 +679,7 @@ def run_engine(
         )
         stats.prefills += 1
 
-    def run(placed: list[tuple[int, int, int]]) -> Sequence[bool]:
+    def run(placed: list[tuple[int, int, int]]) -> Callable[[], Sequence[bool]]:
         state = holder[0]
         assign_rows = np.full(state.num_slots, n, np.int32)
         assign_regions = np.zeros(state.num_slots, np.int32)
@@ -658,12 +690,28 @@ def run_engine(
         stats.slot_steps += state.num_slots * chunk
         if state.num_slots not in stats.slot_counts:
             stats.slot_counts.append(state.num_slots)
-        return np.asarray(jax.device_get(state.slot_active)).tolist()
+        return lambda: np.asarray(jax.device_get(state.slot_active)).tolist()
+
+    def collect(prompts: list[int]) -> list[GroupOutput]:
+        rows = (np.asarray(prompts, np.int32)[:, None] * num_samples + np.arange(num_samples)).reshape(-1)
+        group = group_rows_fn(holder[0], rows)
+        return [
+            jax.tree.map(lambda x, i=i: x[i * num_samples : (i + 1) * num_samples], group) for i in range(len(prompts))
+        ]
 
     def shrink(keep: list[int]) -> None:
         holder[0] = compact_fn(holder[0], np.asarray(keep, np.int32))
 
-    drive(scheduler, admit=admit, chunk=run, compact=shrink, slot_counts=counts, single_token=m == 1, on_group=on_group)
+    drive(
+        scheduler,
+        admit=admit,
+        chunk=run,
+        compact=shrink,
+        slot_counts=counts,
+        single_token=m == 1,
+        collect=collect if on_group is not None else None,
+        on_group=on_group,
+    )
     state = holder[0]
     stats.tokens = int(np.sum(jax.device_get(state.lengths)))
     return EngineRun(

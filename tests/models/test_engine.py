@@ -86,10 +86,20 @@ def test_groups_are_reported_once_as_they_complete(model):
     eos = _eos_ids(model, prompts, 12)
     ids, mask = left_pad(prompts, bucket_length(max(map(len, prompts))), 0)
     params = SamplingParams(max_new_tokens=12, temperature=1.0, eos_token_ids=tuple(eos), pad_token_id=0)
-    seen = []
+    seen, groups = [], {}
+
+    def on_group(prompt, group):
+        seen.append(prompt)
+        groups[prompt] = jax.tree.map(np.asarray, group)  # read while the next chunk runs
+
     run = run_engine(model, ids, mask, params, num_samples=2, rng=jax.random.key(1), slots=3, chunk=2,
-                     on_group=seen.append)
+                     on_group=on_group)
     assert sorted(seen) == list(range(len(prompts))) and seen == run.completed_groups
+    for prompt, group in groups.items():  # what the callback got is the rows' final output
+        rows = slice(2 * prompt, 2 * prompt + 2)
+        np.testing.assert_array_equal(group.tokens, np.asarray(run.tokens)[rows])
+        np.testing.assert_array_equal(group.lengths, np.asarray(run.lengths)[rows])
+        np.testing.assert_array_equal(group.logprobs, np.asarray(run.logprobs)[rows])
     lengths = np.asarray(run.lengths).reshape(len(prompts), 2).max(axis=1)
     # With 3 slots a group that stops early completes before a later-admitted longer one: the order
     # follows completion (not the prompts' order) wherever lengths differ enough.
