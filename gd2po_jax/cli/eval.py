@@ -4,12 +4,16 @@
     python eval.py --workdir=DIR --data=API_BANK_DIR [--max_examples=N] [--max_new_tokens=N] [--max_total_tokens=N]
     python eval.py --model_path=HF_DIR --data=API_BANK_DIR [--workdir=OUT]
     python eval.py --workdir=DIR --data=SAFETY_SETS_DIR [--max_examples=N] [--model_path=HF_DIR]
+    python eval.py --workdir=DIR --data=val.jsonl [--max_examples=N]   # your own data, the run's rewards
     python eval.py --workdir=DIR --habits [--split=test]
 
 Reports go to DIR/eval/<split>.json, DIR/eval/api_bank.json or DIR/eval/safe_alignment.json, with the
 generations in the .jsonl next to them, and a table is printed. --data=DIR of verl parquet sets (or
 one such file) scores greedy responses with the reward models of the run in
---workdir (configs/safety.py; docs/safety.md says how the averages are computed). Without
+--workdir (configs/safety.py; docs/safety.md says how the averages are computed). Any other --data
+(a JSONL, parquet or JSON file, a directory or glob of them, a save_to_disk folder, a Hub id: what
+the run's config.data.* fields take) is your own data, scored as the run's splits are (its reward
+functions: each reward and their sum) -> DIR/eval/data-<name>.json. Without
 --workdir, --model_path reports go to runs/eval/<model directory name>. --habits generates nothing:
 it prints the habit breakdown of the saved generations of a synthetic_tools run,
 eval/before_rl.jsonl and eval/after_rl.jsonl (written by train.py), or with --split those of
@@ -61,7 +65,9 @@ def define_flags() -> None:
         "",
         "A path to an API-Bank directory or level-N file ('api_bank': the "
         "--api_bank_dir directory), or to a directory of verl parquet sets or one such file, "
-        "scored by the run's reward models (the helpfulness-safety sets); empty: evaluate --split.",
+        "scored by the run's reward models (the helpfulness-safety sets), or any data of your own "
+        "the run's loaders read (JSONL, parquet, a folder, a Hub id), scored by the run's rewards; "
+        "empty: evaluate --split.",
         module_name=main_module,
     )
     flags.DEFINE_string(

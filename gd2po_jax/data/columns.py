@@ -47,3 +47,9 @@ RESERVED_COLUMNS = (ROW, PROMPT_TEXT, EXTRA_COLUMNS, RESPONSE_IDS, ROLLOUT_INDEX
 """Record keys that are refused (`gd2po_jax.data.schema.DataFormatError`, "rename it"): each would be
 silently shadowed, by a `FEATURES` column the loader sets, or by a column rollouts give reward
 functions (`RESPONSE_IDS`, `ROLLOUT_INDEX`)."""
+
+TASK_COLUMNS = (GROUND_TRUTH, TARGET, LEVEL, SOURCE)
+"""Schema columns a JSONL row may also give as a column of its own. A task reads some of them (a
+built-in family's ground truth, the warm start's target): those are typed, with an error naming what
+reads them; any other keeps the row's value, of any type, and reaches reward functions as it is. One
+the data does not give does not reach them at all (`gd2po_jax.data.schema.dataset_columns`)."""

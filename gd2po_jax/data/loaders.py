@@ -12,6 +12,8 @@ as before. The formats (local files only; nothing is downloaded):
   API-Bank JSON     `load_api_bank_file`,             kind "api_bank",   .json with system, user, answer,
                     `load_api_bank` (a directory)                        or a directory
   JSONL             `load_jsonl`                      kind "jsonl",      .jsonl
+  JSONL rows in     `load_jsonl_parquet`              kind "jsonl",      .parquet without verl's
+  parquet                                                                reward_model / data_source
 
 Malformed rows raise `DataFormatError` naming the file, the row and the field (or, with
 ``on_error="skip"``, are left out and returned in `LoadResult.skipped`): `gd2po_jax.data.schema`.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -37,7 +39,7 @@ from gd2po_jax.data.formats.api_bank import (
     load_api_bank_file,
     parse_api_bank_answer,
 )
-from gd2po_jax.data.formats.jsonl import jsonl_row, load_jsonl
+from gd2po_jax.data.formats.jsonl import jsonl_row, load_jsonl, load_jsonl_parquet
 from gd2po_jax.data.formats.toolrl_sft import load_toolrl_sft, toolrl_sft_row
 from gd2po_jax.data.formats.verl_parquet import load_verl_parquet, missing_ground_truth, verl_row
 from gd2po_jax.data.schema import (
@@ -82,15 +84,29 @@ KINDS = DATA_KINDS
 # ---------------------------------------------------------------- files
 
 
+def _is_jsonl_parquet(path: pathlib.Path) -> bool:
+    """Whether a parquet file holds rows in the JSONL schema: a ``prompt`` or ``messages`` column and
+    neither of verl's ``reward_model`` / ``data_source`` (a file that does not read: False, verl's
+    loader names the problem)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError):
+        return False
+    return bool(names & {PROMPT, PROMPT_ALIAS}) and not names & {"reward_model", "data_source"}
+
+
 def detect_kind(path: str | os.PathLike) -> str:
-    """The loader kind of a path: by extension, and for .json by the first record's keys; a
-    directory is an API-Bank directory."""
+    """The loader kind of a path: by extension, for .json by the first record's keys, for .parquet by
+    its columns (verl's, else rows in the JSONL schema); a directory is an API-Bank directory."""
     path = pathlib.Path(path)
     if path.is_dir():
         return "api_bank"
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return "verl"
+        return "jsonl" if _is_jsonl_parquet(path) else "verl"
     if suffix == ".jsonl":
         return "jsonl"
     if suffix == ".json":
@@ -123,11 +139,13 @@ def load_data(
         kind = detect_kind(path)
     if kind != "verl":
         options.pop("require_ground_truth", None)
+    if kind != "jsonl":
+        options.pop("typed", None)  # the other formats derive their schema columns, never a row's own
     loaders: dict[str, Callable[..., LoadResult]] = {
         "verl": load_verl_parquet,
         "toolrl_sft": load_toolrl_sft,
         "api_bank": load_api_bank if pathlib.Path(path).is_dir() else load_api_bank_file,
-        "jsonl": load_jsonl,
+        "jsonl": load_jsonl_parquet if pathlib.Path(path).suffix.lower() == ".parquet" else load_jsonl,
     }
     if kind not in loaders:
         raise ValueError(f"unknown data kind {kind!r}; expected 'auto' or one of {KINDS}")
@@ -163,11 +181,13 @@ def load_records(
     kind: str = "auto",
     on_error: OnError = "raise",
     require_ground_truth: bool = True,
+    typed: Mapping[str, str] | None = None,
 ) -> LoadResult:
     """The rows of ``records`` (a `datasets.Dataset` in one of the formats of `gd2po_jax.data.formats`,
     e.g. from ``datasets.load_from_disk`` or ``datasets.load_dataset``) in the `FEATURES` schema, its
     other columns kept as extra columns (a column a row lacks holds None there, as `datasets` gives it).
-    ``name`` (a folder or a Hub id) is what errors name, with the 0-based row.
+    ``name`` (a folder or a Hub id) is what errors name, with the 0-based row. ``typed``: the JSONL
+    schema's columns the task reads (`gd2po_jax.data.formats.jsonl.jsonl_row`).
 
     Raises:
       DataFormatError: a malformed row (or, with ``on_error="skip"``, no usable row), naming
@@ -186,7 +206,7 @@ def load_records(
     elif kind == "api_bank":
         convert = functools.partial(api_bank_row, level=None)
     elif kind in ("toolrl_sft", "jsonl"):
-        convert = toolrl_sft_row if kind == "toolrl_sft" else jsonl_row
+        convert = toolrl_sft_row if kind == "toolrl_sft" else functools.partial(jsonl_row, typed=typed)
     else:
         raise ValueError(f"unknown data kind {kind!r}; expected 'auto' or one of {KINDS}")
     return build_dataset(name, numbered(records), convert, on_error)

@@ -67,6 +67,7 @@ from gd2po_jax.data.columns import (
     ROW,
     SOURCE,
     TARGET,
+    TASK_COLUMNS,
 )
 from gd2po_jax.errors import UserError
 
@@ -187,9 +188,10 @@ def dict_record(record: Any) -> dict:
 # ---------------------------------------------------------------- rows and their extra columns
 
 
-def _extra_columns(record: dict) -> dict[str, Any]:
-    """The record's keys that are not `FEATURES` names (nor `PROMPT_ALIAS`), with their values;
-    raises `FieldError` on a key of `RESERVED_COLUMNS`."""
+def _extra_columns(record: dict, keep: Iterable[str] = ()) -> dict[str, Any]:
+    """The record's keys that are not `FEATURES` names (nor `PROMPT_ALIAS`), and those of ``keep`` (the
+    `TASK_COLUMNS` a JSONL row gives as its own), with their values; raises `FieldError` on a key of
+    `RESERVED_COLUMNS`."""
     for name in RESERVED_COLUMNS:
         if name in record:
             raise FieldError(
@@ -197,7 +199,10 @@ def _extra_columns(record: dict) -> dict[str, Any]:
                 f"is a reserved column name ({', '.join(RESERVED_COLUMNS)}): the loader or "
                 "the rollouts set a column of that name, which would hide this one; rename it",
             )
-    return {name: value for name, value in record.items() if name not in FEATURES and name != PROMPT_ALIAS}
+    keep = set(keep)
+    return {
+        name: value for name, value in record.items() if (name not in FEATURES and name != PROMPT_ALIAS) or name in keep
+    }
 
 
 _UNPICKLABLE = (pickle.PicklingError, TypeError, AttributeError, RecursionError)
@@ -220,9 +225,19 @@ def _pickled(extras: dict[str, Any]) -> bytes:
 
 
 def schema_row(
-    record: dict, prompt, *, prompt_text=None, ground_truth=None, target=None, level=None, source: str, row: int
+    record: dict,
+    prompt,
+    *,
+    prompt_text=None,
+    ground_truth=None,
+    target=None,
+    level=None,
+    source: str,
+    row: int,
+    keep: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """A row of `FEATURES`; the record's other keys become its extra columns."""
+    """A row of `FEATURES`; the record's other keys become its extra columns, and so do its keys of
+    ``keep`` (`TASK_COLUMNS` the record gives as columns of its own, kept with their exact values)."""
     return {
         PROMPT: prompt,
         GROUND_TRUTH: ground_truth,
@@ -231,7 +246,7 @@ def schema_row(
         SOURCE: source,
         ROW: row,
         PROMPT_TEXT: prompt_text,
-        EXTRA_COLUMNS: _pickled(_extra_columns(record)),
+        EXTRA_COLUMNS: _pickled(_extra_columns(record, keep)),
     }
 
 
@@ -251,13 +266,23 @@ def decode_extra_columns(dataset_or_values: datasets.Dataset | Iterable[bytes | 
 
 def dataset_columns(dataset: datasets.Dataset, *, where: str = "data") -> dict[str, list[Any]]:
     """The columns reward functions see: every column of ``dataset`` but `EXTRA_COLUMNS`, then the
-    decoded extra columns (`decode_extra_columns`), one value per row each.
+    decoded extra columns (`decode_extra_columns`), one value per row each. Of the `TASK_COLUMNS`,
+    only those the data has: one the rows give as their own holds their exact values (a JSONL
+    ``"ground_truth": 7`` stays 7); ``source`` is otherwise the loader's label, left out; the others
+    are left out when None in every row (the data has no such column: no ``target`` keyword argument
+    for a data set without targets), and kept when the format derived them (verl's ground truth,
+    API-Bank's level).
 
     Raises:
       ValueError: an extra column with the name of a column of the dataset, naming ``where``.
     """
     columns = {name: list(dataset[name]) for name in dataset.column_names if name != EXTRA_COLUMNS}
     extras = decode_extra_columns(dataset)
+    for name in TASK_COLUMNS:
+        if name in extras:
+            columns[name] = extras.pop(name)
+        elif name in columns and (name == SOURCE or all(value is None for value in columns[name])):
+            del columns[name]
     clashes = sorted(set(columns) & set(extras))
     if clashes:
         raise ValueError(f"{where}: the extra columns {clashes} have the names of columns of the dataset; rename them")

@@ -159,8 +159,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     summary["response_tokens"] = float(np.mean([r["response_tokens"] for r in records]))
     by_level: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        if record.get("level") is not None:
-            by_level[record["level"]].append(record)
+        level = record.get("level")
+        if isinstance(level, int) and not isinstance(level, bool):  # a task's level (a row's own may be anything)
+            by_level[level].append(record)
     if len(by_level) > 1:
         for level, group in sorted(by_level.items()):
             for name in metrics:

@@ -333,6 +333,11 @@ def results_table(results: Mapping[str, Any]) -> str:
         ("Truncation", "truncation_rate"),
     ]
     before, after = results.get("before_rl") or {}, results.get("after_rl") or {}
+    if not before and not after:  # no evaluation split: no metric to show, the built-in task's least of all
+        return (
+            f"no evaluation ({results['algorithm']}, {results['steps']} RL steps): the run has no validation "
+            "or test split (config.eval.split); metrics.jsonl has the training rewards"
+        )
     reward_names = after.get("reward_names") or before.get("reward_names")
     if reward_names:  # scored by reward models (evaluation.during_training.evaluate_split)
         rows = [(name, name) for name in reward_names] + [("Sum", "reward_sum"), ("Truncation", "truncation_rate")]

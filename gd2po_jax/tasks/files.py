@@ -14,6 +14,7 @@ import pathlib
 from typing import Any, cast
 
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.data.columns import GROUND_TRUTH, TARGET, TASK_COLUMNS
 from gd2po_jax.data.loaders import DataFormatError, dataset_columns
 from gd2po_jax.data.schema import OnError
 from gd2po_jax.data.sources import load_source
@@ -30,10 +31,26 @@ PROMPT_ONLY_REWARD_KINDS = ("reward_model",)
 ``rewards.functions``."""
 
 
-def load_file(source: str, config: RunConfig, field: str) -> Any:
+def read_columns(config: RunConfig, field: str) -> dict[str, str]:
+    """The schema columns a JSONL row may give (`gd2po_jax.data.columns.TASK_COLUMNS`) that the files
+    task reads from the data of ``config.<field>``, each with what reads it (named in a type error):
+    ``target`` for the warm start (``sft.enabled``; the SFT data: ``sft.data``, else ``data.train``),
+    ``ground_truth`` for a built-in reward family that scores against one. Any other column is the
+    user's own, of any type (`gd2po_jax.data.formats.jsonl.jsonl_row`)."""
+    typed = {}
+    sft_field = "sft.data" if config.sft.data else "data.train"
+    if config.sft.enabled and field == sft_field:
+        typed[TARGET] = f"the {NAME} task's warm start (config.sft.enabled) reads it as the text to imitate"
+    if config.rewards.kind and config.rewards.kind not in PROMPT_ONLY_REWARD_KINDS:
+        typed[GROUND_TRUTH] = f"the {NAME} task's config.rewards.kind={config.rewards.kind!r} scores against it"
+    return typed
+
+
+def load_file(source: str, config: RunConfig, field: str, *, what: str = "") -> Any:
     """The dataset of one data source, the value of ``config.<field>`` (a file, a directory or glob
     of files, a ``save_to_disk`` folder, a Hub id: `gd2po_jax.data.sources.load_source`) in
-    ``data.kind`` with ``data.on_error``.
+    ``data.kind`` with ``data.on_error``; ``what`` names the source in errors (default
+    ``config.<field>``; ``--data`` for eval.py's data of your own).
     Verl data may be prompt-only when the reward needs no ground truth (`PROMPT_ONLY_REWARD_KINDS`).
 
     Raises:
@@ -43,10 +60,13 @@ def load_file(source: str, config: RunConfig, field: str) -> Any:
     # Verl files need a ground truth only for a family that scores against one (not reward models, not
     # functions of your own alone, which read whatever columns they need).
     prompt_only = config.rewards.kind in PROMPT_ONLY_REWARD_KINDS or not config.rewards.kind
-    options = {"require_ground_truth": False} if prompt_only else {}
+    options: dict[str, Any] = {"require_ground_truth": False} if prompt_only else {}
+    options["typed"] = read_columns(config, field)
     try:
         on_error = cast(OnError, config.data.on_error)  # "raise" or "skip": DataConfig checks it
-        result = load_source(source, kind=config.data.kind, on_error=on_error, what=f"config.{field}", **options)
+        result = load_source(
+            source, kind=config.data.kind, on_error=on_error, what=what or f"config.{field}", **options
+        )
     except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
     if result.num_skipped:
@@ -59,6 +79,9 @@ def scorable_rows(dataset, path: str, reward_fn, config: RunConfig) -> Any:
     parse, a missing one): such rows raise `DataFormatError` naming the file, the row and the
     column, or with ``data.on_error='skip'`` are left out (all of them left out: an error too)."""
     columns = dataset_columns(dataset, where=path)  # the extra columns decoded, as reward functions get them
+    for name in TASK_COLUMNS:  # what a family reads and the data lacks: None in every row, each row's problem
+        if name not in columns and name in dataset.column_names:
+            columns[name] = list(dataset[name])
     problems = column_problems(reward_fn, columns)
     if not problems:
         return dataset

@@ -55,7 +55,8 @@ def test_dataset_columns_decode_the_extras_and_refuse_a_clash(tmp_path):
     ds = load_jsonl(path).dataset
     columns = dataset_columns(ds)
     assert EXTRA_COLUMNS not in columns and columns["answer"] == [4] and columns["row"] == [0]
-    assert list(columns) == [*(n for n in FEATURES if n != EXTRA_COLUMNS), "answer"]
+    # Only the data's own columns: no ground_truth, target or level it does not have, no loader's source label.
+    assert list(columns) == ["prompt", "row", "prompt_text", "answer"]
     with pytest.raises(ValueError, match=r"^train data: the extra columns \['answer'\] have the names of columns"):
         dataset_columns(ds.add_column("answer", [5]), where="train data")
 
@@ -64,3 +65,24 @@ def test_on_error_must_be_known(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [json.dumps(JSONL_ROWS[0])])
     with pytest.raises(ValueError, match="on_error"):
         load_jsonl(path, on_error="ignore")
+
+
+def test_the_task_columns_a_row_gives_reach_reward_functions_as_they_are(tmp_path):
+    """A JSONL row's own ground_truth / target / level / source, of any type, where the task does not read
+    them (``typed`` names those it reads): kept as the user's columns with their exact values; the schema's
+    column holds a value of its type or None. Typed, a wrong type names what reads the column."""
+    rows = [{"prompt": "p", "ground_truth": 7, "target": {"a": 1}, "level": "hard", "source": ["x"]},
+            {"prompt": "q", "ground_truth": "8", "level": 2}]
+    path = write_jsonl(tmp_path / "d.jsonl", [json.dumps(row) for row in rows])
+    ds = load_jsonl(path, typed={}).dataset
+    assert ds["ground_truth"] == [None, "8"] and ds["level"] == [None, 2] and ds["target"] == [None, None]
+    assert ds["source"] == ["jsonl", "jsonl"]
+    columns = dataset_columns(ds)
+    assert columns["ground_truth"] == [7, "8"] and columns["target"] == [{"a": 1}, None]
+    assert columns["level"] == ["hard", 2] and columns["source"] == [["x"], None]
+    reason = "the files task's warm start (config.sft.enabled) reads it as the text to imitate"
+    with pytest.raises(DataFormatError, match=r"row 0 .*field 'target': expected a string, got dict; the files "
+                                              r"task's warm start \(config.sft.enabled\) reads it"):
+        load_jsonl(path, typed={"target": reason})
+    with pytest.raises(DataFormatError, match=r"field 'ground_truth': expected a string, got int$"):
+        load_jsonl(path)  # typed=None: every schema column typed, as before

@@ -224,3 +224,92 @@ def test_api_bank_eval_of_a_training_run(trained_run):
     records = [json.loads(line) for line in (trained_run / "eval" / "api_bank.jsonl").read_text().splitlines()]
     assert all(r["response_tokens"] <= min(4, cap - n) for r, n in zip(records, lengths))
     assert {r["response_tokens"] for r, n in zip(records, lengths) if n == max(lengths)} == {1}
+
+
+# ---------------------------------------------------------------------------------- your own task
+
+
+@pytest.fixture(scope="module")
+def own_run(tmp_path_factory):
+    """A 2-step run of a user's own task (tests/own_task_helpers.py: two TRL-form functions from the user's
+    file, no reward family, JSONL prompts with columns of the user's own of any type and no target, so no
+    warm start); the keyword arguments the functions got are recorded."""
+    import os
+
+    from gd2po_jax.tasks.base import results_table
+    from tests.own_task_helpers import own_task_config, write_user_dir
+
+    user = write_user_dir(tmp_path_factory.mktemp("user"))
+    log = user / "kwargs.jsonl"
+    os.environ["OWN_TASK_KWARGS_LOG"] = str(log)
+    try:
+        results = train_and_evaluate(own_task_config(user), user / "run", progress=False)
+    finally:
+        del os.environ["OWN_TASK_KWARGS_LOG"]
+    assert "Correct Acc" not in results_table(results)
+    return user
+
+
+@pytest.mark.slow
+def test_your_own_columns_reach_your_functions_as_they_are_and_no_others(own_run):
+    """``"ground_truth": 7``, a dict, ``"level": "hard"`` load (the task reads none of them) and reach the
+    functions as keyword arguments; no target or source the data does not have is injected."""
+    calls = [json.loads(line) for line in (own_run / "kwargs.jsonl").read_text().splitlines()]
+    assert calls and all({"answer", "ground_truth", "meta", "level"} <= set(c) for c in calls)
+    assert not any({"target", "source", "prompt", "row", "prompt_text"} & set(c) for c in calls)
+
+
+@pytest.mark.slow
+def test_eval_data_scores_your_own_data_in_every_form_the_loaders_read(own_run, tmp_path):
+    """``eval.py --workdir=RUN --data=SOURCE``: a JSONL file, a parquet file and a ``save_to_disk`` folder of
+    the user's rows, each scored by the run's own functions; the table lists them, not the built-in task's
+    metrics."""
+    import datasets
+
+    from tests.own_task_helpers import rows
+
+    workdir = own_run / "run"
+    data = [dict(row, meta=json.dumps(row["meta"])) for row in rows(3, offset=70)]  # one Arrow type a column
+    datasets.Dataset.from_list(data).to_parquet(str(tmp_path / "held_out.parquet"))
+    datasets.Dataset.from_list(data).save_to_disk(str(tmp_path / "saved"))
+    for source, name, count in ((own_run / "val.jsonl", "data-val", 4), (tmp_path / "held_out.parquet",
+                                "data-held_out", 3), (tmp_path / "saved", "data-saved", 3)):
+        result = eval_command.run(EvalOptions(workdir=str(workdir), data=str(source), progress=False))
+        assert result["num_examples"] == count and result["reward_names"] == ["brevity", "digits"]
+        assert 0.0 <= result["brevity"] <= 1.0 and 0.0 <= result["digits"] <= 1.0 and "reward_sum" in result
+        assert result["data"] == str(source) and result["policy"]["step"] == 2
+        assert json.loads((workdir / "eval" / f"{name}.json").read_text()) == result
+        assert len((workdir / "eval" / f"{name}.jsonl").read_text().splitlines()) == count
+        table = eval_command.split_table(result)
+        assert "brevity" in table and "digits" in table and "Sum" in table
+        assert not any(label in table for label in ("Correct Acc", "Format Acc", "Correctness", "Length"))
+    # The test split's table too (eval.py --split=test): the run's own metrics.
+    table = eval_command.split_table(eval_command.run(EvalOptions(workdir=str(workdir), progress=False)))
+    assert "digits" in table and "Correct Acc" not in table
+    with pytest.raises(EvalError, match=r"^--data: .*nothing\.jsonl' does not exist"):
+        eval_command.run(EvalOptions(workdir=str(workdir), data=str(tmp_path / "nothing.jsonl"), progress=False))
+
+
+def test_the_data_report_name_and_what_is_api_bank(tmp_path):
+    assert eval_command.data_report_name("val.jsonl") == "data-val"
+    assert eval_command.data_report_name("org/held-out:test") == "data-held-out"
+    assert eval_command.data_report_name(str(tmp_path) + "/") == f"data-{tmp_path.name}"
+    api_bank = data_files() / "api_bank"
+    assert eval_command.is_api_bank_data(str(api_bank)) and eval_command.is_api_bank_data("api_bank")
+    assert eval_command.is_api_bank_data(str(next(api_bank.glob("level-1-*.json"))))
+    (tmp_path / "v.jsonl").write_text('{"prompt": "p"}\n{"prompt": "q"}\n')
+    assert not eval_command.is_api_bank_data(str(tmp_path / "v.jsonl"))
+
+
+def test_tables_list_the_runs_own_metrics():
+    summary = {"split": "test", "policy": {"model_path": "m"}, "num_examples": 2, "brevity": 0.5, "digits": 1.0,
+               "reward_sum": 1.5, "reward_names": ["brevity", "digits"], "truncation_rate": 0.0}
+    table = eval_command.split_table(summary)
+    assert [line.split()[0] for line in table.splitlines()[1:]] == ["examples", "brevity", "digits", "Sum",
+                                                                    "Truncation", "Resp."]
+    tool = eval_command.split_table({"split": "test", "policy": {"model_path": "m"}, "correct_acc": 0.5})
+    assert "Correct Acc" in tool and "Format Acc" in tool
+    from gd2po_jax.tasks.base import results_table
+
+    table = results_table({"split": None, "algorithm": "gdpo", "steps": 2, "before_rl": None, "after_rl": None})
+    assert "Correct Acc" not in table and table.startswith("no evaluation (gdpo, 2 RL steps)")

@@ -39,7 +39,10 @@ def test_jsonl_extra_columns_keep_each_rows_own_values(tmp_path):
     ]
     ds = load_jsonl(write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in records])).dataset
     assert ds.features == FEATURES
+    # The schema's columns a row gives are the row's own too (exact values, for reward functions).
     assert decode_extra_columns(ds) == {"answer": [4, "four", None], "meta": [{"tags": ["math"]}, None, None],
+                                        "ground_truth": [None, "g", None], "level": [None, 1, None],
+                                        "source": [None, "s", None], "target": [None, "t", None],
                                         "hint": [None, None, 1.5]}
     assert ds[PROMPT_TEXT] == ["What is 2+2?", None, None]  # only a prompt given as one string
     assert ds[0]["prompt"] == [{"role": "user", "content": "What is 2+2?"}]
