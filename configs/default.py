@@ -24,7 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.path = ""  # a local Hugging Face directory; empty: the tiny random Qwen2 of model.tiny
     config.model.tokenizer_path = ""  # empty: model.path
     config.model.dtype = "float32"  # compute dtype of sampling and the forward pass
-    config.model.remat = False  # gradient checkpointing of the decoder layers
+    config.model.remat = "none"  # gradient checkpointing of the decoder layers: none | full | minimal | dots
+    config.model.attention = "auto"  # training attention: auto | plain | xla | cudnn (auto: cuDNN on a GPU in bf16)
     # LoRA (docs/lora.md): rank 0 = full fine-tuning; else adapters of this rank on the targets, only they train.
     config.model.lora = ml_collections.ConfigDict(
         dict(rank=0, alpha=16.0, dropout=0.0, targets=("q", "k", "v", "o", "gate", "up", "down"), base_dtype="")
@@ -105,6 +106,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.sampling.top_p = 1.0  # 1: off
     config.sampling.top_k = 0  # 0: off
     config.sampling.prompts_per_call = 0  # > 0: sample a step in chunks of this many prompts
+    config.sampling.engine = True  # rows flow through the rollout engine's slots (False: lock-step batch)
+    config.sampling.engine_slots = 0  # rows decoded at once; 0: every row of a sampler call
+    config.sampling.engine_chunk = 16  # decode steps between the host's looks (admit rows, free slots)
 
     config.train = ml_collections.ConfigDict()
     config.train.num_steps = 40  # RL steps

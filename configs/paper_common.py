@@ -30,7 +30,7 @@ def paper_config() -> ml_collections.ConfigDict:
 
     config.model.path = ""  # a local copy of the instruct policy; required
     config.model.dtype = "bfloat16"  # compute; master weights and AdamW state in train.master_dtype
-    config.model.remat = True  # gradient checkpointing
+    config.model.remat = "full"  # gradient checkpointing: none | full | minimal | dots (docs/speed.md)
 
     config.data.train = ""  # the training parquet; required
     config.data.validation = ""  # the official validation file (see each config)
@@ -61,6 +61,7 @@ def paper_config() -> ml_collections.ConfigDict:
     # Sample a step in chunks of this many prompts: a quarter of the KV cache and prefill memory of
     # sampling all 512 at once (docs/paper.md, "Memory").
     config.sampling.prompts_per_call = 128
+    config.sampling.engine = True  # the rollout engine: 512 slots per call, refilled as rows finish
 
     config.train.prompts_per_step = PROMPTS_PER_STEP  # P
     config.train.learning_rate = 1e-6  # AdamW, constant

@@ -84,9 +84,9 @@ def test_repeated_overrides_append_and_an_empty_one_clears():
 
 def test_other_fields_parse_as_before():
     config = parse("--config.data.train=/data/a,b.parquet", "--config.rl.snr_tau=0.5", "--config.train.num_steps=3",
-                   "--config.model.remat", "--noconfig.sft.enabled")
+                   "--config.model.remat=minimal", "--noconfig.sft.enabled")
     assert config.data.train == "/data/a,b.parquet"  # a string field keeps its comma
-    assert (config.rl.snr_tau, config.train.num_steps, config.model.remat, config.sft.enabled) == (0.5, 3, True, False)
+    assert (config.rl.snr_tau, config.train.num_steps, config.model.remat, config.sft.enabled) == (0.5, 3, "minimal", False)
     toolrl = parse("--config.rl.algorithm=gdpo", config_file="configs/toolrl.py:qwen2.5-3b,correctness_length")
     assert toolrl.rewards.names == ("correctness", "length") and toolrl.rl.algorithm == "gdpo"
 

@@ -46,7 +46,15 @@ are what they are.
 
 from gd2po_jax.config.base import DTYPES, ConfigError
 from gd2po_jax.config.data import DATA_KINDS, PROMPT_TRUNCATIONS, DataConfig
-from gd2po_jax.config.model import LORA_TARGETS, LoRAConfig, PolicyModelConfig, TinyModelConfig
+from gd2po_jax.config.model import (
+    ATTENTION_IMPLEMENTATIONS,
+    LORA_TARGETS,
+    REMAT_POLICIES,
+    LoRAConfig,
+    PolicyModelConfig,
+    TinyModelConfig,
+    remat_policy_name,
+)
 from gd2po_jax.config.outputs import (
     EVAL_SPLITS,
     WANDB_MODES,
@@ -87,6 +95,7 @@ from gd2po_jax.config.versions import CONFIG_VERSION, upgrade
 
 __all__ = [
     "ALGORITHMS",
+    "ATTENTION_IMPLEMENTATIONS",
     "AUTO_COORDINATOR",
     "BATCH_NORMS",
     "CONFIG_VERSION",
@@ -102,6 +111,7 @@ __all__ = [
     "OLD_LOGPROBS",
     "PREEMPTION_SIGNALS",
     "PROMPT_TRUNCATIONS",
+    "REMAT_POLICIES",
     "REWARD_MODEL_TRUNCATIONS",
     "SNR_HALF_ALGORITHMS",
     "WANDB_MODES",
@@ -129,5 +139,6 @@ __all__ = [
     "TrainConfig",
     "WandbConfig",
     "check_batch_layout",
+    "remat_policy_name",
     "upgrade",
 ]

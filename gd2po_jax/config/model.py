@@ -9,11 +9,37 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from gd2po_jax.config.base import DTYPES, _flag, _int_at_least, _number, _one_of, _require, _Section, _text
+from gd2po_jax.config.base import DTYPES, _int_at_least, _number, _one_of, _require, _Section, _text
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The projections a LoRA adapter may be put on (``model.lora.targets``): attention's q, k, v, o and the MLP's
 gate, up, down (Hugging Face's q_proj ... down_proj)."""
+
+ATTENTION_IMPLEMENTATIONS = ("auto", "plain", "xla", "cudnn")
+"""``model.attention``: how the training forward attends (`gd2po_jax.models.decoder.attention_implementation`).
+plain: the decoder's own einsum attention (float32 scores, a hand-written backward); xla, cudnn:
+`jax.nn.dot_product_attention` with that implementation (cudnn: cuDNN's flash attention, GPU only);
+auto: cudnn on a GPU in bfloat16 (plain when cuDNN fails there), plain elsewhere."""
+
+REMAT_POLICIES = ("none", "full", "minimal", "dots")
+"""``model.remat``: what a decoder layer keeps for its backward pass (`gd2po_jax.models.decoder.remat_policy`).
+none: everything (no rematerialisation); full: its input alone (every matmul recomputed); minimal:
+its input and the seven weight projections' outputs (named; the backward recomputes norms, RoPE,
+attention and the MLP's activation, no weight product); dots: what
+``jax.checkpoint_policies.dots_with_no_batch_dims_saveable`` keeps."""
+
+
+def remat_policy_name(value) -> str | None:
+    """The `REMAT_POLICIES` name of a ``model.remat`` value: the name itself, or the boolean of
+    config versions before the policies (True, "true": full; False, "false": none); None if neither."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            return "full" if lowered == "true" else "none"
+        return value if value in REMAT_POLICIES else None
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,16 +142,26 @@ class PolicyModelConfig(_Section):
     dtype: str
     """Compute dtype of sampling and of the forward pass (float32 | bfloat16). The master weights and
     optimizer state are in ``train.master_dtype``."""
-    remat: bool
-    """Recompute each decoder layer in the backward pass (gradient checkpointing): less activation memory
-    for more compute; the layers then run as one scan (one layer compiled)."""
+    remat: str
+    """Gradient checkpointing of the decoder layers, a policy of `REMAT_POLICIES`: none | full | minimal |
+    dots (less activation memory for more compute, in that order: full < dots <= minimal < none; any
+    but none runs the layers as one scan, one layer compiled). ``python -m bench.update_memory
+    --policies`` gives each one's memory at a model's shape. The boolean of older configs still reads:
+    true = full, false = none."""
     tiny: TinyModelConfig
     """The embedded model's shape."""
     lora: LoRAConfig = LoRAConfig()
     """Low-rank adapters (rank 0, the default: full fine-tuning)."""
+    attention: str = "auto"
+    """How the update's forward passes attend, one of `ATTENTION_IMPLEMENTATIONS`: auto | plain | xla |
+    cudnn. auto: cuDNN's flash attention on a GPU in bfloat16 (the plain path, said once in the log,
+    where cuDNN fails), plain elsewhere; sampling always uses the plain path (docs/speed.md)."""
 
     def __post_init__(self):
         _text(self.path, "model.path", "a directory path (empty: the embedded tiny model)")
         _text(self.tokenizer_path, "model.tokenizer_path", "a directory path (empty: model.path)")
         _one_of(self.dtype, "model.dtype", DTYPES)
-        _flag(self.remat, "model.remat")
+        policy = remat_policy_name(self.remat)
+        _require(policy is not None, "model.remat", f"{self.remat!r} is not one of {REMAT_POLICIES} (or true / false)")
+        object.__setattr__(self, "remat", policy)  # a boolean of an older config, as its policy
+        _one_of(self.attention, "model.attention", ATTENTION_IMPLEMENTATIONS)

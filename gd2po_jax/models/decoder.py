@@ -18,6 +18,22 @@ completion's positions alone.
 Left padding is handled through ``attention_mask``; positions default to ``cumsum(mask) - 1`` (plus
 the number of tokens already in the cache), as Hugging Face ``generate`` does.
 
+Attention (``Decoder(..., attention=...)``, `ATTENTION_IMPLEMENTATIONS`, resolved per backend by
+`attention_implementation`): "plain" is `dot_product_attention` below (float32 scores under a
+``[B, T, S]`` mask, a hand-written backward), the only path with a cache (sampling). "xla" and
+"cudnn" are `jax.nn.dot_product_attention` with ``is_causal=True`` and no ``mask=`` (in JAX's cuDNN
+path a mask becomes a bias whose gradient is always computed): the forward without a cache rolls
+each row left by its number of left pads (`roll_rows`), so that the padding is on the right and the
+causal mask alone is exact for every real token, and rolls the hidden states back after the last
+layer. That needs left padding only (``attention_mask`` is 0s then 1s, as every caller builds it);
+pad positions' own outputs differ from the plain path's (they are no token's input), and LoRA
+dropout's masks fall on other positions (same distribution). "cudnn" (cuDNN's flash attention)
+keeps no ``[T, S]`` score tensor; "xla" computes the same as plain and materializes float32 scores
+(`jax.nn`'s XLA implementation is an einsum and a softmax).
+
+Remat (``Decoder(..., remat=...)``, `REMAT_POLICIES`): every projection's output carries a
+`jax.ad_checkpoint.checkpoint_name` (`PROJECTION_NAMES`), which the "minimal" policy saves.
+
 Weight layout (``in`` before ``out``; heads kept as their own axis so they can be sharded):
 ``q_kernel [D, H, hd]``, ``k_kernel``/``v_kernel [D, KV, hd]``, ``o_kernel [H, hd, D]``,
 ``gate_kernel``/``up_kernel [D, F]``, ``down_kernel [F, D]``, ``embed [V, D]``, ``lm_head [D, V]``.
@@ -40,18 +56,126 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.ad_checkpoint import checkpoint_name
 
-from gd2po_jax.config import LORA_TARGETS
+from gd2po_jax.config import ATTENTION_IMPLEMENTATIONS, LORA_TARGETS, REMAT_POLICIES, remat_policy_name
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
+
+log = logging.getLogger(__name__)
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 """A masked key's attention score: finite, so a fully masked row (a left-pad query) softmaxes to uniform, not NaN."""
+
+PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The `checkpoint_name` of each projection's output (its adapter included), in the order of the
+layers' dropout slots 0..6; the ``minimal`` remat policy saves them."""
+
+FLASH_IMPLEMENTATIONS = ("xla", "cudnn")
+"""The `jax.nn.dot_product_attention` implementations (rows rolled to right padding, causal mask only)."""
+
+CUDNN_DTYPES = ("bfloat16", "float16")
+"""The compute dtypes of cuDNN's flash attention (a float32 model on a GPU attends with the plain path)."""
+
+
+def remat_policy(name: str) -> Callable[..., bool] | None:
+    """The `jax.checkpoint` policy of a `REMAT_POLICIES` name other than "none": None (save nothing
+    but the layer's input) for "full"; `jax.checkpoint_policies.save_only_these_names` of
+    `PROJECTION_NAMES` for "minimal" (MaxText's); ``dots_with_no_batch_dims_saveable`` for "dots"."""
+    policies = {
+        "full": None,
+        "minimal": jax.checkpoint_policies.save_only_these_names(*PROJECTION_NAMES),
+        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    }
+    if name not in policies:
+        raise ValueError(f'remat policy {name!r}: one of {tuple(policies)} ("none" is no remat)')
+    return policies[name]
+
+
+def select_attention(requested: str, platform: str, dtype, head_dim: int) -> str:
+    """The attention a forward without a cache asks for (pure: no device is queried).
+
+    requested: one of `ATTENTION_IMPLEMENTATIONS`; platform: the backend's (``jax.default_backend()``:
+    "cpu", "gpu", "tpu"); dtype: the compute dtype; head_dim: the width of a head.
+
+    "auto" is "cudnn" on a GPU when cuDNN's flash attention takes the shape (bfloat16 or float16,
+    a head width that is a multiple of 8 up to 128), else "plain": on XLA:CPU the plain path's
+    hand-written backward is the faster one (docs/speed.md, `bench/gpu_gains.py --cpu-smoke`
+    measures both), and "xla" materializes the same float32 scores. Any other request is returned
+    as it is (`attention_implementation` checks that cuDNN runs).
+    """
+    if requested not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention {requested!r}: one of {ATTENTION_IMPLEMENTATIONS}")
+    if requested != "auto":
+        return requested
+    cudnn_shape = jnp.dtype(dtype).name in CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if platform in ("gpu", "cuda") and cudnn_shape else "plain"
+
+
+@functools.cache
+def cudnn_attention_failure(head_dim: int, dtype_name: str) -> str | None:
+    """None when cuDNN's flash attention (causal, grouped queries) compiles, runs forward and backward
+    on the default backend at this head width and dtype; else why not, in one line. Cached: asked
+    once per process and shape (a run's log says a failure once)."""
+    try:
+        with jax.ensure_compile_time_eval():  # concrete even when asked while a program is traced
+            dtype = jnp.dtype(dtype_name)
+            q = jnp.ones((1, 128, 2, head_dim), dtype)
+            kv = jnp.ones((1, 128, 1, head_dim), dtype)
+
+            def total(q, k, v):
+                out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+                return jnp.sum(out.astype(jnp.float32))
+
+            jax.block_until_ready(jax.jit(jax.grad(total, argnums=(0, 1, 2)))(q, kv, kv))
+    except Exception as error:  # noqa: BLE001  any failure (no cuDNN, a version without the kernel) -> plain
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return None
+
+
+def attention_implementation(requested: str, platform: str, dtype, head_dim: int) -> str:
+    """`select_attention`, with "cudnn" checked on the device (`cudnn_attention_failure`): where it
+    fails, "plain", said once in the log."""
+    chosen = select_attention(requested, platform, dtype, head_dim)
+    if chosen != "cudnn":
+        return chosen
+    failure = cudnn_attention_failure(int(head_dim), jnp.dtype(dtype).name)
+    if failure is None:
+        return "cudnn"
+    _log_fallback(requested, failure)
+    return "plain"
+
+
+@functools.cache
+def _log_fallback(requested: str, failure: str) -> None:
+    log.warning(
+        "model.attention=%s: cuDNN's flash attention does not run here (%s); the plain path attends", requested, failure
+    )
+
+
+def roll_rows(x: jax.Array, shift: jax.Array) -> jax.Array:
+    """``x [B, T, ...]`` with row b rolled left by ``shift[b]`` (``[B]`` int): ``out[b, t] = x[b, (t +
+    shift[b]) mod T]``. Rolling by the number of left pads puts them on the right; ``-shift`` rolls back."""
+    t = x.shape[1]
+    index = (jnp.arange(t, dtype=jnp.int32)[None, :] + shift.astype(jnp.int32)[:, None]) % t
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+@struct.dataclass
+class RolledRows:
+    """The mask argument of the layers on the flash path (instead of a ``[B, T, S]`` mask): the rows
+    are rolled left by ``shift [B]`` (their left pads, now on the right), and attention is
+    `jax.nn.dot_product_attention` with ``implementation`` ("xla" or "cudnn") and a causal mask."""
+
+    shift: jax.Array
+    implementation: str = struct.field(pytree_node=False, default="xla")
 
 
 def _param(rngs: nnx.Rngs | None, shape, sharding, dtype, init: str = "normal") -> nnx.Param:
@@ -293,6 +417,16 @@ def _grouped_attention_bwd(residuals, d_out):
 _grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
 
 
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str) -> jax.Array:
+    """Causal grouped-query attention by `jax.nn.dot_product_attention`, rows right-padded (`RolledRows`).
+
+    q: [B, T, H, hd]; k, v: [B, T, KV, hd] (q's dtype); implementation: "xla" or "cudnn". Returns
+    [B, T, H, hd]: query t attends to keys 0..t, softmax ``q k^T / sqrt(hd)`` in float32.
+    """
+    which = cast(Literal["xla", "cudnn"], implementation)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=which)
+
+
 class RMSNorm(nnx.Module):
     """``scale * x / sqrt(mean(x^2) + eps)``, normalised in float32 (as transformers does)."""
 
@@ -348,21 +482,47 @@ class Attention(nnx.Module):
         self.lora_scale = spec.scale
 
     def _project(self, x, kernel, bias, norm, adapter=None, dropout=None, slot=0):
-        """``x [B, T, D] -> [B, T, N, hd]``; the kernel is used as a [D, N*hd] matrix (free reshape)."""
+        """``x [B, T, D] -> [B, T, N, hd]``; the kernel is used as a [D, N*hd] matrix (free reshape);
+        the output is named ``PROJECTION_NAMES[slot]``."""
         d, n, hd = kernel.shape
         y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...].reshape(d, n * hd)), dropout, slot)
-        y = y.reshape(*x.shape[:-1], n, hd)
+        y = checkpoint_name(y, PROJECTION_NAMES[slot]).reshape(*x.shape[:-1], n, hd)
         if bias is not None:
             y = y + bias[...]
         return norm(y) if norm is not None else y
 
+    def _output(self, out, dropout):
+        """The output projection of the heads' outputs ``[B, T, H, hd]`` -> ``[B, T, D]`` (named "o_proj")."""
+        h, hd, d = self.o_kernel.shape
+        out = out.reshape(*out.shape[:2], h * hd)
+        out = lora_delta(
+            self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)), dropout, 3
+        )
+        out = checkpoint_name(out, PROJECTION_NAMES[3])
+        return out + self.o_bias[...] if self.o_bias is not None else out
+
+    def _flash(self, x, cos, sin, rows: RolledRows, dropout, window):
+        """The flash path (`RolledRows`, no cache): queries at every position (the window, if any, is
+        taken from the attention's output rolled back to the rows' own positions). Returns as
+        ``__call__``: (out [B, T or n, D], (keys [B, KV, T, hd], values [B, KV, T, hd]))."""
+        q = apply_rope(self._project(x, self.q_kernel, self.q_bias, self.q_norm, self.q_lora, dropout, 0), cos, sin)
+        k = apply_rope(self._project(x, self.k_kernel, self.k_bias, self.k_norm, self.k_lora, dropout, 1), cos, sin)
+        v = self._project(x, self.v_kernel, self.v_bias, None, self.v_lora, dropout, 2)
+        out = flash_attention(q, k.astype(q.dtype), v.astype(q.dtype), rows.implementation)
+        if window is not None:
+            out = roll_rows(out, -rows.shift)[:, window[0] : window[0] + window[1]]
+        return self._output(out, dropout), (k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+
     def __call__(self, x, cos, sin, mask, kv_cache, index, dropout=None, window=None):
-        """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S];
+        """x: [B, T, D]; cos, sin: [B, T, 1, hd/2]; mask: [B, T, S], or `RolledRows` (the flash
+        path: rows rolled to right padding, no cache);
         kv_cache: None or (keys [B, KV, hd, S], values [B, KV, S, hd]) (`KVCache`'s layouts) to
         write at slot ``index``; dropout: None or the adapters' ``(key, rate)`` (`lora_delta`);
         window: None or ``(a, n)`` (static): queries at positions ``a..a+n-1`` only (no cache).
         Returns (out [B, T or n, D], (keys, values)): the updated cache's, or without a cache this
         call's keys [B, KV, T, hd] and values [B, KV, T, hd]."""
+        if isinstance(mask, RolledRows):
+            return self._flash(x, cos, sin, mask, dropout, window)
         x_q, cos_q, sin_q = x, cos, sin
         if window is not None:
             first, count = window
@@ -386,14 +546,7 @@ class Attention(nnx.Module):
         # the product into one its bf16 x bf16 -> f32 dot kernel does not support.
         keys = k if kv_cache is None else jax.lax.optimization_barrier(k.swapaxes(-1, -2))
         out = dot_product_attention(q, keys.astype(q.dtype), v.astype(q.dtype), mask)
-        h, hd, d = self.o_kernel.shape
-        out = out.reshape(*out.shape[:2], h * hd)
-        out = lora_delta(
-            self.o_lora, self.lora_scale, out, linear(out, self.o_kernel[...].reshape(h * hd, d)), dropout, 3
-        )
-        if self.o_bias is not None:
-            out = out + self.o_bias[...]
-        return out, (k, v)
+        return self._output(out, dropout), (k, v)
 
 
 class MLP(nnx.Module):
@@ -422,6 +575,7 @@ class MLP(nnx.Module):
 
     def _linear(self, x, kernel, bias, adapter, dropout=None, slot=0):
         y = lora_delta(adapter, self.lora_scale, x, linear(x, kernel[...]), dropout, slot)
+        y = checkpoint_name(y, PROJECTION_NAMES[slot])
         return y + bias[...] if bias is not None else y
 
     def __call__(self, x: jax.Array, dropout=None) -> jax.Array:
@@ -445,6 +599,8 @@ class DecoderLayer(nnx.Module):
         the output is positions ``a..a+n-1`` only, [B, n, D] (`Attention`)."""
         attn_out, kv = self.attn(self.attn_norm(h), cos, sin, mask, kv_cache, index, dropout, window)
         if window is not None:
+            if isinstance(mask, RolledRows):  # the window is of the rows' own positions
+                h = roll_rows(h, -mask.shift)
             h = h[:, window[0] : window[0] + window[1]]
         h = h + attn_out
         return h + self.mlp(self.mlp_norm(h), dropout), kv
@@ -466,7 +622,7 @@ def _with_window(run, window):
     return run_window
 
 
-def _remat_scan(layers, h, cos, sin, mask, index, dropout):
+def _remat_scan(layers, h, cos, sin, mask, index, dropout, policy=None):
     """``h`` through ``layers`` rematerialised, as one `jax.lax.scan` over their stacked variables
     (the training forward, no cache).
 
@@ -481,13 +637,14 @@ def _remat_scan(layers, h, cos, sin, mask, index, dropout):
       h: [B, T, D] the embeddings; cos, sin, mask, index: as `DecoderLayer` takes them.
       dropout: None or the adapters' ``(key, rate)``; layer i draws from ``fold_in(key, i)``, as
         the loop does.
+      policy: the `jax.checkpoint` policy (`remat_policy`): None keeps the layer's input alone.
 
     Returns: h [B, T, D] after the last layer (before the final norm).
     """
     graphdef, first = nnx.split(layers[0])
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), first, *(nnx.split(layer)[1] for layer in layers[1:]))
 
-    @functools.partial(jax.checkpoint, prevent_cse=False)  # inside a scan, CSE cannot merge iterations
+    @functools.partial(jax.checkpoint, prevent_cse=False, policy=policy)  # in a scan CSE cannot merge iterations
     def body(h, xs):
         state, i = xs
         layer = nnx.merge(graphdef, state)
@@ -509,12 +666,17 @@ class Decoder(nnx.Module):
       dtype: parameter and activation dtype (float32 or bfloat16); norms, softmax, RoPE and logits
         are computed in float32.
       rngs: initialiser keys (random normal(0.02) weights, as transformers initialises).
-      remat: rematerialise each layer in the backward pass, trading compute for memory: without a
-        cache the layers then run as one scan (`_remat_scan`; a 1-layer model uses `nnx.remat`).
+      remat: what each layer keeps for the backward pass, a `REMAT_POLICIES` name ("none": all;
+        "full": its input; "minimal": its input and projections' outputs; "dots": JAX's
+        ``dots_with_no_batch_dims_saveable``) or a boolean (True: "full", False: "none"); any but
+        "none" trades compute for memory, and without a cache the layers then run as one scan
+        (`_remat_scan`; a 1-layer model uses `nnx.remat`).
       lm_head: build the output projection; False gives the body alone (embeddings, layers, final
         norm), as score models use it (`gd2po_jax.models.score_model`): then `logits` raises.
       lora: adapters on the projections it targets (see the module docstring), drawn from ``rngs``
         after every base parameter (the base is the same with or without them); None: none.
+      attention: one of `ATTENTION_IMPLEMENTATIONS`, for forwards without a cache (see the module
+        docstring); resolved at trace time for the backend and compute dtype (`attention_implementation`).
     """
 
     def __init__(
@@ -523,13 +685,20 @@ class Decoder(nnx.Module):
         *,
         dtype=jnp.float32,
         rngs: nnx.Rngs,
-        remat: bool = False,
+        remat: bool | str = False,
         lm_head: bool = True,
         lora: LoRASpec | None = None,
+        attention: str = "auto",
     ):
         self.config = config
         self.dtype = jnp.dtype(dtype)
-        self.remat = remat
+        policy = remat_policy_name(remat)
+        if policy is None:
+            raise ValueError(f"remat={remat!r}: one of {REMAT_POLICIES} or a boolean")
+        if attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention={attention!r}: one of {ATTENTION_IMPLEMENTATIONS}")
+        self.remat = policy
+        self.attention = attention
         self.has_lm_head = lm_head
         self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("tensor", "fsdp"), dtype)
         self.layers = nnx.List([DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)])
@@ -566,6 +735,8 @@ class Decoder(nnx.Module):
             if cache is not None or not (0 <= window[0] and window[1] >= 1 and window[0] + window[1] <= t):
                 raise ValueError(f"window={window}: needs no cache and 0 <= a, 1 <= n, a + n <= T = {t}")
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        h = jnp.take(self.embed[...], input_ids, axis=0)
+        implementation = "plain" if cache is not None else self.attention_implementation(h.dtype)
         if cache is None:
             key_valid, index = mask, jnp.zeros((), jnp.int32)
         else:
@@ -575,7 +746,13 @@ class Decoder(nnx.Module):
             past = 0 if cache is None else jnp.sum(cache.valid, axis=-1, dtype=jnp.int32)
             positions = default_positions(mask, past)
         cos, sin = rope_tables(positions, rope_inv_freq(self.config))
-        attn_mask = attention_mask_3d(key_valid, index, t)
+        shift = None
+        if implementation == "plain":
+            attn_mask: jax.Array | RolledRows = attention_mask_3d(key_valid, index, t)
+        else:  # left pads to the right: the causal mask alone is exact (see the module docstring)
+            shift = t - jnp.sum(mask, axis=-1, dtype=jnp.int32)
+            attn_mask = RolledRows(shift, implementation)
+            h, cos, sin = roll_rows(h, shift), roll_rows(cos, shift), roll_rows(sin, shift)
         # Remat only matters for backprop; with a KV cache (sampling) it is skipped, as nnx.remat
         # inside the decode while_loop raises TraceContextError. Without one, the layers are scanned.
         run = _run_layer
@@ -586,9 +763,9 @@ class Decoder(nnx.Module):
                 return _run_layer(layer, h, cos, sin, mask, kv_cache, index, key, rate, window)
         else:
             lora_dropout = None
-        h = jnp.take(self.embed[...], input_ids, axis=0)
-        remat = self.remat and cache is None
-        wrap = nnx.remat if remat else (lambda fn: fn)
+        remat = self.remat != "none" and cache is None
+        policy = remat_policy(self.remat) if remat else None
+        wrap = functools.partial(nnx.remat, policy=policy) if remat else (lambda fn: fn)
         # The layers before the last one as a scan (remat), or all of them (no window); then the rest.
         scanned = len(self.layers) - (window is not None) if remat else 0
         if scanned > 1 or (scanned == 1 and window is not None):
@@ -600,6 +777,7 @@ class Decoder(nnx.Module):
                 attn_mask,
                 index,
                 None if lora_dropout is None else (lora_dropout[0], rate),
+                policy,
             )
         else:
             scanned = 0
@@ -615,10 +793,17 @@ class Decoder(nnx.Module):
                 h, (k, v) = layer_run(layer, h, cos, sin, attn_mask, kv, index, jax.random.fold_in(lora_dropout[0], i))
             keys.append(k)
             values.append(v)
+        if shift is not None and window is None:  # (with a window the last layer rolled back)
+            h = roll_rows(h, -shift)
         h = self.final_norm(h)
         if cache is None:
             return h, None
         return h, KVCache(tuple(keys), tuple(values), key_valid, index + t)
+
+    def attention_implementation(self, dtype) -> str:
+        """The attention of a forward without a cache in compute ``dtype`` on the default backend:
+        "plain", "xla" or "cudnn" (`attention_implementation`)."""
+        return attention_implementation(self.attention, jax.default_backend(), dtype, self.config.head_dim)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """float32 logits ``[B, T, V]`` from final hidden states ``[B, T, D]`` (tied or untied head)."""

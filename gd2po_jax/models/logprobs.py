@@ -16,6 +16,7 @@ Shapes: ``B`` sequences, ``S`` tokens of a sequence (prompt + completion), ``T``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -73,6 +74,74 @@ def token_entropy(logits: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------------------------
 
 
+LOGITS_GRADS = ("auto", "compute", "float32")
+"""How `chunked_token_logprobs` takes the LM head's backward: "compute", `head_logprobs`'s (the
+logits' gradient cast to the compute dtype before the head's two products); "float32", autodiff's
+through ``jax.checkpoint`` (the float32 gradient against the compute-dtype operands); "auto":
+"compute" when the hidden states are narrower than float32, else "float32" (in float32 the two
+are the same products)."""
+
+
+def _head_forward(hidden, unembedding, targets, temperature: float, with_entropy: bool):
+    """logits (float32, divided by the temperature), their logsumexp, logp and entropy ``[B, T]``."""
+    logits = jnp.einsum("bth,hv->btv", hidden, unembedding, preferred_element_type=jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    logp = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0] - log_normalizer
+    if with_entropy:
+        probs = jnp.exp(logits - log_normalizer[..., None])
+        entropy = log_normalizer - jnp.sum(probs * logits, axis=-1)
+    else:
+        entropy = jnp.zeros_like(logp)
+    return logits, log_normalizer, logp, entropy
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def head_logprobs(hidden, unembedding, targets, temperature: float = 1.0, with_entropy: bool = False):
+    """``log softmax(hidden @ unembedding / temperature)[targets]`` and the entropy, with a backward in
+    the compute dtype.
+
+    hidden: [B, T, H] (the compute dtype); unembedding: [H, V]; targets: [B, T] int; temperature,
+    with_entropy: static (the entropy is zeros without it). Returns logp, entropy [B, T] float32.
+
+    The forward is `token_logprobs` / `token_entropy` on float32 logits. The backward recomputes the
+    logits (one product), forms their gradient in float32 from the saved logsumexp (``onehot - p``
+    for logp, ``-p (z - E_p z)`` for the entropy), casts it to ``hidden``'s dtype and takes the two
+    products ``dz @ unembedding^T`` and ``hidden^T @ dz`` in that dtype (float32 accumulation):
+    autodiff's would take them with the float32 gradient against bfloat16 operands (float32 or TF32
+    products on a GPU). Only ``[B, T]`` float32 values are saved besides the inputs.
+    """
+    return _head_forward(hidden, unembedding, targets, temperature, with_entropy)[2:]
+
+
+def _head_fwd(hidden, unembedding, targets, temperature, with_entropy):
+    _, log_normalizer, logp, entropy = _head_forward(hidden, unembedding, targets, temperature, with_entropy)
+    return (logp, entropy), (hidden, unembedding, targets, log_normalizer, entropy)
+
+
+def _head_bwd(temperature, with_entropy, residuals, cotangents):
+    hidden, unembedding, targets, log_normalizer, entropy = residuals
+    d_logp, d_entropy = cotangents
+    logits = jnp.einsum("bth,hv->btv", hidden, unembedding, preferred_element_type=jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    probs = jnp.exp(logits - log_normalizer[..., None])
+    onehot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
+    d_logits = d_logp[..., None] * (onehot - probs)
+    if with_entropy:  # dH/dz = -p (z - E_p z), E_p z = logsumexp - H
+        d_logits = d_logits - d_entropy[..., None] * probs * (logits - (log_normalizer - entropy)[..., None])
+    if temperature != 1.0:
+        d_logits = d_logits / temperature
+    d_logits = d_logits.astype(hidden.dtype)
+    d_hidden = jnp.einsum("btv,hv->bth", d_logits, unembedding.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    d_unembedding = jnp.einsum("bth,btv->hv", hidden, d_logits, preferred_element_type=jnp.float32)
+    return d_hidden.astype(hidden.dtype), d_unembedding.astype(unembedding.dtype), None
+
+
+head_logprobs.defvjp(_head_fwd, _head_bwd)
+
+
 def chunked_token_logprobs(
     hidden: jax.Array,
     unembedding: jax.Array,
@@ -81,12 +150,13 @@ def chunked_token_logprobs(
     chunk_size: int = 128,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    logits_grad: str = "auto",
 ) -> tuple[jax.Array, jax.Array | None]:
     """Per-token log-probs (and entropy) from final hidden states, a chunk of positions at a time.
 
     Only ``[B, chunk_size, V]`` logits exist at once, in the forward and (through
-    ``jax.checkpoint``) in the backward pass: with a large vocabulary this is what keeps the
-    training step's memory bounded.
+    ``jax.checkpoint``, or `head_logprobs`'s recompute) in the backward pass: with a large
+    vocabulary this is what keeps the training step's memory bounded.
 
     Args:
       hidden: [B, T, H] final (normed) hidden states.
@@ -96,6 +166,7 @@ def chunked_token_logprobs(
       with_entropy: also return the entropy.
       temperature: the logits are divided by it (static; 1: left as they are), as verl does:
         log-probs and entropy are those of ``softmax(logits / temperature)``.
+      logits_grad: the head's backward, one of `LOGITS_GRADS` (the same values; "auto" is right).
 
     Returns:
       logp [B, T] float32 and entropy [B, T] float32 (None unless ``with_entropy``).
@@ -109,8 +180,15 @@ def chunked_token_logprobs(
     hidden_chunks = hidden.reshape(batch, num_chunks, chunk, -1).swapaxes(0, 1)
     target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
+    if logits_grad not in LOGITS_GRADS:
+        raise ValueError(f"logits_grad={logits_grad!r}: one of {LOGITS_GRADS}")
+    narrow = jnp.finfo(hidden.dtype).bits < 32
+
+    def head_chunk(args):
+        return head_logprobs(args[0], unembedding, args[1], float(temperature), bool(with_entropy))
+
     @jax.checkpoint
-    def one_chunk(args):
+    def autodiff_chunk(args):
         hidden_chunk, target_chunk = args
         logits = jnp.einsum("bth,hv->btv", hidden_chunk, unembedding, preferred_element_type=jnp.float32)
         if temperature != 1.0:
@@ -119,6 +197,7 @@ def chunked_token_logprobs(
         entropy = token_entropy(logits) if with_entropy else jnp.zeros_like(logp)
         return logp, entropy
 
+    one_chunk = head_chunk if logits_grad == "compute" or (logits_grad == "auto" and narrow) else autodiff_chunk
     logp, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
     logp = logp.swapaxes(0, 1).reshape(batch, -1)[:, :length]
     entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]

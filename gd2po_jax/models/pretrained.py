@@ -170,9 +170,10 @@ def load_pretrained(
     dtype=jnp.float32,
     mesh: Mesh | None = None,
     *,
-    remat: bool = False,
+    remat: bool | str = False,
     lora: LoRASpec | None = None,
     lora_seed: int = 0,
+    attention: str = "auto",
 ) -> Decoder:
     """A `Decoder` with the weights of the Hugging Face checkpoint directory ``path``.
 
@@ -182,9 +183,10 @@ def load_pretrained(
       dtype: parameter dtype (e.g. ``jnp.float32`` or ``jnp.bfloat16``), converted while loading.
       mesh: if given, each parameter is created directly on its annotated sharding
         (see `gd2po_jax.runtime.sharding`); otherwise on the default device.
-      remat: rematerialise layers in the backward pass.
+      remat: what layers keep for the backward pass, a remat policy or a boolean (`Decoder`).
       lora: adapters (in ``lora.dtype``), fresh as PEFT initialises them from ``lora_seed``
         (`gd2po_jax.models.lora.init_adapters`: the model computes as the checkpoint's).
+      attention: the training forward's attention (``model.attention``; `Decoder`).
 
     Raises:
       ModelDirError: the directory cannot be loaded (one line naming the file: `model_dir_errors`).
@@ -194,7 +196,9 @@ def load_pretrained(
         config = load_hf_config(path)
     with model_dir_errors(path):
         checkpoint = SafetensorsCheckpoint(path)
-    model = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat, lora=lora))
+    model = nnx.eval_shape(
+        lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0), remat=remat, lora=lora, attention=attention)
+    )
     if lora is not None:
         init_adapters(model, lora_seed, mesh)
     maps = tensor_maps(config)

@@ -83,7 +83,7 @@ def test_official_hyperparameters(model):
     assert (c.sampling.temperature, c.sampling.top_p, c.sampling.top_k) == (1.0, 1.0, 0)
     assert c.sampling.max_new_tokens == 1024 and c.data.max_prompt_tokens == 2048
     assert c.rewards.max_think_words == 512 and not c.rewards.conditional_length
-    assert (c.model.dtype, c.train.master_dtype, c.model.remat) == ("bfloat16", "float32", True)
+    assert (c.model.dtype, c.train.master_dtype, c.model.remat) == ("bfloat16", "float32", "full")
     assert c.rl.tempered_logprobs  # verl's log-probs at the rollout temperature (1: the same numbers)
     # verl's update: old log-probs recomputed, mini-batches in order, dynamic batches of 16384 tokens per GPU
     assert (c.rl.old_logprobs, c.rl.shuffle_minibatches, c.rl.rollout_is_cap) == ("recompute", False, 0.0)

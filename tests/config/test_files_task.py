@@ -90,4 +90,4 @@ def test_smoke_run_with_a_tiny_model_on_rlla(tmp_path):
     assert {"reward/correctness", "reward/length"} <= set(step) and "reward/format" not in step
     assert (tmp_path / "policy" / "config.json").is_file()
     written = json.loads((tmp_path / "config.json").read_text())
-    assert written["model"]["dtype"] == "bfloat16" and written["model"]["remat"] is True
+    assert written["model"]["dtype"] == "bfloat16" and written["model"]["remat"] == "full"

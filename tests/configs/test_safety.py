@@ -30,7 +30,7 @@ def tiny_safety_config(num_steps: int):
     steps, a checkpoint every step."""
     config = safety.get_config()
     config.model.path = str(tiny_safety_policy())
-    config.model.update(dtype="float32", remat=False)
+    config.model.update(dtype="float32", remat="none")
     config.data.train = str(alpaca_path())
     config.eval.sets = str(data_files() / "safe_alignment")
     config.data.max_prompt_tokens = 48  # some Alpaca prompts are longer: cut on the left

@@ -9,6 +9,7 @@ from flax import nnx
 
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.models.logprobs import (
+    LOGITS_GRADS,
     chunked_token_logprobs,
     completion_logprobs,
     merge_model,
@@ -59,6 +60,48 @@ def test_chunked_logprobs_equal_full_and_have_same_gradient(chunk_size):
     logp_only, entropy = chunked_token_logprobs(hidden, projection, targets, chunk_size=chunk_size)
     assert entropy is None
     np.testing.assert_allclose(logp_only, logp_full, atol=1e-5)
+
+
+def _head_values_and_grads(logits_grad: str, dtype, temperature: float):
+    """An objective of `chunked_token_logprobs` (log-probs and entropy, each with its own weights) at
+    ``dtype``, its value and gradients in hidden and projection (float32 inputs)."""
+    hidden, projection = random_normal((3, 10, 16), 5), random_normal((16, 50), 6, scale=0.5)
+    targets = jnp.asarray(np.random.default_rng(7).integers(0, 50, size=(3, 10)))
+    weights = random_normal((2, 3, 10), 8)
+
+    def objective(hidden, projection):
+        logp, entropy = chunked_token_logprobs(hidden.astype(dtype), projection.astype(dtype), targets, chunk_size=4,
+                                               with_entropy=True, temperature=temperature, logits_grad=logits_grad)
+        return jnp.sum(logp * weights[0]) + jnp.sum(entropy * weights[1])
+
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1)))(hidden, projection)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_heads_compute_dtype_backward_is_autodiffs_in_float32(temperature):
+    """`head_logprobs`'s backward (the logits' gradient from the saved logsumexp, cast to the
+    compute dtype, a no-op here) gives autodiff's gradients to float32 rounding."""
+    want_value, want = _head_values_and_grads("float32", jnp.float32, temperature)
+    got_value, got = _head_values_and_grads("compute", jnp.float32, temperature)
+    assert float(got_value) == pytest.approx(float(want_value), abs=ulps(want_value, 4))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=ulps(w, 16))
+
+
+def test_the_heads_bfloat16_backward_is_within_bfloat16_rounding_of_float32():
+    """In bfloat16 ("auto" takes the compute-dtype backward there) the gradients are within a few
+    bfloat16 roundings (2^-8 each) of the float32 ones, as close as autodiff's own bfloat16 ones."""
+    _, want = _head_values_and_grads("float32", jnp.float32, 1.0)
+    _, autodiff = _head_values_and_grads("float32", jnp.bfloat16, 1.0)
+    _, got = _head_values_and_grads("auto", jnp.bfloat16, 1.0)
+    for g, a, w in zip(got, autodiff, want):
+        assert g.dtype == jnp.float32  # the inputs' dtype (the cast is inside)
+        error = float(jnp.linalg.norm(g - w) / jnp.linalg.norm(w))
+        assert error < 4 * 2.0**-8, error
+        assert error < 2 * float(jnp.linalg.norm(a - w) / jnp.linalg.norm(w)) + 2.0**-8
+    with pytest.raises(ValueError, match="logits_grad"):
+        chunked_token_logprobs(jnp.zeros((1, 2, 4)), jnp.zeros((4, 5)), jnp.zeros((1, 2), jnp.int32), logits_grad="x")
+    assert "auto" in LOGITS_GRADS
 
 
 @pytest.mark.parametrize("tie", [True, False])
