@@ -95,13 +95,16 @@ def load_policy(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -
     spec = lora_spec(config)
     master = jnp.dtype(config.train.master_dtype)
     if spec is None:
-        model = load_pretrained(policy_path, dtype=master, mesh=setup.mesh, remat=config.model.remat)
+        model = load_pretrained(
+            policy_path, dtype=master, mesh=setup.mesh, remat=config.model.remat, attention=config.model.attention
+        )
         return *nnx.split(model, nnx.Param), None
     model = load_pretrained(
         policy_path,
         dtype=jnp.dtype(config.model.lora.base_dtype or master),
         mesh=setup.mesh,
         remat=config.model.remat,
+        attention=config.model.attention,
         lora=spec,
         lora_seed=config.train.seed,
     )

@@ -131,7 +131,9 @@ def train_warm_start(
         tools_column=config.data.tools_column,
         length_bucket=config.sft.length_bucket,
     )
-    model = load_pretrained(setup.model_path, dtype=jnp.float32, mesh=setup.mesh, remat=config.model.remat)
+    model = load_pretrained(
+        setup.model_path, dtype=jnp.float32, mesh=setup.mesh, remat=config.model.remat, attention=config.model.attention
+    )
     graphdef, params = nnx.split(model, nnx.Param)
     schedule = optax.warmup_cosine_decay_schedule(
         0.0,
