@@ -313,14 +313,25 @@ def test_bench_sft_times_each_shape(tmp_path):
 def test_update_memory_prints_the_programs_bytes_and_names_a_bad_micro_batch():
     args = ("--preset=qwen2-29m", "--layers=2", "--vocab=512", "--prompts=2", "--group=2", "--prompt_len=32",
             "--new_tokens=16", "--micro_batch=2")
-    out = run_bench("update_memory", *args)
-    line(rf"qwen2-29m, 2 layers \({NUMBER} B params\), 4 rows x 48 tokens, micro-batches of 2, remat, bfloat16 "
-         rf"compute, {DEVICES} device\(s\), cpu:", out)
-    seconds, arguments, outputs, temporaries, aliased, total, per_param = line(
-        rf"  compiled in {NUMBER} s: arguments {NUMBER} GiB, outputs {NUMBER}, temporaries {NUMBER}, aliased "
-        rf"{NUMBER} -> program {NUMBER} GiB per device \({NUMBER} B/param\)", out)
-    assert seconds > 0 and aliased > 0 and temporaries > 0
-    assert total == pytest.approx(arguments + outputs + temporaries - aliased, abs=0.02)
-    assert per_param > 12  # at least the fp32 weights and AdamW's two moments
+    proc = run_bench_process("update_memory", *args, "--remat=full,minimal")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stderr
+    for policy in ("full", "minimal"):
+        line(rf"qwen2-29m, 2 layers \({NUMBER} B params\), 4 rows x 48 tokens, micro-batches of 2, remat {policy}, "
+             rf"bfloat16 compute, {DEVICES} device\(s\), cpu:", out)
+    report = json.loads(proc.stdout)
+    assert list(report["policies"]) == ["full", "minimal"] and report["seq"] == 48 and report["platform"] == "cpu"
+    for found in report["policies"].values():
+        assert found["compile_s"] > 0 and found["aliased"] > 0 and found["temporaries"] > 0
+        assert found["total"] == found["arguments"] + found["outputs"] + found["temporaries"] - found["aliased"]
+        assert found["bytes_per_param"] > 12  # at least the fp32 weights and AdamW's two moments
+    # minimal keeps the projections' outputs besides the layer inputs: more than full, as its line says
+    assert report["policies"]["minimal"]["temporaries"] > report["policies"]["full"]["temporaries"]
+    full_lines = out.split("remat minimal")[0]  # full's two lines come first
+    program = line(rf"  compiled in {NUMBER} s: arguments {NUMBER} GiB, outputs {NUMBER}, temporaries {NUMBER}, "
+                   rf"aliased {NUMBER} -> program {NUMBER} GiB per device \({NUMBER} B/param\)", full_lines)[5]
+    assert program == pytest.approx(report["policies"]["full"]["total"] / 2**30, abs=0.006)
+    proc = run_bench_process("update_memory", *args, "--remat=some")
+    assert proc.returncode != 0 and "--remat: ['some'] are not policies" in proc.stderr
     proc = run_bench_process("update_memory", *args[:-1], "--micro_batch=3")
     assert proc.returncode != 0 and "--micro_batch: 3 does not divide the 4 rows" in proc.stderr
