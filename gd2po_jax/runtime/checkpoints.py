@@ -195,6 +195,40 @@ def _is_write_error(err: BaseException | None) -> bool:
     return False
 
 
+class _HeldLogs(logging.Filter):
+    """Holds the records of Orbax's loggers (``absl``, ``orbax``) while a checkpoint is written: its
+    threads log every failed write with a traceback (hundreds of lines on a full disk) before the save
+    raises. `release` emits them (a save that succeeded, or failed otherwise); `drop` forgets them
+    (a failed write: `run_dir.write_failed`'s one line says it)."""
+
+    LOGGERS = ("absl", "orbax")
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def __enter__(self) -> _HeldLogs:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def release(self) -> None:
+        records, self.records = self.records, []
+        for record in records:
+            logging.getLogger(record.name).handle(record)
+
+    def drop(self) -> None:
+        self.records = []
+
+
 def _root_cause(err: BaseException, limit: int = 300) -> str:
     """``Type: message`` of the innermost exception ``err`` was raised from (Orbax wraps the
     TensorStore error that names the damaged file in layers of context), on one line."""
@@ -274,19 +308,23 @@ class Checkpoints:
         metadata = {**metadata, CHECKSUMS_KEY: checksums}
         metadata[META_CHECKSUM_KEY] = meta_checksum(metadata)
         assert self._manager is not None
-        try:
-            self._manager.save(
-                step,
-                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata)),
-                force=True,
-            )
-            self._manager.wait_until_finished()
-        except Exception as err:  # noqa: BLE001 -- Orbax wraps the OSError of a full disk in its own errors
-            if not _is_write_error(err):
-                raise
-            # Nothing half-written is taken for a checkpoint: Orbax renames a step's directory into
-            # place when it is complete, and deletes older ones only after that.
-            raise run_dir.write_failed(self.step_dir(step), _innermost(err)) from err
+        with _HeldLogs() as logs:  # Orbax's threads' tracebacks of a full disk: our one line instead
+            try:
+                self._manager.save(
+                    step,
+                    args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata)),
+                    force=True,
+                )
+                self._manager.wait_until_finished()
+            except Exception as err:  # noqa: BLE001 -- Orbax wraps the OSError of a full disk in its own errors
+                if not _is_write_error(err):
+                    logs.release()
+                    raise
+                logs.drop()
+                # Nothing half-written is taken for a checkpoint: Orbax renames a step's directory into
+                # place when it is complete, and deletes older ones only after that.
+                raise run_dir.write_failed(self.step_dir(step), _innermost(err)) from None
+            logs.release()
 
     def _check_step(self, step: int | None) -> int:
         steps = self.steps()

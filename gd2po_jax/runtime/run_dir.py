@@ -79,8 +79,17 @@ class WriteFailedError(RunDirError):
     intact (every write is atomic), so the rerun after freeing space resumes."""
 
 
+def size_text(num_bytes: float) -> str:
+    """``"1.2 GiB"``, ``"24.0 MiB"``, ``"512 bytes"``: a size in the largest unit that keeps it >= 1."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{int(num_bytes)} bytes"
+
+
 def free_space(path: str | pathlib.Path) -> str:
-    """``"1.2 GiB free of 100.0 GiB on <dir>"`` for the nearest existing directory of ``path``."""
+    """``"1.2 GiB free of 100.0 GiB on <dir>"`` (in the unit each size needs: ``"3.1 MiB free of
+    30.0 MiB"``) for the nearest existing directory of ``path``."""
     where = pathlib.Path(path).absolute()
     while not where.exists() and where != where.parent:
         where = where.parent
@@ -88,13 +97,18 @@ def free_space(path: str | pathlib.Path) -> str:
         usage = shutil.disk_usage(where)
     except OSError:
         return f"free space unknown on {where}"
-    return f"{usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f} GiB on {where}"
+    return f"{size_text(usage.free)} free of {size_text(usage.total)} on {where}"
+
+
+NO_SPACE = "No space left on device"
 
 
 def write_failed(path: str | pathlib.Path, err: BaseException) -> WriteFailedError:
-    """The `WriteFailedError` for a failed write of ``path``: one line naming it, the error and the
-    free space."""
+    """The `WriteFailedError` for a failed write of ``path``: one line naming it, the error (just
+    "No space left on device" for a full disk, however deeply a library quoted it) and the free space."""
     reason = " ".join(str(err.strerror if isinstance(err, OSError) and err.strerror else err).split())
+    if NO_SPACE in reason:
+        reason = NO_SPACE
     return WriteFailedError(
         f"{path}: cannot write it ({reason}; {free_space(path)}). The run stopped; the "
         "previous checkpoint and files are intact: free space and rerun the same command to resume"

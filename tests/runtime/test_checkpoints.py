@@ -249,3 +249,36 @@ def test_a_checkpoint_of_the_old_format_still_restores_and_is_checked(tmp_path):
         with pytest.raises(CorruptCheckpointError, match="arrays differ from what was saved"):
             checkpoints.restore(2, small_state(0.0))
         assert checkpoints.restore_intact(small_state(0.0), check_meta=check_position)[0] == 1
+
+
+def test_a_full_disk_is_our_one_line_with_the_real_free_space(tmp_path, caplog):
+    """Issue 63 finding 7: on a full disk Orbax's threads logged hundreds of lines of tracebacks before our
+    line, which said "0.0 GiB free of 0.0 GiB" of a 30 MB filesystem. A real one: a 30 MiB tmpfs (the
+    test needs the right to mount one, as root in a container; skipped elsewhere)."""
+    import logging
+    import subprocess
+
+    from gd2po_jax.runtime.run_dir import WriteFailedError, free_space, size_text
+
+    assert (size_text(3.1 * 2**20), size_text(30 * 2**20), size_text(2**31), size_text(12)) == (
+        "3.1 MiB", "30.0 MiB", "2.0 GiB", "12 bytes")
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()})")
+    try:
+        assert free_space(small).endswith(f"free of 30.0 MiB on {small}")
+        (small / "fill").write_bytes(b"\0" * 27_000_000)
+        state = {"x": jax.random.normal(jax.random.PRNGKey(0), (2000, 1000))}  # 8 MB, incompressible
+        caplog.set_level(logging.INFO)
+        with Checkpoints(small / "checkpoints") as checkpoints:
+            with pytest.raises(WriteFailedError) as failed:
+                checkpoints.save(1, state, {"step": 1})
+        message = str(failed.value)
+        assert message.startswith(f"{small / 'checkpoints' / '1'}: cannot write it (No space left on device; ")
+        assert " MiB free of 30.0 MiB on " in message and "\n" not in message
+        assert not [r for r in caplog.records if r.name in ("absl", "orbax") and r.levelno >= logging.ERROR]
+        assert failed.value.__cause__ is None
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
