@@ -195,7 +195,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         try:
             remaining = flags.FLAGS(list(argv))
         except flags.Error as error:  # what absl's own parser reports (a bad value, an unknown flag)
-            exit_user_error(program, f"{one_line(error)} (--helpfull lists the flags)")
+            exit_user_error(program, config_file_error(str(error)) or f"{one_line(error)} (--helpfull lists the flags)")
     for name in _CONFIG_FLAGS:  # a config file that does not load fails when its value is first read
         try:
             cast(Any, flags.FLAGS[name].value).to_dict()  # a ConfigDict: a config flag's value
@@ -209,6 +209,20 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         except KeyError:
             pass  # not defined by this command
     return remaining
+
+
+def config_file_error(text: str) -> str | None:
+    """One line for a config file whose ``get_config`` raised a TypeError or ValueError (a
+    `gd2po_jax.errors.UserError` such as configs/resolved.py's errors in a run's config.json):
+    ml_collections puts the whole traceback into the flag's error; this keeps the flag and the
+    exception's own message. None for any other flag error."""
+    flag, marker, trace = text.partition("Error whilst parsing config file:")
+    lines = [line.strip() for line in trace.splitlines() if line.strip()]
+    if not marker or not lines:
+        return None
+    last = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])  # "gd2po_jax.config.base.ConfigError: ..."
+    where = flag.strip().removeprefix("flag ").rstrip(":")
+    return f"{where}: {last}"
 
 
 _CONFIG_FLAGS: list[str] = []

@@ -189,8 +189,7 @@ def train_and_evaluate(config: RunConfig, workdir: str | pathlib.Path, *, progre
       Preempted: a signal of ``train.preemption_signals`` arrived (`gd2po_jax.runtime.preemption`):
         in the RL loop after the step in flight is checkpointed, elsewhere at once.
     """
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = run_dir.make_workdir(workdir)  # read-only storage: one line
     primary = distributed.is_primary()  # several processes: process 0 locks, writes and reports
     with run_dir.lock_workdir(workdir, "train.py") if primary else contextlib.nullcontext():
         with (

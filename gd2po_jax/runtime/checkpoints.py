@@ -203,7 +203,7 @@ class _HeldLogs(logging.Filter):
 
     LOGGERS = ("absl", "orbax")
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
 

@@ -592,6 +592,22 @@ def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def make_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
+    """``workdir``, created with its parents if missing.
+
+    Raises:
+      RunDirError: one line naming it, when it cannot be created (read-only storage, no permission).
+    """
+    workdir = pathlib.Path(workdir)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunDirError(
+            f"{workdir}: cannot create the workdir ({err.strerror or err}); choose a --workdir on writable storage"
+        ) from None
+    return workdir
+
+
 def is_read_only(workdir: str | pathlib.Path) -> bool:
     """Whether this process cannot write in ``workdir`` (read-only storage, or a directory it may not
     write): `os.access`, which also sees a read-only mount (EROFS) for root."""
@@ -701,7 +717,10 @@ def lock_workdir(
                     f"{path} is a symbolic link (to {os.readlink(path)}); the lock is never written through "
                     "one: remove the link"
                 ) from None
-            raise RunDirError(f"{path}: cannot create the workdir's lock ({err.strerror or err})") from None
+            raise RunDirError(
+                f"{path}: cannot create the workdir's lock ({err.strerror or err}); a run needs a workdir it can "
+                "write: choose another --workdir (eval.py and export.py read a finished run on read-only storage)"
+            ) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise RunDirError(f"{path}: not a regular file; remove it (it is the workdir's lock)")

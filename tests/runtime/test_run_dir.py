@@ -257,3 +257,51 @@ def test_one_permission_policy_for_everything_a_run_writes(tmp_path):
     assert set(modes.values()) == {"0o644"}, modes
     assert checkpoint_files and {oct(p.stat().st_mode & 0o777) for p in checkpoint_files} == {"0o644"}
     assert run_dir.file_mode() == 0o666 & ~old
+
+
+# ----------------------------------------------------------------------------------------------
+# User errors in one line (issue 63, finding 7): a read-only workdir, errors in a resolved config.json.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_read_only_workdir_is_one_line_for_the_trainer(tmp_path, monkeypatch):
+    import errno
+    import pathlib
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+    with pytest.raises(RunDirError, match=rf"^{tmp_path / 'new'}: cannot create the workdir \(Read-only file "
+                                          r"system\); choose a --workdir on writable storage$"):
+        run_dir.make_workdir(tmp_path / "new")
+    monkeypatch.undo()
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: read_only() if str(path).endswith(".lock")
+                        else real_open(path, *a, **k))
+    with pytest.raises(RunDirError, match=r"\.lock: cannot create the workdir's lock \(Read-only file system\); "
+                                          r"a run needs a workdir it can write") as refused:
+        run_dir.lock_workdir(tmp_path, "train.py")
+    assert "\n" not in str(refused.value)
+
+
+def test_an_error_in_a_resolved_config_json_is_one_line_without_the_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    from gd2po_jax.cli import config_file_error
+    from tests.fakes import REPO, subprocess_env, tiny_run_config
+
+    run_dir.write_config(tmp_path, tiny_run_config())
+    values = json.loads((tmp_path / "config.json").read_text())
+    values["rl"]["snr_taux"] = 1.0
+    (tmp_path / "bad.json").write_text(json.dumps(values))
+    done = subprocess.run([sys.executable, "train.py", f"--config=configs/resolved.py:{tmp_path / 'bad.json'}",
+                           f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"train.py: --config=configs/resolved.py:{tmp_path / 'bad.json'}: {tmp_path / 'bad.json'}: "
+                           "config.rl.snr_taux: unknown field")
+    assert "Traceback" not in line and "File " not in line
+    assert config_file_error("flag --config=x.py: a bad value") is None  # other flag errors as before
