@@ -99,6 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.snr_eps = 1e-8  # added to the SNR denominator
     config.rl.halves_ranking = "prompt"  # low/high_conflict_half rank per prompt | batch
     config.rl.skip_zero_advantage_rows = True  # micro-batches of rollouts with A = 0 only are not computed
+    config.rl.scale_rewards = "group"  # TRL's: the group norm divides by the group std | batch std | none
+    config.rl.mask_truncated_completions = False  # TRL's: True: completions cut at max_new_tokens add no loss
 
     config.sampling = ml_collections.ConfigDict()
     config.sampling.max_new_tokens = 96  # longest response (also evaluation's budget)

@@ -38,6 +38,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags import tuple_parser
 
+from gd2po_jax.config.rl import TRL_CONFIG_NAMES, TRL_FIELD_ALIASES
 from gd2po_jax.errors import USER_ERROR_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
@@ -180,10 +181,24 @@ def override_error_message(argv: Sequence[str], error: BaseException) -> str:
         parts = culprit.split("=", 1)[0].lstrip("-").split(".")
         parent = ".".join(parts[: parts.index(key)]) if key in parts[1:] else ".".join(parts[:-1])
         hint = f"; did you mean {suggestion.group(1)!r}?" if suggestion else ""
+        if key in TRL_CONFIG_NAMES:  # TRL's name: its equal here, not the nearest spelling
+            hint = f"; TRL's {key} is --config.{TRL_CONFIG_NAMES[key]} here"
         return f"{culprit}: {parent} has no field {key!r}{hint} (the fields are those of the --config file)"
     detail = " ".join(line.strip() for line in text.splitlines() if line.strip())
     where = f" ({', '.join(overrides)})" if overrides else ""
     return f"cannot apply the command line's config overrides{where}: {type(error).__name__}: {detail}"
+
+
+def trl_aliases(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--<config>.rl.<TRL name>=`` of `TRL_FIELD_ALIASES` as the field it sets
+    (``--config.rl.num_iterations=2`` -> ``--config.rl.ppo_epochs=2``)."""
+    out = []
+    for arg in argv:
+        match = re.match(r"^(--\w+\.rl\.)(\w+)(=.*)?$", arg)
+        if match and match.group(2) in TRL_FIELD_ALIASES:
+            arg = match.group(1) + TRL_FIELD_ALIASES[match.group(2)] + (match.group(3) or "")
+        out.append(arg)
+    return out
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
@@ -193,7 +208,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     program = pathlib.Path(argv[0]).name if argv else "gd2po"
     with _overrides_in_one_line(argv):
         try:
-            remaining = flags.FLAGS(list(argv))
+            remaining = flags.FLAGS(trl_aliases(argv))
         except flags.Error as error:  # what absl's own parser reports (a bad value, an unknown flag)
             exit_user_error(program, config_file_error(str(error)) or f"{one_line(error)} (--helpfull lists the flags)")
     for name in _CONFIG_FLAGS:  # a config file that does not load fails when its value is first read
@@ -254,6 +269,7 @@ def run(doc: str | None, define_flags: Callable[[], None], main: Callable[[list[
     main_module = sys.modules.get("__main__")
     if main_module is not None and not main_module.__doc__:
         main_module.__doc__ = doc
+    sys.argv[:] = trl_aliases(sys.argv)  # config_flags reads sys.argv when the flag is defined
     with _overrides_in_one_line(sys.argv):
         define_flags()
     app.run(main, flags_parser=parse_flags)

@@ -20,6 +20,50 @@ BATCH_NORMS = ("token", "sequence", "none")
 """The values of ``config.rl.batch_norm`` (`gd2po_jax.rl.advantages`)."""
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 """The values of ``config.rl.loss_agg_mode`` (verl's names; `gd2po_jax.rl.losses.aggregate_loss`)."""
+SCALE_REWARDS = ("group", "batch", "none")
+"""The values of ``config.rl.scale_rewards``, TRL's: the divisor of the group normalization (the group's
+std, the batch's std, none: only the group mean is subtracted, Dr. GRPO / verl's
+``norm_adv_by_std_in_grpo=False``); `gd2po_jax.rl.advantages.group_normalize`."""
+TRL_LOSS_TYPES = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
+"""TRL's ``loss_type`` names accepted as ``rl.loss_agg_mode`` (or ``rl.loss_type``): the verl mode each
+equals. dapo: one token mean over the whole minibatch; grpo: each sequence's token mean, then their
+mean; dr_grpo: token sums over rows x ``max_completion_length`` (docs/own_task.md#trl-and-verl-names)."""
+TRL_LOSS_TYPES_NEAREST = {
+    "bnpo": "token-mean",
+    "cispo": "token-mean",
+    "sapo": "token-mean",
+    "luspo": "seq-mean-token-mean",
+    "vespo": "token-mean",
+}
+"""TRL ``loss_type`` names with no equal here, and the nearest verl mode (named in the error): bnpo's
+token mean is over each process's micro-batch, not the minibatch; cispo, sapo, luspo and vespo change
+the objective itself (clipped IS weights, soft gates, ...), not only how tokens are averaged."""
+TRL_FIELD_ALIASES = {"num_iterations": "ppo_epochs", "loss_type": "loss_agg_mode"}
+"""TRL's ``GRPOConfig`` names accepted as fields of ``config.rl`` (in a config file, config.json or
+``--config.rl.<name>=``): the field each sets."""
+TRL_CONFIG_NAMES = {
+    "beta": "rl.kl_coef",
+    "epsilon": "rl.clip_low",
+    "epsilon_high": "rl.clip_high",
+    "num_iterations": "rl.ppo_epochs",
+    "loss_type": "rl.loss_agg_mode",
+    "scale_rewards": "rl.scale_rewards",
+    "mask_truncated_completions": "rl.mask_truncated_completions",
+    "num_generations": "rl.num_generations",
+    "max_completion_length": "sampling.max_new_tokens",
+    "max_prompt_length": "data.max_prompt_tokens",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "learning_rate": "train.learning_rate",
+    "max_steps": "train.num_steps",
+    "max_grad_norm": "train.grad_clip",
+    "seed": "train.seed",
+    "reward_funcs": "rewards.functions",
+    "reward_weights": "rewards.weights",
+    "log_completions": "logging.completions_every",
+}
+"""TRL ``GRPOConfig`` / ``GRPOTrainer`` names -> the config field that means the same (docs/own_task.md's
+table), for the "did you mean" of a ``--config.<section>.<TRL name>`` that is no field."""
 KL_ESTIMATORS = ("k1", "k3")
 """The values of ``config.rl.kl_estimator`` (`gd2po_jax.rl.losses`)."""
 OLD_LOGPROBS = ("recompute", "sampler")
@@ -135,6 +179,14 @@ class RLConfig(_Section):
     gradient is the same, up to the order of float sums; the ``loss/*`` metrics are over the rollouts with
     a gradient; ``update/skipped_rows`` is the share not computed. Needs micro-batches (``micro_batch_size``
     below the minibatch) to skip part of one."""
+    scale_rewards: str = "group"
+    """TRL's ``scale_rewards``: what the group normalization divides by: group (the group's std, official
+    and TRL's default) | batch (the std of the whole batch's values) | none (only the group mean is
+    subtracted: Dr. GRPO, verl's ``norm_adv_by_std_in_grpo=False``). GRPO's summed reward as TRL; GDPO /
+    GD2PO's per-reward step (where TRL always divides by the group std)."""
+    mask_truncated_completions: bool = False
+    """TRL's ``mask_truncated_completions``: a completion cut at ``sampling.max_new_tokens`` (no EOS)
+    adds no token to the loss; its reward still counts in its group's statistics."""
 
     def __post_init__(self):
         if isinstance(self.algorithm, str) and ":" in self.algorithm:  # an aggregator of your own
@@ -198,4 +250,41 @@ class RLConfig(_Section):
         _number(self.snr_eps, "rl.snr_eps")
         _require(self.snr_eps > 0, "rl.snr_eps", f"must be > 0, got {self.snr_eps}")
         _one_of(self.halves_ranking, "rl.halves_ranking", HALVES_RANKINGS)
+        _one_of(self.scale_rewards, "rl.scale_rewards", SCALE_REWARDS)
+        _flag(self.mask_truncated_completions, "rl.mask_truncated_completions")
         _flag(self.skip_zero_advantage_rows, "rl.skip_zero_advantage_rows")
+
+    @classmethod
+    def from_dict(cls, values, path: str | None = None):
+        """`_Section.from_dict` after TRL's names (`trl_names`)."""
+        return super().from_dict(trl_names(values), path)
+
+
+def trl_names(values):
+    """``config.rl``'s mapping with TRL's names as ours: a `TRL_FIELD_ALIASES` field as the field it
+    sets (``num_iterations`` -> ``ppo_epochs``), a `TRL_LOSS_TYPES` ``loss_agg_mode`` as the verl mode it
+    equals (``dapo`` -> ``token-mean``). A mapping that is not one is returned as it is.
+
+    Raises:
+      ConfigError: a TRL loss type with no equal here, naming the nearest (`TRL_LOSS_TYPES_NEAREST`).
+    """
+    if not isinstance(values, dict):
+        return values
+    values = dict(values)
+    for alias, field in TRL_FIELD_ALIASES.items():
+        if alias in values:  # TRL's name, given on purpose: it sets the field (over the config file's value)
+            value = values.pop(alias)
+            if value is not None:
+                values[field] = value
+    mode = values.get("loss_agg_mode")
+    if isinstance(mode, str) and mode in TRL_LOSS_TYPES:
+        values["loss_agg_mode"] = TRL_LOSS_TYPES[mode]
+    elif isinstance(mode, str) and mode in TRL_LOSS_TYPES_NEAREST:
+        _require(
+            False,
+            "rl.loss_agg_mode",
+            f"TRL's loss_type {mode!r} has no equal here; the nearest is {TRL_LOSS_TYPES_NEAREST[mode]!r} "
+            f"(TRL's equals: {', '.join(f'{k}={v}' for k, v in TRL_LOSS_TYPES.items())}; "
+            "docs/own_task.md#trl-and-verl-names)",
+        )
+    return values

@@ -424,6 +424,8 @@ def _rl_step(
         modes=failure_modes(setup.reward_fn, config.rewards.on_error),
     )
     batch = rollouts.batch
+    if config.rl.mask_truncated_completions:  # TRL's: a completion cut at max_new_tokens adds no loss token
+        batch = batch.replace(response_mask=batch.response_mask & ~jnp.asarray(rollouts.truncated)[:, None])
     if loop.ref_params is not None:
         batch = batch.replace(
             ref_logp=loop.ref_logp_fn(loop.ref_params, batch.input_ids, batch.attention_mask, batch.old_logp.shape[1])

@@ -56,6 +56,7 @@ from gd2po_jax.rl import losses
 from gd2po_jax.rl.advantages import (
     AdvantageOutput,
     BatchNorm,
+    GroupScale,
     HalvesRanking,
     Method,
     advantage_diagnostics,
@@ -298,6 +299,7 @@ def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, co
         reward_weights=None if config.reward_weights is None else jnp.asarray(config.reward_weights),
         batch_norm=typing.cast(BatchNorm, rl.batch_norm),
         group_eps=rl.group_eps,
+        group_scale=typing.cast(GroupScale, rl.scale_rewards),
         valid=valid,
         drop_zero_variance_groups=rl.drop_zero_variance_groups,
         snr_eps=rl.snr_eps,
