@@ -51,12 +51,12 @@ from gd2po_jax.rl.train_step import (
     run_step_config,
 )
 from gd2po_jax.runtime import distributed, preemption, run_dir
-from gd2po_jax.runtime.checkpoints import Checkpoints, check_finite
+from gd2po_jax.runtime.checkpoints import Checkpoints, CorruptCheckpointError, check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter
 from gd2po_jax.runtime.run_dir import RunDir
 from gd2po_jax.runtime.wandb_logging import WandbLogger
 from gd2po_jax.sft.warm_start import warm_start
-from gd2po_jax.tasks import task_of
+from gd2po_jax.tasks import task_named, task_of
 from gd2po_jax.tasks.setup import RunSetup, build_setup, uses_warm_start
 from gd2po_jax.training.optimizer import init_optimizer_state, make_optimizer
 from gd2po_jax.training.records import TrainState
@@ -154,6 +154,32 @@ def resume(
     sampler.restore(meta["data"])
     logger.info("resumed from step %d (%s)", step, checkpoints.step_dir(step))
     return state, step
+
+
+def data_files(config: RunConfig) -> dict[str, Any]:
+    """`run_dir.data_fingerprint` of the training data file the config names (``{"data.train": ...}``;
+    empty for generated data or a Hub id): recorded in every checkpoint, checked on resume
+    (`check_data_files`)."""
+    field = task_named(config.task).split_field(config, "train")
+    value: Any = config
+    for name in field.split("."):
+        value = getattr(value, name, None)
+    fingerprint = run_dir.data_fingerprint(value) if isinstance(value, str) and value else None
+    return {field: fingerprint} if fingerprint else {}
+
+
+def check_data_files(config: RunConfig, checkpoints: Checkpoints) -> None:
+    """Refuse to resume when the training data changed since the latest checkpoint (`run_dir.check_data_unchanged`:
+    ``GD2PO_ALLOW_CHANGED_DATA=1`` overrides). A latest checkpoint whose metadata cannot be read is left
+    to `Checkpoints.restore_intact`."""
+    latest = checkpoints.latest_step()
+    if latest is None:
+        return
+    try:
+        recorded = checkpoints.metadata(latest).get(run_dir.DATA_FILES_KEY)
+    except CorruptCheckpointError:
+        return
+    run_dir.check_data_unchanged(recorded, data_files(config), checkpoints.step_dir(latest))
 
 
 def check_num_steps(config: RunConfig, checkpoints: Checkpoints) -> None:
@@ -261,6 +287,7 @@ def _open_run(config: RunConfig, workdir: pathlib.Path, wandb_log: WandbLogger) 
     split = eval_target(config, setup)  # the split, or "sets" (eval.sets); checked before the warm start
     checkpoints = Checkpoints(files.checkpoints, keep=config.checkpoint.keep)
     check_num_steps(config, checkpoints)
+    check_data_files(config, checkpoints)  # before the warm start or any compute: the data changed under the run
     if primary:
         run_dir.write_config(workdir, config)
     return OpenRun(files, primary, setup, split, checkpoints)
@@ -388,7 +415,8 @@ def _rl_loop_parts(config: RunConfig, setup: RunSetup, rl: RLStart, ref_graphdef
         ref_params=ref_params,
         ref_logp_fn=ref_logp_fn,
         step_args=() if rl.frozen is None else (rl.frozen,),  # LoRA: the base, the step's third argument
-        checkpoint_meta={} if rl.base is None else {LORA_BASE_KEY: rl.base},
+        checkpoint_meta={run_dir.DATA_FILES_KEY: data_files(config)}
+        | ({} if rl.base is None else {LORA_BASE_KEY: rl.base}),
         rollout_settings=RolloutSettings.of_run(
             config, eos_token_ids=setup.eos_ids, pad_token_id=setup.pad_id, prompt_length=setup.prompt_length
         ),

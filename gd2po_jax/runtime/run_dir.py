@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -585,6 +586,74 @@ def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
             f"there resumes it. Use a new --workdir for another run (a resumed run may change only "
             f"{', '.join(RESUMABLE_FIELDS)})."
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# The training data a run's checkpoints were made on.
+# ----------------------------------------------------------------------------------------------
+
+DATA_FILES_KEY = "data_files"
+"""In a checkpoint's metadata: config field -> `data_fingerprint` of the file it names."""
+ALLOW_CHANGED_DATA = "GD2PO_ALLOW_CHANGED_DATA"
+"""The environment variable that lets a run resume although its training data changed (set to 1)."""
+_SAMPLE_BYTES = 2**20
+
+
+def data_fingerprint(path: str | pathlib.Path) -> dict[str, Any] | None:
+    """``{"path", "size", "sample"}`` of a local data file or directory (a ``datasets`` folder: every
+    file in it): the total size in bytes and a BLAKE2b of each file's name, size, first and last MiB;
+    None for anything else (a Hub id). The modification time is left out: a copy of the same data
+    (``cp``, a checkout) resumes."""
+    path = pathlib.Path(path)
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else []
+    if not files:
+        return None
+    digest, total = hashlib.blake2b(digest_size=16), 0
+    for file in files:
+        size = file.stat().st_size
+        total += size
+        digest.update(f"{file.relative_to(path) if file != path else file.name}|{size}|".encode())
+        with open(file, "rb") as handle:
+            digest.update(handle.read(_SAMPLE_BYTES))
+            if size > _SAMPLE_BYTES:
+                handle.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+                digest.update(handle.read(_SAMPLE_BYTES))
+    return {"path": str(path), "size": total, "sample": digest.hexdigest()}
+
+
+def check_data_unchanged(
+    recorded: Any, current: dict[str, Any], checkpoint: str | pathlib.Path, environ: Any = os.environ
+) -> None:
+    """Refuse to resume from ``checkpoint`` when a data file it recorded (``recorded``: its
+    `DATA_FILES_KEY`, config field -> `data_fingerprint`) differs from ``current``'s: the checkpoint's
+    data position would continue on other rows. With ``GD2PO_ALLOW_CHANGED_DATA=1`` it is a warning.
+    A checkpoint without a record (older ones) is not checked.
+
+    Raises:
+      ConfigError: naming the field, the file, what changed and the override.
+    """
+    for field, before in (recorded if isinstance(recorded, dict) else {}).items():
+        now = current.get(field)
+        if not isinstance(before, dict) or now == before:
+            continue
+        what = (
+            f"it is now {now['path']}"
+            if now and now.get("path") != before.get("path")
+            else f"{before.get('size')} -> {now['size']} bytes"
+            if now and now.get("size") != before.get("size")
+            else "its content differs"
+            if now
+            else "it is gone"
+        )
+        message = (
+            f"config.{field}={before.get('path')}: the training data changed since checkpoint {checkpoint} was saved "
+            f"({what}); resuming would continue its data position on other rows. Restore the file, use a new "
+            f"--workdir, or set {ALLOW_CHANGED_DATA}=1 to resume anyway"
+        )
+        if environ.get(ALLOW_CHANGED_DATA, "") not in ("", "0"):
+            logger.warning("%s (%s is set: resuming)", message, ALLOW_CHANGED_DATA)
+            continue
+        raise ConfigError(message)
 
 
 # ----------------------------------------------------------------------------------------------

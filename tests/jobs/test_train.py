@@ -524,3 +524,37 @@ def test_fsdp_mesh_run_matches_the_data_parallel_run(reference, tmp_path, train_
         if mine["step"] == 1:
             for name in ("generated_tokens", "reward/correctness", "reward/format", "truncation_rate"):
                 assert mine[name] == theirs[name], (mine["step"], name)
+
+
+def test_a_resume_whose_training_data_changed_is_refused_naming_the_file(tmp_path, monkeypatch, caplog):
+    """Issue 63 finding 11: a resumed run whose data file changed continued without a word."""
+    import jax.numpy as jnp
+
+    from configs import toolrl
+    from gd2po_jax.jobs.train import check_data_files, data_files
+    from gd2po_jax.runtime.checkpoints import Checkpoints
+    from tests.fakes import as_run_config
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"prompt": "row {i}", "ground_truth": "[]"}}\n' for i in range(32)))
+    config = toolrl.get_config("qwen2.5-1.5b")
+    config.data.train = str(data)
+    config = as_run_config(config)
+    recorded = data_files(config)
+    assert list(recorded) == ["data.train"] and recorded["data.train"]["size"] == data.stat().st_size
+    with Checkpoints(tmp_path / "checkpoints") as checkpoints:
+        checkpoints.save(1, {"x": jnp.ones(2)}, {"step": 1, "data_files": recorded})
+        check_data_files(config, checkpoints)  # unchanged: resumes
+        data.write_text(data.read_text())  # rewritten (a new mtime), same bytes: resumes
+        check_data_files(config, checkpoints)
+        data.write_text(data.read_text().replace("row 7", "row 8"))  # same size, other rows
+        with pytest.raises(ConfigError, match=rf"^config\.data\.train={data}: the training data changed since "
+                                              rf"checkpoint .*checkpoints/1 was saved \(its content differs\); .*"
+                                              r"GD2PO_ALLOW_CHANGED_DATA=1 to resume anyway$"):
+            check_data_files(config, checkpoints)
+        data.write_text(data.read_text() + '{"prompt": "one more", "ground_truth": "[]"}\n')
+        with pytest.raises(ConfigError, match=r"\(\d+ -> \d+ bytes\)"):
+            check_data_files(config, checkpoints)
+        monkeypatch.setenv("GD2PO_ALLOW_CHANGED_DATA", "1")  # the documented override
+        check_data_files(config, checkpoints)
+    assert "GD2PO_ALLOW_CHANGED_DATA is set: resuming" in caplog.text
