@@ -7,12 +7,15 @@ snapshot with `huggingface_hub.snapshot_download`, so the Hub's own settings app
 ``HF_TOKEN`` or ``hf auth login`` (gated and private repositories). Models are fetched as
 safetensors only (with their configs, tokenizer files and chat templates), never pickled weights.
 
-A path that exists locally always wins over a Hub id of the same spelling.
+A path that exists locally always wins over a Hub id of the same spelling; one that does not exist
+but whose parent directory does (``models/qwn``) and that the Hub does not have is reported as a
+mistyped local path (with the closest names there), not as a Hub cache miss.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import pathlib
 import re
 
@@ -101,9 +104,29 @@ def resolve_model_dir(path: str | pathlib.Path, what: str = "model directory") -
         return local
     hub_id = None if local.exists() else HubId.parse(str(path))
     if hub_id is None:
-        problem = "is a file, not a directory" if local.exists() else "does not exist"
+        problem = "is a file, not a directory" if local.exists() else f"does not exist{nearby(local)}"
         raise FileNotFoundError(
             f"{what}: {str(path)!r} {problem}; give a local Hugging Face model directory (config.json, "
             "*.safetensors, tokenizer files) or a Hub id such as 'org/name' or 'org/name@revision'"
         )
-    return snapshot(hub_id, repo_type="model", what=what, allow_patterns=list(MODEL_FILES))
+    try:
+        return snapshot(hub_id, repo_type="model", what=what, allow_patterns=list(MODEL_FILES))
+    except FileNotFoundError as err:
+        if local.parent.is_dir() and local.parent != pathlib.Path("."):  # 'models/qwn': a local path, mistyped
+            raise FileNotFoundError(
+                f"{what}: {str(path)!r} does not exist{nearby(local)} (nor is it a model on the Hub: "
+                f"{str(err).partition(': ')[2].split(';')[0]}); give an existing directory"
+            ) from None
+        raise
+
+
+def nearby(path: pathlib.Path) -> str:
+    """``"; models/ has 'qwen2', 'qwen3'"``: the names in ``path``'s (existing) parent directory
+    closest to its name, for a path that does not exist (empty when there are none)."""
+    parent = path.parent
+    try:
+        names = [p.name for p in parent.iterdir()] if parent.is_dir() else []
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)
+    return f"; {parent}/ has {', '.join(repr(n) for n in close)}" if close else ""

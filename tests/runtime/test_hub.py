@@ -107,3 +107,20 @@ def test_a_run_config_gets_local_directories_for_its_hub_ids(offline_cache, tiny
     assert config.model.path == "org/tiny"  # the run's config.json keeps what the user wrote
     with pytest.raises(ConfigError, match=r"^config\.model\.path: 'org/other' is not in the Hugging Face cache"):
         with_local_models(tiny_run_config(model__path="org/other"))
+
+
+def test_a_mistyped_local_path_is_not_reported_as_a_hub_cache_miss(offline_cache, tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
+    """Issue 63 finding 11: 'models/qwn' (for models/qwen) was "not in the Hugging Face cache"."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "qwen")
+    with pytest.raises(FileNotFoundError, match=r"^config\.model\.path: 'models/qwn' does not exist; models/ has "
+                                                r"'qwen' \(nor is it a model on the Hub: .*\); give an existing "
+                                                r"directory$"):
+        resolve_model_dir("models/qwn", "config.model.path")
+    with pytest.raises(FileNotFoundError, match=r"'runs/x/policyy' does not exist; runs/x/ has 'policy';"):
+        (tmp_path / "runs" / "x" / "policy").mkdir(parents=True)
+        resolve_model_dir("runs/x/policyy", "config.model.path")
+    # An id whose first part is no local directory is still the Hub's (the cache miss, with its command).
+    with pytest.raises(FileNotFoundError, match=r"'org/absent' is not in the Hugging Face cache .*hf download"):
+        resolve_model_dir("org/absent", "config.model.path")
