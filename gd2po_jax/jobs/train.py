@@ -87,6 +87,26 @@ def host_metrics(rollouts, timings: dict[str, float], reward_names: tuple[str, .
     return metrics
 
 
+def warn_always_abstaining(reward_names: tuple[str, ...], abstained, step: int, warned: set[str]) -> list[str]:
+    """Warn (once per reward, adding it to ``warned``) about each reward that abstained on every rollout
+    of ``step`` (``abstained``: the share per reward, `host_metrics`' ``reward_abstained/<name>``): its
+    ``reward/<name>`` then reads 0.0 and it moves no advantage, which looks like a real score. Returns
+    the rewards warned about now."""
+    now = [name for name, share in zip(reward_names, abstained) if share >= 1.0 and name not in warned]
+    for name in now:
+        logger.warning(
+            "step %d: reward %r abstained on every rollout (it returned None or NaN for all of them): "
+            "reward/%s reads 0.0 and it moves no advantage; check that it can score this data "
+            "(reward_abstained/%s in metrics.jsonl; not warned again)",
+            step,
+            name,
+            name,
+            name,
+        )
+    warned.update(now)
+    return now
+
+
 def load_policy(config: RunConfig, setup: RunSetup, policy_path: pathlib.Path) -> tuple[Any, Any, Any]:
     """(graphdef, params, frozen) of the policy in ``policy_path``, on the mesh. Full fine-tuning:
     every parameter in the master dtype, frozen None. LoRA (``model.lora.rank`` > 0): params are
@@ -386,6 +406,7 @@ class RLLoopParts:
     graphdef: Any
     frozen: Any
     dtype: str
+    abstain_warned: set[str] = dataclasses.field(default_factory=set)  # `warn_always_abstaining`'s
     magnitude_watch: MagnitudeWatch = dataclasses.field(default_factory=MagnitudeWatch)
 
     def policy(self, params) -> Any:
@@ -469,6 +490,7 @@ def _rl_step(
         "other": max(0.0, t1 - t0 - rollouts.sampling_seconds - rollouts.reward_seconds),
     }
     metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
+    warn_always_abstaining(reward_names, rollouts.abstained, step + 1, loop.abstain_warned)
     metrics |= loop.magnitude_watch.check(step + 1, metrics)  # the GDPO guidance's >10x check, warned once
     return state, metrics, rollouts
 

@@ -558,3 +558,14 @@ def test_a_resume_whose_training_data_changed_is_refused_naming_the_file(tmp_pat
         monkeypatch.setenv("GD2PO_ALLOW_CHANGED_DATA", "1")  # the documented override
         check_data_files(config, checkpoints)
     assert "GD2PO_ALLOW_CHANGED_DATA is set: resuming" in caplog.text
+
+
+def test_a_reward_that_always_abstains_is_warned_about_once(caplog):
+    """Issue 63 finding 11: a reward that abstained on every rollout was logged as 0.0 with no warning."""
+    from gd2po_jax.jobs.train import warn_always_abstaining
+
+    warned: set[str] = set()
+    assert warn_always_abstaining(("judge", "length"), [1.0, 0.25], 3, warned) == ["judge"]
+    assert "step 3: reward 'judge' abstained on every rollout" in caplog.text and "'length'" not in caplog.text
+    assert warn_always_abstaining(("judge", "length"), [1.0, 1.0], 4, warned) == ["length"]  # judge: once
+    assert warn_always_abstaining(("judge", "length"), [1.0, 1.0], 5, warned) == [] and warned == {"judge", "length"}
