@@ -36,10 +36,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bench import harness
 from gd2po_jax.config import REMAT_POLICIES
 from gd2po_jax.models.decoder import Decoder
-from gd2po_jax.training.optimizer import make_optimizer, optimizer_state_shardings
-from gd2po_jax.training.records import RolloutBatch, TrainState
 from gd2po_jax.rl.train_step import jit_train_step, make_train_step
 from gd2po_jax.runtime.sharding import batch_sharding, make_mesh, variable_sharding
+from gd2po_jax.training.optimizer import make_optimizer, optimizer_state_shardings
+from gd2po_jax.training.records import RolloutBatch, TrainState
 
 GIB = 2**30
 

@@ -136,7 +136,10 @@ def summary_table(report: dict) -> str:
         u = speed.get("update")
         if u:
             mfu = "-" if u["mfu"] is None else f"{u['mfu']:.1%}"
-            lines.append(f"  update {u['model']} ({u['rows']} x {u['seq']} tokens, remat, bf16): "
+            if u.get("mfu_hardware") is not None:  # reports before issue 59 have the model FLOPs' alone
+                mfu += f" (hardware FLOPs {u['mfu_hardware']:.1%})"
+            lines.append(f"  update {u['model']} ({u['rows']} x {u['seq']} tokens, remat, bf16"
+                         f"{', ' + u['attention'] + ' attention' if 'attention' in u else ''}): "
                          f"{u['step_s_best']:.2f} s, "
                          f"{u['tokens_per_s']:,.0f} tokens/s, MFU {mfu} ({u['of_measured_matmul_rate']:.1%} of the "
                          f"measured matmul rate), program {_mib(u['memory_bytes']['program'])} MiB, device peak "

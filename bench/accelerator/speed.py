@@ -1,6 +1,6 @@
 """Part 2 of the accelerator check: speed at real shapes. Memory bandwidth and the bf16 matmul
 rate; sampling throughput against the bandwidth bound of a decode step; the GRPO update's MFU with
-remat; peak device memory next to docs/paper.md's estimate."""
+remat, both ways (`update_flops`); peak device memory next to docs/paper.md's estimate."""
 
 from __future__ import annotations
 
@@ -102,15 +102,33 @@ def sampling_case(ctx: Context, model_name: str, batch: int, bandwidth: float) -
     return result | ({"memory_unavailable": why} if why else {})
 
 
-def update_flops(config: ModelConfig, rows: int, seq: int, completion: int) -> float:
-    """Model FLOPs of one update (forward + backward = 3x forward; remat's recomputation not counted):
-    the layers' matmuls over all S positions, the LM head over the M completion positions, and
-    attention's two S x S products per layer (masked, computed in full)."""
+def update_flops(config: ModelConfig, rows: int, seq: int, completion: int, *, remat: str = "full",
+                 attention: str = "plain") -> dict[str, float]:
+    """FLOPs of one update, two ways:
+
+    * ``model``: what the model needs, forward + backward = 3x the forward: the layers' weight
+      products over all S positions, the LM head over the M completion positions, and attention's two
+      products per layer with the causal mask counted once (S (S + 1) / 2 query-key pairs). The
+      number MFU is quoted in (PaLM's and MaxText's convention).
+    * ``hardware``: what the program computes: remat's recomputation (``remat``: "full" recomputes
+      every layer's forward, "minimal" / "dots" its attention alone, "none" nothing), the LM head's
+      forward again in its backward (the chunks recompute their logits), and attention's products
+      over all S x S pairs (masked, computed in full) unless ``attention`` is "cudnn" (cuDNN's flash
+      kernel skips the masked blocks: the causal half counted).
+
+    Returns: {"model": float, "hardware": float}.
+    """
     d, hd, f = config.hidden_size, config.head_dim, config.intermediate_size
     layer = d * hd * (2 * config.num_heads + 2 * config.num_kv_heads) + 3 * d * f
-    matmuls = 2 * config.num_layers * layer * rows * seq + 2 * d * config.vocab_size * rows * completion
-    attention = 4 * config.num_layers * rows * seq * seq * config.num_heads * hd
-    return 3.0 * (matmuls + attention)
+    weights = 2 * config.num_layers * layer * rows * seq  # one forward's weight products
+    head = 2 * d * config.vocab_size * rows * completion
+    full_attention = 4 * config.num_layers * rows * seq * seq * config.num_heads * hd
+    causal_attention = full_attention * (seq + 1) / (2 * seq)
+    computed_attention = causal_attention if attention == "cudnn" else full_attention
+    weight_passes = 3 + (remat == "full")
+    attention_passes = 3 + (remat != "none")
+    return {"model": 3.0 * (weights + head + causal_attention),
+            "hardware": weight_passes * weights + 4.0 * head + attention_passes * computed_attention}
 
 
 def update_case(ctx: Context, matmul_rate: float) -> dict:
@@ -120,6 +138,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     config = MODELS[profile.update_model]
     mesh = make_mesh(data=1, fsdp=-1, tensor=1)
     model = place_on_mesh(random_model(config, jnp.float32, device, remat=True), mesh)
+    attention, remat = model.attention_implementation(jnp.bfloat16), model.remat
     graphdef, params = nnx.split(model, nnx.Param)
     del model
     optimizer = make_optimizer(1e-6)
@@ -150,7 +169,7 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     finite = all(math.isfinite(float(v)) for v in jax.device_get(metrics).values())
     memory = {"program": program_bytes(step, state, batch)}  # from the compile cache: no new compile
     del state
-    flops = update_flops(config, rows, seq, m)
+    flops = update_flops(config, rows, seq, m, remat=remat, attention=attention)
     best, median = harness.best_and_median(times)
     peak = peak_flops(device.device_kind)
     devices = len(mesh.devices.flat)
@@ -166,11 +185,14 @@ def update_case(ctx: Context, matmul_rate: float) -> dict:
     result = {
         "model": profile.update_model, "params": n, "rows": rows, "seq": seq, "completion": m,
         "micro_batch": profile.update_micro, "remat": True, "compute_dtype": "bfloat16", "mesh": dict(mesh.shape),
+        "attention": attention,
         "first_call_s": first_s, "compiles": compiles, "compile_s": compile_s, "timed_compiles": timed_compiles,
-        "step_s_best": best, "step_s_median": median, "flops": flops,
+        "step_s_best": best, "step_s_median": median, "flops": flops["model"], "flops_hardware": flops["hardware"],
         "tokens_per_s": rows * seq / best,
-        "mfu": None if peak is None else flops / best / (peak * devices), "peak_flops_per_device": peak,
-        "of_measured_matmul_rate": flops / best / (matmul_rate * devices), "finite_metrics": finite,
+        "mfu": None if peak is None else flops["model"] / best / (peak * devices),
+        "mfu_hardware": None if peak is None else flops["hardware"] / best / (peak * devices),
+        "peak_flops_per_device": peak,
+        "of_measured_matmul_rate": flops["model"] / best / (matmul_rate * devices), "finite_metrics": finite,
         "memory_bytes": memory | {"device_peak_so_far": device_peak, "estimate": estimate},
     }
     if peak is None:
