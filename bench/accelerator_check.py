@@ -1,6 +1,6 @@
 """One-shot accelerator check (issue 17): what the design card promises on GPU / TPU, in one command.
 
-Four parts, each a function returning a dict for the JSON report; one failing part records its
+Five parts, each a function returning a dict for the JSON report; one failing part records its
 error and the others still run, and the exit status is 1 if any check failed.
 
 1. ``correctness``: logits of a random Qwen2.5-0.5B-shaped model on the device (fp32 at the highest
@@ -16,6 +16,9 @@ error and the others still run, and the exit status is 1 if any check failed.
    configs/default.py's run; steps 3-5 must compile nothing; compile counts and seconds.
 4. ``end_to_end``: ``python train.py`` with its defaults (fresh temp workdir), wall time and the
    before/after table.
+5. ``engine``: the rollout engine's decode step against the bandwidth bound of the weights and the
+   filled slots' KV cache, its compile time per program, and workload W-tail (engine vs static,
+   `bench.rollout_engine`) on the device (bench/accelerator/engine.py).
 
 On a device machine, from the repository root (docs/accelerator/README.md: the install lines and what
 each check means)::
@@ -68,13 +71,14 @@ from bench.accelerator.common import Context, device_profile, smoke_profile  # n
 from bench.accelerator.compilation import part_compilation  # noqa: E402
 from bench.accelerator.correctness import part_correctness  # noqa: E402
 from bench.accelerator.end_to_end import part_end_to_end  # noqa: E402
+from bench.accelerator.engine import part_engine  # noqa: E402
 from bench.accelerator.report import environment, exit_code, jsonable, run_parts, summary_table  # noqa: E402
 from bench.accelerator.speed import part_speed  # noqa: E402
 
-PARTS = ("correctness", "speed", "compilation", "end_to_end")
+PARTS = ("correctness", "speed", "engine", "compilation", "end_to_end")
 PART_FUNCTIONS: dict[str, Callable[[Context], dict]] = {
     "correctness": part_correctness, "speed": part_speed, "compilation": part_compilation,
-    "end_to_end": part_end_to_end,
+    "end_to_end": part_end_to_end, "engine": part_engine,
 }
 
 flags.DEFINE_bool("cpu_smoke", False, "Run a miniature of every part on CPU (seconds; for the tests).")

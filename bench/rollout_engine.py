@@ -16,7 +16,8 @@ then ``--repeats`` timed runs with compilations counted.
 JSON: ``{"static": {"tokens_per_s", "median_s", "times_s", "row_steps_per_token"}, "engine":
 {"tokens_per_s", "median_s", "times_s", "row_steps_per_token", "slots", "slot_counts", "chunks",
 "prefills"}, "engine_over_static", "mean_length", "max_length", "compiles_after_warmup",
-"compile_s", "config"}``; the completions of both paths are checked equal (same per-row keys).
+"compile_s", "compile_seconds" (the static decode program's and the engine's chunk program's, each
+compiled afresh), "config"}``; the completions of both paths are checked equal (same per-row keys).
 ``--cpu-smoke`` runs a tiny random model end to end in seconds.
 """
 
@@ -31,11 +32,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from bench import harness
 from gd2po_jax.models import Decoder, load_pretrained
-from gd2po_jax.models.engine import run_engine
-from gd2po_jax.models.sampling import SamplingParams, bucket_length, generate, left_pad
+from gd2po_jax.models.engine import chunk_fn, init_state, run_engine, weights_fn
+from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
 
 EOS = 1
 
@@ -76,6 +78,28 @@ def with_raised_eos(model: Decoder, stop_probability: float, seed: int = 0) -> D
     return model
 
 
+def compile_seconds(model: Decoder, ids: np.ndarray, mask: np.ndarray, params: SamplingParams, num_samples: int,
+                    slots: int, chunk: int) -> dict:
+    """Seconds to compile the static path's decode program and the engine's chunk program (each
+    lowered and compiled afresh, at this workload's shapes): the programs a sampling shape costs."""
+    graphdef, state = nnx.split(model)
+    rng = jax.random.key(0)
+    dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, None)
+    start = time.perf_counter()
+    decode_fn.lower(graphdef, state, dstate, params, None).compile()
+    static_s = time.perf_counter() - start
+    rows = ids.shape[0] * num_samples
+    engine_state = init_state(model.config, regions=slots + slots // num_samples, slots=slots, rows=rows,
+                              prompt_length=ids.shape[1], max_new_tokens=params.max_new_tokens,
+                              dtype=model.embed[...].dtype, pad_token_id=params.pad_token_id, rng=rng)
+    weights = weights_fn(graphdef, state, params.merge_adapters)
+    assign = np.full(slots, rows, np.int32)
+    start = time.perf_counter()
+    chunk_fn.lower(model.config, weights, engine_state, assign, np.zeros(slots, np.int32), params, chunk).compile()
+    engine_s = time.perf_counter() - start
+    return {"static_decode_s": static_s, "engine_chunk_s": engine_s, "static_over_engine": static_s / engine_s}
+
+
 def timed(fn, repeats: int) -> tuple[list[float], object]:
     times, result = [], None
     for _ in range(repeats):
@@ -104,6 +128,7 @@ def run(model: Decoder, *, prompts: int, num_samples: int, prompt_len: int, new_
         return run_engine(model, ids, mask, params, num_samples=num_samples, rng=rng, slots=slots,
                           min_slots=min_slots, chunk=chunk)
 
+    compiles = compile_seconds(model, ids, mask, params, num_samples, slots, chunk)
     compile_counter = harness.CompileCounter()
     start = time.perf_counter()
     jax.block_until_ready(static(rngs[0]))
@@ -156,6 +181,7 @@ def run(model: Decoder, *, prompts: int, num_samples: int, prompt_len: int, new_
         "max_length": longest,
         "truncated_fraction": float(np.mean(static_lengths >= new_tokens)),
         "compiles_after_warmup": compiles_after,
+        "compile_seconds": compiles,
         "warmup_s": warmup_s,
         "compile_s": compile_s,
         "compiles_in_warmup": compiles_warmup,
@@ -179,8 +205,8 @@ def main(argv=None) -> None:
                         help="a tiny random model and workload: checks the script end to end in seconds")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
-        config = harness.qwen2_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, head_dim=16)
-        model = harness.random_model(config)
+        model = harness.random_model(harness.qwen2_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+                                                          vocab=512, head_dim=16))
         args.prompts, args.new_tokens, args.slots, args.prompt_len = 8, 48, 8, 16
         args.stop_probability = 1 / 12
     elif args.hf_dir is None:

@@ -53,6 +53,15 @@ class SamplingConfig(_Section):
     prompts_per_call: int = 0
     """> 0: sample a step's prompts in chunks of this many (less KV-cache and prefill memory); 0: all at
     once."""
+    engine: bool = True
+    """Sample with the rollout engine (`gd2po_jax.models.engine`: rows flow through slots, a finished row's
+    slot goes to the next waiting one); False: the static lock-step batch (every row decoded until the
+    longest stops), kept for comparison. A model sharded over several devices samples in lock-step."""
+    engine_slots: int = 0
+    """Rows the engine decodes at once (each slot holds one row's KV cache); 0: one per row of a sampler
+    call (P x G, or prompts_per_call x G)."""
+    engine_chunk: int = 16
+    """Decode steps the engine runs between two looks from the host (admitting rows, freeing slots)."""
 
     def __post_init__(self):
         _int_at_least(self.max_new_tokens, "sampling.max_new_tokens")
@@ -63,6 +72,9 @@ class SamplingConfig(_Section):
         _in_range(self.top_p, "sampling.top_p", 1e-6, 1.0)
         _int_at_least(self.top_k, "sampling.top_k", minimum=0)
         _int_at_least(self.prompts_per_call, "sampling.prompts_per_call", minimum=0)
+        _require(isinstance(self.engine, bool), "sampling.engine", f"expected True or False, got {self.engine!r}")
+        _int_at_least(self.engine_slots, "sampling.engine_slots", minimum=0)
+        _int_at_least(self.engine_chunk, "sampling.engine_chunk")
 
 
 @dataclasses.dataclass(frozen=True)

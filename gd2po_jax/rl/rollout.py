@@ -151,6 +151,9 @@ def collect_rollouts(
             num_samples=num_generations,
             prompt_length=settings.prompt_length,
             logprob_temperature=settings.logprob_temperature,
+            slots=sampling.engine_slots,
+            chunk=sampling.engine_chunk,
+            static=not sampling.engine,
         )
         for i in range(0, num_prompts, chunk)
     ]

@@ -15,7 +15,7 @@ import pytest
 from tests.fakes import REPO, bench_env, subprocess_env
 from tests.xla_env import SUBPROCESS_DEVICES as DEVICES
 
-PARTS = ["correctness", "speed", "compilation", "end_to_end"]
+PARTS = ["correctness", "speed", "engine", "compilation", "end_to_end"]
 
 
 def positive(value, where: str) -> None:
