@@ -21,6 +21,7 @@ INVALID = [
     ({"model.tokenizer_path": 3}, "model.tokenizer_path"),
     ({"model.dtype": "float16"}, "model.dtype"),
     ({"model.remat": "yes"}, "model.remat"),
+    ({"model.attention": "flash"}, "model.attention"),
     ({"model.tiny.hidden_size": 0}, "model.tiny.hidden_size"),
     ({"model.tiny.seed": -1}, "model.tiny.seed"),
     ({"model.tiny.num_kv_heads": 3}, "model.tiny.num_kv_heads"),  # does not divide 4 heads
@@ -216,6 +217,13 @@ def test_the_mesh_checks_need_the_number_of_data_shards(changes, field):
 # ----------------------------------------------------------------------------------------------
 # Unknown and missing fields.
 # ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, policy", [(True, "full"), (False, "none"), ("True", "full"), ("false", "none"),
+                                           ("minimal", "minimal"), ("dots", "dots")])
+def test_model_remat_is_a_policy_and_reads_the_boolean_of_older_configs(value, policy):
+    """A config.json written before the policies holds true / false (a command line, "True")."""
+    assert RunConfig.from_dict(with_values(tiny.get_config(), {"model.remat": value})).model.remat == policy
 
 
 def test_unknown_fields_are_refused_naming_all_of_them():
