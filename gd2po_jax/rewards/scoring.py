@@ -236,12 +236,14 @@ _ABANDONED: list[_Call] = []  # calls abandoned at their deadline that had not r
 
 
 def _workers(size: int) -> _Workers:
+    """The process's worker pool, with at least ``size`` threads free to work (it grows to the largest
+    ``num_workers`` asked for, never past it)."""
     global _WORKERS
     with _LOCK:
         if _WORKERS is None:
             _WORKERS = _Workers(size)
             return _WORKERS
-    if _WORKERS.size != size:
+    if _WORKERS.size < size:
         _WORKERS.resize(size)
     return _WORKERS
 
