@@ -23,11 +23,12 @@ Attention (``Decoder(..., attention=...)``, `ATTENTION_IMPLEMENTATIONS`, resolve
 ``[B, T, S]`` mask, a hand-written backward), the only path with a cache (sampling). "xla" and
 "cudnn" are `jax.nn.dot_product_attention` with ``is_causal=True`` and no ``mask=`` (in JAX's cuDNN
 path a mask becomes a bias whose gradient is always computed): the forward without a cache rolls
-each row left by its number of left pads (`roll_rows`), so that the padding is on the right and the
-causal mask alone is exact for every real token, and rolls the hidden states back after the last
-layer. That needs left padding only (``attention_mask`` is 0s then 1s, as every caller builds it);
-pad positions' own outputs differ from the plain path's (they are no token's input), and LoRA
-dropout's masks fall on other positions (same distribution). "cudnn" (cuDNN's flash attention)
+each row left by its number of leading pads (`roll_rows`), so that all its padding is on the right
+and the causal mask alone is exact for every real token, and rolls the hidden states back after the
+last layer. That needs rows without holes: pads before the tokens (the policy's left padding), after
+them (score models' right padding) or both, never between two tokens. Pad positions' own outputs
+differ from the plain path's (they are no token's input), and LoRA dropout's masks fall on other
+positions (same distribution). "cudnn" (cuDNN's flash attention)
 keeps no ``[T, S]`` score tensor; "xla" computes the same as plain and materializes float32 scores
 (`jax.nn`'s XLA implementation is an einsum and a softmax).
 
@@ -171,7 +172,7 @@ def roll_rows(x: jax.Array, shift: jax.Array) -> jax.Array:
 @struct.dataclass
 class RolledRows:
     """The mask argument of the layers on the flash path (instead of a ``[B, T, S]`` mask): the rows
-    are rolled left by ``shift [B]`` (their left pads, now on the right), and attention is
+    are rolled left by ``shift [B]`` (their leading pads, now on the right), and attention is
     `jax.nn.dot_product_attention` with ``implementation`` ("xla" or "cudnn") and a causal mask."""
 
     shift: jax.Array
@@ -750,7 +751,7 @@ class Decoder(nnx.Module):
         if implementation == "plain":
             attn_mask: jax.Array | RolledRows = attention_mask_3d(key_valid, index, t)
         else:  # left pads to the right: the causal mask alone is exact (see the module docstring)
-            shift = t - jnp.sum(mask, axis=-1, dtype=jnp.int32)
+            shift = jnp.sum(jnp.cumsum(mask, axis=-1) == 0, axis=-1, dtype=jnp.int32)  # each row's leading pads
             attn_mask = RolledRows(shift, implementation)
             h, cos, sin = roll_rows(h, shift), roll_rows(cos, shift), roll_rows(sin, shift)
         # Remat only matters for backprop; with a KV cache (sampling) it is skipped, as nnx.remat

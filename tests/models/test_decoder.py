@@ -99,15 +99,24 @@ def test_xla_attention_on_rolled_rows_has_the_plain_paths_gradients(remat):
     _assert_same(_loss_and_grads(config, attention="xla", remat=remat), _loss_and_grads(config))
 
 
-def test_xla_attention_gives_the_plain_paths_hidden_states_at_real_tokens():
+@pytest.mark.parametrize("padding", ["left", "right", "both"])
+def test_xla_attention_gives_the_plain_paths_hidden_states_at_real_tokens(padding):
+    """Rows padded on the left (the policy's), on the right (score models') or on both sides: the
+    rows' leading pads are rolled to the right, so every real token sees the same keys."""
     config = tiny_model_config(model_type="qwen3", qkv_bias=False, qk_norm=True)
     ids, mask = _batch()
+    if padding == "right":
+        ids, mask = jnp.flip(ids, axis=1), jnp.flip(mask, axis=1)
+    elif padding == "both":
+        mask = mask.at[:, -2:].set(False)
     model = Decoder(config, rngs=nnx.Rngs(1))
     plain, _ = model.hidden_states(ids, mask)
     model.attention = "xla"
     rolled, _ = model.hidden_states(ids, mask)
     real = np.asarray(mask)
     np.testing.assert_allclose(np.asarray(rolled)[real], np.asarray(plain)[real], rtol=1e-5, atol=ulps(plain, 16))
+    if padding != "left":
+        return
     window, _ = model.hidden_states(ids, mask, window=(WIDTH - 4, 3))
     np.testing.assert_allclose(np.asarray(window), np.asarray(plain)[:, WIDTH - 4 : WIDTH - 1], rtol=1e-5,
                                atol=ulps(plain, 16))
