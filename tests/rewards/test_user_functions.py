@@ -468,3 +468,13 @@ def test_on_error_min_without_a_minimum_is_refused_before_compute():
 def test_the_new_entry_keys_are_checked_when_the_config_is_read(entry, message):
     with pytest.raises(ConfigError, match=message):
         tiny_run_config().replace({"rewards.functions": (entry,)})
+
+
+def test_the_entrys_names_rename_a_batch_functions_columns_each_one():
+    function = load_function(_entry(_here("TwoColumns"), names={"chars": "c", "words": "w"}, weight={"w": 2.0}))
+    assert function.names == ("c", "w") and function.column_weights() == {"c": 1.0, "w": 2.0}
+    with pytest.raises(RewardFunctionError, match=r"functions\[0\] \(.*TwoColumns'\)\.names: renames \['chars'\], but .* gives the "
+                                                  r"rewards \['chars', 'words'\]; map each of them"):
+        load_function(_entry(_here("TwoColumns"), names={"chars": "c"}))
+    with pytest.raises(RewardFunctionError, match=r"functions\[0\] \(.*\)\.weight: \['x'\] is not among its rewards"):
+        load_function(_entry(_here("TwoColumns"), weight={"x": 2.0})).column_weights()
