@@ -167,6 +167,10 @@ def get_config() -> ml_collections.ConfigDict:
     # mode: online | offline | disabled | "" (the WANDB_MODE variable, else online)
     config.logging.wandb = ml_collections.ConfigDict(dict(enabled=False, project="gd2po-jax", name="", entity="",
                                                           mode=""))
+    config.logging.completions_every = 10  # a few rollouts' completions in the console and TensorBoard; 0: never
+    # JAX's persistent compilation cache: user (~/.cache/gd2po_jax/jax_cache) | off | a directory
+    # (GD2PO_JAX_COMPILATION_CACHE=off|DIR overrides it): a rerun or a sweep's next run skips compiling.
+    config.logging.compilation_cache = "user"
 
     # Several hosts, one process each (docs/multihost.md): process 0's HOST:PORT ("auto": detected on
     # TPU pods / SLURM; empty: one process), the number of processes and this one's index.

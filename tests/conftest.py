@@ -14,6 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("GD2PO_JAX_COMPILATION_CACHE", "off")  # tests never write the user cache (runtime/compilation_cache.py)
 
 import pathlib  # noqa: E402
 

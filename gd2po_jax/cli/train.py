@@ -24,7 +24,7 @@ from absl import flags
 from gd2po_jax import cli
 from gd2po_jax.config import RunConfig
 from gd2po_jax.jobs.train import train_and_evaluate
-from gd2po_jax.runtime import distributed, preemption
+from gd2po_jax.runtime import compilation_cache, distributed, preemption
 from gd2po_jax.sft.warm_start import build_warm_start
 
 FLAGS = flags.FLAGS
@@ -54,6 +54,7 @@ def main(argv):
         try:
             config = RunConfig.from_config_dict(FLAGS.config)  # the one typed config from here on
             distributed.initialize(config.distributed)  # before any other use of JAX
+            compilation_cache.enable(config.logging.compilation_cache)  # a rerun skips compiling
             if FLAGS.warm_start_only:
                 path = build_warm_start(config, workdir)
                 if distributed.is_primary():

@@ -123,6 +123,10 @@ class WandbConfig(_Section):
         )
 
 
+COMPLETIONS_SHOWN = 3
+"""Rollouts shown per step with ``logging.completions_every``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig(_Section):
     """``config.logging``: what a run records besides metrics.jsonl and TensorBoard. How a run is
@@ -136,6 +140,21 @@ class LoggingConfig(_Section):
     conflict and SNR, the prompt's weight (`gd2po_jax.rl.rollout_log`). 0: never."""
     wandb: WandbConfig = WandbConfig()
     """Weights & Biases."""
+    completions_every: int = 10
+    """> 0: every this many RL steps (and at the first and the last), show a few of the step's rollouts
+    (the first prompt's, up to `COMPLETIONS_SHOWN`: each reward and the completion) in the console and as
+    TensorBoard text (``completions``), as TRL's ``log_completions``. 0: never."""
+    compilation_cache: str = "user"
+    """JAX's persistent compilation cache, so that a rerun (a resume, a sweep's next run) skips compiling:
+    user (``$XDG_CACHE_HOME/gd2po_jax/jax_cache``, default ``~/.cache/gd2po_jax/jax_cache``) | off | a
+    directory. The environment variable ``GD2PO_JAX_COMPILATION_CACHE`` (off, or a directory) overrides it,
+    and ``JAX_COMPILATION_CACHE_DIR`` (JAX's own) overrides both. Results are identical with and without it."""
 
     def __post_init__(self):
         _int_at_least(self.rollouts_every, "logging.rollouts_every", minimum=0)
+        _int_at_least(self.completions_every, "logging.completions_every", minimum=0)
+        _require(
+            isinstance(self.compilation_cache, str) and self.compilation_cache.strip() != "",
+            "logging.compilation_cache",
+            f"must be 'user', 'off' or a directory, got {self.compilation_cache!r}",
+        )

@@ -24,6 +24,7 @@ import tqdm
 from flax import nnx
 
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.config.outputs import COMPLETIONS_SHOWN
 from gd2po_jax.data.prompts import EpochSampler
 from gd2po_jax.evaluation.during_training import eval_metrics, eval_target, evaluate_run, logged_before_rl
 from gd2po_jax.models import load_pretrained, save_pretrained
@@ -52,7 +53,7 @@ from gd2po_jax.rl.train_step import (
 )
 from gd2po_jax.runtime import distributed, preemption, run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, CorruptCheckpointError, check_finite
-from gd2po_jax.runtime.metrics_logging import MetricsWriter
+from gd2po_jax.runtime.metrics_logging import MetricsWriter, completions_table, reward_sum_metrics
 from gd2po_jax.runtime.run_dir import RunDir
 from gd2po_jax.runtime.wandb_logging import WandbLogger
 from gd2po_jax.sft.warm_start import warm_start
@@ -492,6 +493,10 @@ def _rl_step(
     metrics = {name: float(value) for name, value in raw.items()} | host_metrics(rollouts, timings, reward_names)
     warn_always_abstaining(reward_names, rollouts.abstained, step + 1, loop.abstain_warned)
     metrics |= loop.magnitude_watch.check(step + 1, metrics)  # the GDPO guidance's >10x check, warned once
+    on_device = rollouts.batch.valid  # [P]; a multi-host step's is not all on this host: its batches are full
+    addressable = getattr(on_device, "is_fully_addressable", True)
+    valid = np.asarray(on_device) if addressable else np.ones(on_device.shape, bool)
+    metrics |= reward_sum_metrics(rollouts.rewards, valid, setup.reward_weights)  # the weighted total
     return state, metrics, rollouts
 
 
@@ -522,8 +527,26 @@ def _rl_loop(
     watch.defer(True)  # a preemption signal now stops the run after the step in flight, checkpointed
     for step in bar:
         prompts = setup.train.select(sampler.next_batch(config.train.prompts_per_step))
+        first = step == rl.start  # compiles the sampler and the update (or loads them from the cache)
+        if first and progress:
+            bar.write(f"RL step {step + 1}: compiling the sampler and the update (first step only) ...")
+        started = time.perf_counter()
         state, metrics, rollouts = _rl_step(config, setup, loop, state, prompts, step)
         done = step + 1
+        if first:
+            metrics["time/first_step"] = time.perf_counter() - started
+            if progress:
+                bar.write(f"RL step {done}: {metrics['time/first_step']:.1f} s, compilation included")
+        if progress and (first or is_logged_step(done, config.logging.completions_every, config.train.num_steps)):
+            shown = completions_table(
+                done,
+                setup.reward_names,
+                rollouts.rewards[0][:COMPLETIONS_SHOWN],
+                rollouts.responses[:COMPLETIONS_SHOWN],
+            )
+            bar.write(shown)  # TRL's log_completions (config.logging.completions_every)
+            if writer:
+                writer.write_text(done, "completions", shown)
         _log_step(config, run, loop, state, done, prompts, rollouts, metrics, writer, wandb_log)
         skipped_in_a_row = count_skipped_steps(
             skipped_in_a_row, metrics["update/skipped_updates"], done, config.train.max_consecutive_skipped_steps

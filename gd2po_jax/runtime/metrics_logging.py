@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from tensorboardX import SummaryWriter
 
 from gd2po_jax.runtime import run_dir
@@ -88,6 +90,12 @@ class MetricsWriter:
                     self._tb.add_scalar(name, value, int(step))
         return record
 
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        """A text summary ``tag`` (e.g. ``completions``) at ``step`` in TensorBoard (nothing without it)."""
+        if self._tb is not None:
+            with run_dir.writing(self._tb.logdir):
+                self._tb.add_text(tag, f"```\n{text}\n```", int(step))
+
     def close(self) -> None:
         """Flush and close metrics.jsonl and TensorBoard's event file."""
         try:
@@ -97,6 +105,42 @@ class MetricsWriter:
             if self._tb is not None:
                 with run_dir.writing(self._tb.logdir):
                     self._tb.close()
+
+
+def reward_sum_metrics(rewards: Any, valid: Any, weights: tuple[float, ...] = ()) -> dict[str, float]:
+    """``reward_sum/mean`` and ``reward_sum/std`` of a step: each valid rollout's weighted sum of its
+    rewards, ``sum_k w_k r_k`` (an abstained reward, NaN, adds 0; ``weights`` empty: all 1), its mean
+    and (population) std over the valid rollouts.
+
+    Args:
+      rewards: [P, G, K] float, NaN where a reward abstained. valid: [P] bool. weights: K floats or ().
+    """
+    values = np.asarray(rewards, np.float64)
+    w = np.asarray(weights, np.float64) if len(weights) else np.ones(values.shape[-1])
+    totals = np.nansum(values * w, axis=-1)[np.asarray(valid, bool)].reshape(-1)
+    if not totals.size:
+        return {"reward_sum/mean": float("nan"), "reward_sum/std": float("nan")}
+    return {"reward_sum/mean": float(totals.mean()), "reward_sum/std": float(totals.std())}
+
+
+def completions_table(
+    step: int, names: Sequence[str], rewards: Any, completions: Sequence[str], *, width: int = 100
+) -> str:
+    """A few rollouts of step ``step`` as text (TRL's ``log_completions``): one line per rollout with
+    each reward (``-`` where it abstained) and the completion, its newlines shown as ``\\n``, cut to
+    ``width`` characters.
+
+    Args:
+      names: the K reward columns. rewards: [N, K] float (NaN: abstained). completions: N texts.
+    """
+    values = np.asarray(rewards, np.float64).reshape(len(completions), len(names))
+    header = "  ".join(f"{name[:12]:>12}" for name in names)
+    lines = [f"step {step}: {len(completions)} rollouts of its first prompt", f"{header}  completion"]
+    for row, text in zip(values, completions):
+        cells = "  ".join(f"{'-' if np.isnan(v) else format(v, '.3f'):>12}" for v in row)
+        shown = text.replace("\n", "\\n")
+        lines.append(f"{cells}  {shown[:width]}{'...' if len(shown) > width else ''}")
+    return "\n".join(lines)
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:

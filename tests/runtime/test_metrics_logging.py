@@ -62,3 +62,34 @@ def test_only_a_torn_last_line_is_forgiven_on_resume(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "x"\n{"step": 3}\n')
     with pytest.raises(RunDirError, match=r"metrics\.jsonl, line 2: not JSON"):
         MetricsWriter(tmp_path, resume_step=3, tensorboard=False)
+
+
+def test_reward_sum_is_the_weighted_total_of_each_valid_rollout():
+    import numpy as np
+
+    from gd2po_jax.runtime.metrics_logging import reward_sum_metrics
+
+    rewards = np.array([[[1.0, 0.0], [0.5, np.nan]], [[9.0, 9.0], [9.0, 9.0]]])  # prompt 1 is padding
+    totals = np.array([1.0 * 2 + 0.0, 0.5 * 2])  # weights (2, 1); an abstained reward adds 0
+    metrics = reward_sum_metrics(rewards, np.array([True, False]), (2.0, 1.0))
+    assert metrics == {"reward_sum/mean": totals.mean(), "reward_sum/std": totals.std()}
+    assert reward_sum_metrics(rewards, np.array([True, True]))["reward_sum/mean"] == (1 + 0.5 + 18 + 18) / 4
+
+
+def test_completions_table_and_tensorboard_text(tmp_path):
+    import numpy as np
+
+    from gd2po_jax.runtime.metrics_logging import MetricsWriter, completions_table
+
+    table = completions_table(3, ["brevity", "digits"], np.array([[1.0, np.nan], [0.25, 0.5]]),
+                              ["1234", "line one\nline two " + "x" * 200])
+    lines = table.splitlines()
+    assert lines[0] == "step 3: 2 rollouts of its first prompt" and "brevity" in lines[1] and "digits" in lines[1]
+    assert lines[2].split() == ["1.000", "-", "1234"]
+    assert "line one\\nline two" in lines[3] and lines[3].endswith("...")
+    writer = MetricsWriter(tmp_path)
+    writer.write(3, {"loss": 1.0})
+    writer.write_text(3, "completions", table)
+    writer.close()
+    events = b"".join(p.read_bytes() for p in (tmp_path / "tensorboard").rglob("*") if p.is_file())
+    assert b"completions" in events and b"1234" in events
