@@ -27,6 +27,7 @@ import argparse
 import json
 import pathlib
 import statistics
+import sys
 import time
 
 import jax
@@ -36,10 +37,14 @@ from flax import nnx
 
 from bench import harness
 from gd2po_jax.models import Decoder, load_pretrained
-from gd2po_jax.models.engine import chunk_fn, init_state, run_engine, weights_fn
+from gd2po_jax.models.engine import chunk_fn, init_state, run_engine, warm_up, weights_fn
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
 
 EOS = 1
+
+
+def log(message: str) -> None:
+    print(f"[rollout_engine] {message}", file=sys.stderr, flush=True)
 
 
 def eos_scale(hidden: np.ndarray, other_logits: np.ndarray, direction: np.ndarray, target: float) -> float:
@@ -117,7 +122,7 @@ def run(model: Decoder, *, prompts: int, num_samples: int, prompt_len: int, new_
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=(EOS,), pad_token_id=0)
     ids, mask = left_pad(prompt_ids, length, 0)
     keys = iter(range(10**6))
-    rngs = [jax.random.key(1000 + next(keys)) for _ in range(repeats + 1)]
+    rngs = [jax.random.key(1000 + next(keys)) for _ in range(repeats + 1)]  # [0]: the warm-up's
 
     def static(rng):
         out = generate(model, prompt_ids, max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=[EOS],
@@ -129,21 +134,30 @@ def run(model: Decoder, *, prompts: int, num_samples: int, prompt_len: int, new_
                           min_slots=min_slots, chunk=chunk)
 
     compiles = compile_seconds(model, ids, mask, params, num_samples, slots, chunk)
+    log(f"compile: static decode {compiles['static_decode_s']:.1f} s, engine chunk {compiles['engine_chunk_s']:.1f} s")
     compile_counter = harness.CompileCounter()
     start = time.perf_counter()
-    jax.block_until_ready(static(rngs[0]))
-    warm = engine(rngs[0])
-    jax.block_until_ready(warm.tokens)
+    # Warm-up: the static path's two programs on a copy of the model whose rows all stop at once
+    # (the same shapes, so the same programs), and every engine program on empty slots.
+    graphdef, state = nnx.split(model)
+    stopping = with_raised_eos(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)), 0.999)
+    generate(stopping, prompt_ids, max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=[EOS], pad_token_id=0,
+             rng=rngs[0], num_samples=num_samples, prompt_length=length, static=True)
+    programs = warm_up(model, ids, mask, params, num_samples=num_samples, slots=slots, min_slots=min_slots,
+                       chunk=chunk)
     warmup_s = time.perf_counter() - start
     compiles_warmup, compile_s = compile_counter.snapshot()
+    log(f"warm-up: {compiles_warmup} compiles ({programs} engine programs), {warmup_s:.1f} s")
     static_times, engine_times, runs, static_out = [], [], [], None
-    for rng in rngs[1:]:  # alternated, so that the machine's drift falls on both alike
+    for i, rng in enumerate(rngs[1:]):  # alternated, so that the machine's drift falls on both alike
         t, static_out = timed(lambda rng=rng: static(rng), 1)
         static_times += t
+        log(f"run {i + 1}: static {t[0]:.1f} s")
         start = time.perf_counter()
         result = engine(rng)
         jax.block_until_ready(result.tokens)
         engine_times.append(time.perf_counter() - start)
+        log(f"run {i + 1}: engine {engine_times[-1]:.1f} s")
         runs.append(result)
     compiles_after = compile_counter.snapshot()[0] - compiles_warmup
     compile_counter.close()

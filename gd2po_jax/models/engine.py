@@ -493,12 +493,13 @@ class Scheduler:
 
     def shrink_to(self, counts: Sequence[int]) -> list[int] | None:
         """Once drained, the busy slots to keep (in slot order, padded with free ones) when they fit
-        in the next smaller of ``counts``; None to keep the current slots."""
+        in the next smaller of ``counts`` (one step down: a compiled copy per pair of neighbours);
+        None to keep the current slots. Called again until it gives None."""
         current = len(self.slot_rows)
-        smaller = [c for c in counts if c < current and c >= self.busy]
-        if not self.drained or not smaller:
+        smaller = [c for c in counts if c < current]
+        if not self.drained or not smaller or max(smaller) < self.busy:
             return None
-        target = min(smaller)
+        target = max(smaller)
         busy = [s for s, r in enumerate(self.slot_rows) if r < self.rows]
         free = [s for s, r in enumerate(self.slot_rows) if r >= self.rows]
         keep = busy + free[: target - len(busy)]
@@ -567,8 +568,7 @@ def drive(
         wait = chunk(scheduler.place())
         report(pending)  # while the chunk runs
         pending = completed(scheduler.finish(wait()))
-        keep = scheduler.shrink_to(slot_counts)
-        if keep is not None:
+        while (keep := scheduler.shrink_to(slot_counts)) is not None:
             compact(keep)
     report(pending)
 
@@ -617,6 +617,66 @@ def simulate(
 
     drive(scheduler, admit=admit, chunk=run, compact=shrink, slot_counts=counts, single_token=max(lengths) == 1)
     return stats
+
+
+def warm_up(
+    model: Decoder,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    params,
+    *,
+    num_samples: int,
+    slots: int = 0,
+    min_slots: int = 4,
+    chunk: int = 16,
+) -> int:
+    """Compiles every program `run_engine` can run for these shapes (the weights' copy, a prefill
+    per power-of-two admission size, a chunk per slot count, a compaction per step down) by running
+    each once on empty slots; returns how many programs ran. For benchmarks that time without
+    compiling: a real run compiles only the programs its lengths reach, on first use."""
+    p, lp = ids.shape
+    n, m = p * num_samples, params.max_new_tokens
+    slots, max_prefill, regions, counts = engine_layout(n, num_samples, slots, min_slots)
+    graphdef, params_state = nnx.split(model)
+    state = init_state(
+        model.config,
+        regions=regions,
+        slots=slots,
+        rows=n,
+        prompt_length=lp,
+        max_new_tokens=m,
+        dtype=activation_dtype(model),
+        pad_token_id=params.pad_token_id,
+        rng=jax.random.key(0),
+    )
+    weights = weights_fn(graphdef, params_state, params.merge_adapters)
+    programs = 1
+    size = 1
+    while size <= _power_of_two_at_least(max_prefill):
+        drop = np.full(size, regions, np.int32)  # every entry padding: nothing is written
+        state = admit_fn(
+            graphdef,
+            params_state,
+            state,
+            ids[:1].repeat(size, 0),
+            mask[:1].repeat(size, 0),
+            drop,
+            np.full(size, n, np.int32),
+            params,
+            num_samples,
+        )
+        programs, size = programs + 1, size * 2
+    if m > 1:
+        for count, smaller in zip(counts, (*counts[1:], None)):
+            state = chunk_fn(
+                model.config, weights, state, np.full(count, n, np.int32), np.zeros(count, np.int32), params, chunk
+            )
+            programs += 1
+            if smaller is not None:
+                state = compact_fn(state, np.arange(smaller, dtype=np.int32))
+                programs += 1
+    jax.block_until_ready(state.tokens)
+    return programs
 
 
 def run_engine(

@@ -139,13 +139,15 @@ def test_scheduler_places_rows_frees_slots_and_regions():
     assert not scheduler.drained or scheduler.waiting
 
 
-def test_drain_shrinks_to_the_smallest_count_that_holds_the_busy_slots():
+def test_drain_halves_the_slots_while_the_busy_ones_fit():
     scheduler = Scheduler(num_prompts=2, num_samples=2, slots=4, regions=6, max_prefill=2)
     scheduler.prompts_to_admit()
     scheduler.place()
     scheduler.finish([False, True, False, False])
     assert scheduler.drained and scheduler.busy == 1
-    assert scheduler.shrink_to((4, 2, 1)) == [1]
+    assert scheduler.shrink_to((4, 2, 1)) == [1, 0]  # one step down at a time: 4 -> 2 -> 1
+    assert scheduler.shrink_to((4, 2, 1)) == [0]
+    assert scheduler.shrink_to((4, 2, 1)) is None
     assert scheduler.slot_rows == [1]
 
 
