@@ -17,7 +17,9 @@ parts that finished; a part that would start past the budget is skipped, with th
    (`gd2po_jax.models.logprobs.head_logprobs`). Each: compile seconds, best and median step
    seconds, tokens/s, MFU both ways (`bench.accelerator.speed.update_flops`: model FLOPs with
    causal attention counted once; hardware FLOPs with remat's recomputation), XLA's program bytes
-   and the device's peak memory so far.
+   and the device's peak memory so far. Each update is compiled ahead of time: where the remat
+   policy's program is larger than the device's memory (XLA:CPU's analysis puts "minimal" at
+   79 GiB at this shape), U2 and U3 run with remat "full" instead and say so (``instead_of``).
 
     python -m bench.gpu_gains --time_budget_s=330 --json=$OUT/gpu_gains.json    # one device call
     python -m bench.gpu_gains --cpu-smoke --json=/tmp/gains.json                 # every part, tiny shapes
@@ -49,7 +51,7 @@ import numpy as np
 from flax import nnx
 
 from bench import harness
-from bench.accelerator.common import MODELS, peak_flops, place_on_mesh, program_bytes, random_model, replicate_rest
+from bench.accelerator.common import MODELS, peak_flops, place_on_mesh, random_model, replicate_rest
 from bench.accelerator.speed import measure_bandwidth, update_flops
 from gd2po_jax.models import logprobs
 from gd2po_jax.models.decoder import attention_mask_3d, dot_product_attention, flash_attention, select_attention
@@ -169,9 +171,17 @@ def logits_grad(mode: str):
         yield
 
 
+def device_bytes_limit(device) -> int | None:
+    """The bytes a program may use on ``device`` (its allocator's limit), None where it says none."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    return None if not stats else stats.get("bytes_limit")
+
+
 def update_part(shapes: Shapes, device, attention: str, remat: str, head_grad: str, matmul_rate: float | None,
                 deadline: float) -> dict:
-    """One update configuration: compile, warm-up, timed steps (as many of ``repeats`` as fit)."""
+    """One update configuration: compiled ahead of time; if XLA's program is larger than the device's
+    memory, only that ({"fits": False, ...}); else a first call and timed steps (as many of ``repeats``
+    as the budget allows)."""
     config = MODELS[shapes.model]
     mesh = make_mesh(data=1, fsdp=-1, tensor=1)
     model = place_on_mesh(random_model(config, jnp.float32, device, remat=True), mesh)
@@ -187,30 +197,41 @@ def update_part(shapes: Shapes, device, attention: str, remat: str, head_grad: s
     step = jit_train_step(make_train_step(graphdef, optimizer, step_config, mesh),
                           jax.tree.map(lambda x: x.sharding, state))
     batch = update_batch(shapes, config.vocab_size, mesh)
-    with logits_grad(head_grad), harness.CompileCounter() as compiles:
-        (state, metrics), first_s = harness.time_call(functools.partial(step, state, batch))
-        times = []
-        for _ in range(shapes.repeats):
-            if times and time.perf_counter() + max(times) > deadline:
-                break
-            (state, metrics), seconds = harness.time_call(functools.partial(step, state, batch))
-            times.append(seconds)
-    memory = program_bytes(step, state, batch)  # from the compile cache
+    with logits_grad(head_grad):
+        start = time.perf_counter()
+        compiled = step.lower(state, batch).compile()
+        compile_s = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    memory = None if analysis is None else int(
+        analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+        - analysis.alias_size_in_bytes)
+    limit = device_bytes_limit(device)
+    if memory is not None and limit is not None and memory > limit:
+        return {"fits": False, "attention": resolved, "remat": remat, "logits_grad": head_grad,
+                "compile_s": compile_s, "program_bytes": memory, "device_bytes_limit": limit}
+    (state, metrics), first_s = harness.time_call(functools.partial(compiled, state, batch))
+    times = []
+    for _ in range(shapes.repeats):
+        if times and time.perf_counter() + max(times) > deadline:
+            break
+        (state, metrics), seconds = harness.time_call(functools.partial(compiled, state, batch))
+        times.append(seconds)
     best, median = harness.best_and_median(times)
     flops = update_flops(config, shapes.rows, shapes.seq, shapes.new_tokens, remat=remat, attention=resolved)
     peak = peak_flops(device.device_kind)
     devices = len(mesh.devices.flat)
     del state
     return {
-        "attention": resolved, "remat": remat, "logits_grad": head_grad, "compile_s": compiles.seconds,
-        "compiles": compiles.count, "first_call_s": first_s, "step_s_best": best, "step_s_median": median,
+        "fits": True, "attention": resolved, "remat": remat, "logits_grad": head_grad, "compile_s": compile_s,
+        "first_call_s": first_s, "step_s_best": best, "step_s_median": median,
         "steps_timed": len(times), "tokens_per_s": shapes.rows * shapes.seq / best,
         "flops_model": flops["model"], "flops_hardware": flops["hardware"],
         "mfu_model": None if peak is None else flops["model"] / best / (peak * devices),
         "mfu_hardware": None if peak is None else flops["hardware"] / best / (peak * devices),
         "of_measured_matmul_rate": None if not matmul_rate else flops["model"] / best / (matmul_rate * devices),
         "finite_metrics": all(math.isfinite(float(x)) for x in jax.device_get(metrics).values()),
-        "program_bytes": memory, "device_peak_bytes_so_far": harness.device_peak_bytes(device),
+        "program_bytes": memory, "device_bytes_limit": limit,
+        "device_peak_bytes_so_far": harness.device_peak_bytes(device),
     }
 
 
@@ -255,12 +276,23 @@ def run(shapes: Shapes, budget_s: float, json_path: pathlib.Path | None, u2_rema
     part("copy", lambda: copy_part(shapes, device))
     matmul = part("matmul", lambda: matmul_part(shapes, device)) or {}
     part("attention", lambda: attention_part(shapes, device))
+    policy = u2_remat
     for name, what, attention, remat, head in UPDATES:
-        remat = remat or u2_remat
-        result = part(name, functools.partial(update_part, shapes, device, attention, remat, head,
-                                              matmul.get("bf16_flops_per_s"), deadline), shapes.update_min_s)
+        remat = remat or policy
+
+        def update(attention=attention, remat=remat, head=head):
+            result = update_part(shapes, device, attention, remat, head, matmul.get("bf16_flops_per_s"), deadline)
+            if not result["fits"] and remat != "full":  # the policy's program does not fit: full remat's
+                result = update_part(shapes, device, attention, "full", head, matmul.get("bf16_flops_per_s"),
+                                     deadline) | {"instead_of": {remat: {k: result[k] for k in (
+                                         "program_bytes", "device_bytes_limit", "compile_s")}}}
+            return result
+
+        result = part(name, update, shapes.update_min_s)
         if result is not None:
             result["what"] = what
+            if "instead_of" in result:
+                policy = "full"  # U3 adds its change to what U2 ran
     report["complete"] = not report["skipped"] and not any("error" in r for r in report["parts"].values())
     write()
     return report

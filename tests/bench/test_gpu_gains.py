@@ -52,6 +52,26 @@ def test_gpu_gains_writes_each_part_and_skips_what_the_budget_cannot_cover(tmp_p
     assert json.loads(path.read_text())["skipped"] == spent["skipped"]
 
 
+def test_an_update_whose_policy_does_not_fit_runs_with_full_remat_instead(monkeypatch, tmp_path):
+    """U2's policy over the device's memory: U2 and U3 run with full remat, and say what did not fit."""
+    calls = []
+
+    def fake_update(shapes, device, attention, remat, head_grad, matmul_rate, deadline):
+        calls.append((attention, remat, head_grad))
+        if remat == "minimal":
+            return {"fits": False, "remat": remat, "program_bytes": 2, "device_bytes_limit": 1, "compile_s": 0.5}
+        return {"fits": True, "remat": remat, "logits_grad": head_grad}
+
+    monkeypatch.setattr(gpu_gains, "update_part", fake_update)
+    report = gpu_gains.run(gpu_gains.CPU_SMOKE, 60.0, tmp_path / "gains.json", parts=("U1", "U2", "U3"))
+    assert calls == [("auto", "full", "float32"), ("auto", "minimal", "float32"), ("auto", "full", "float32"),
+                     ("auto", "full", "auto")]
+    u2, u3 = report["parts"]["U2"], report["parts"]["U3"]
+    assert u2["remat"] == "full" and u2["instead_of"] == {"minimal": {"program_bytes": 2, "device_bytes_limit": 1,
+                                                                       "compile_s": 0.5}}
+    assert u3["remat"] == "full" and "instead_of" not in u3 and report["complete"]
+
+
 @pytest.mark.slow
 def test_gpu_gains_cpu_smoke_runs_every_part(tmp_path):
     path = tmp_path / "gains.json"
