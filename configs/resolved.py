@@ -8,7 +8,8 @@ launches each of its runs this way, from the config it resolved into the run's w
 
 import ml_collections
 
-from gd2po_jax.config import DistributedConfig
+from gd2po_jax.config import ConfigError, DistributedConfig
+from gd2po_jax.config.run import redacted_fields
 from gd2po_jax.runtime.run_dir import load_run_config
 
 
@@ -16,6 +17,15 @@ def get_config(path: str) -> ml_collections.ConfigDict:
     # Through the typed config: validated, and with tuple fields as tuples again (JSON has lists),
     # so that --config.rewards.names=a,b overrides them as it does those of configs/default.py.
     values = load_run_config(path).to_dict()
+    # Secrets are not in a config.json (gd2po_jax.runtime.run_dir.write_config): a rerun from it would
+    # hand the reward functions the placeholder. They belong in the environment (docs/reliability.md).
+    secrets = [field for field in redacted_fields(values) if field.startswith("rewards.")]
+    if secrets:
+        raise ConfigError(
+            f"{path}: {', '.join(secrets)} looked like a secret and was not written there; have the reward "
+            "function read it from the environment (os.environ; docs/reliability.md), or give it with "
+            "--config=configs/<your config>.py instead"
+        )
     # How the run was launched (process 0's coordinator ...) is not what it computes: a rerun is
     # launched anew, one process unless --config.distributed.* says otherwise.
     values["distributed"] = DistributedConfig().to_dict()

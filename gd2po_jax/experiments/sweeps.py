@@ -44,6 +44,7 @@ import tqdm
 
 from gd2po_jax.config import ALGORITHMS as METHODS
 from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.config.run import redacted
 from gd2po_jax.errors import UserError
 from gd2po_jax.runtime import run_dir
 from gd2po_jax.runtime.run_dir import RunDir, RunDirError
@@ -195,8 +196,9 @@ def run_status(workdir: pathlib.Path) -> str:
 
 
 def config_values(config: RunConfig) -> dict[str, Any]:
-    """``config`` as the plain JSON values of its config.json (tuples as lists)."""
-    return json.loads(config.to_json())
+    """``config`` as the plain JSON values of its config.json (tuples as lists; secrets redacted, as there:
+    `gd2po_jax.runtime.run_dir.write_config`)."""
+    return redacted(json.loads(config.to_json()))[0]
 
 
 def check_same_config(workdir: pathlib.Path, config: RunConfig) -> None:

@@ -378,7 +378,7 @@ def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
     """Write the resolved ``config`` to ``workdir/config.json`` (atomically): `RunConfig.to_json`,
     indented JSON with sorted keys, secrets left out (`gd2po_jax.config.run.redacted`: option values
     named like ``*key*``, ``*token*``, ``*secret*``, ``*password*``)."""
-    fields = redacted(config.to_dict())[1]
+    values, fields = redacted(json.loads(config.to_json()))  # a RunConfig (or a ConfigDict)
     if fields:
         logger.warning(
             "%s: not writing the value of %s (it looks like a secret); a resumed run takes it from its "
@@ -386,7 +386,7 @@ def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
             RunDir(workdir).config,
             ", ".join(fields),
         )
-    write_text(RunDir(workdir).config, config.to_json(redact=True))
+    write_text(RunDir(workdir).config, json.dumps(values, indent=2, sort_keys=True))
 
 
 def load_run_config(path: str | pathlib.Path) -> RunConfig:
@@ -573,10 +573,10 @@ def check_resume_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
     if not files.config.is_file() or not has_progress(workdir):
         return
     # Secrets are not in config.json (`write_config`): they are not compared.
-    before = {"config": json.loads(load_run_config(workdir).to_json(redact=True))}
+    before = {"config": redacted(json.loads(load_run_config(workdir).to_json()))[0]}
     changes = config_changes(
         before,
-        {"config": json.loads(config.to_json(redact=True))},
+        {"config": redacted(json.loads(config.to_json()))[0]},  # a RunConfig or a ConfigDict
         limit=None,
         ignore=[f"config.{name}" for name in RESUMABLE_FIELDS],
     )

@@ -305,3 +305,17 @@ def test_an_error_in_a_resolved_config_json_is_one_line_without_the_traceback(tm
                            "config.rl.snr_taux: unknown field")
     assert "Traceback" not in line and "File " not in line
     assert config_file_error("flag --config=x.py: a bad value") is None  # other flag errors as before
+
+
+def test_a_config_json_without_its_secrets_is_not_rerun_with_the_placeholder(tmp_path):
+    """configs/resolved.py (how sweep.py launches its runs) would hand a reward function '<redacted>'."""
+    from configs import resolved
+    from tests.fakes import tiny_run_config
+
+    entry = {"fn": "my_rewards:judge", "options": {"api_key": "sk-SECRET"}}
+    run_dir.write_config(tmp_path, tiny_run_config(rewards__functions=(entry,)))
+    with pytest.raises(ConfigError, match=r"config\.json: rewards\.functions\[0\]\.options\.api_key looked like a "
+                                          r"secret .*from the environment"):
+        resolved.get_config(str(tmp_path / "config.json"))
+    run_dir.write_config(tmp_path, tiny_run_config())  # without secrets: as before
+    assert resolved.get_config(str(tmp_path / "config.json")).rewards.names == ("correctness", "format", "length")
