@@ -238,7 +238,15 @@ class Commands:
         return [self.python, str(self.repo / "train.py"), f"--config={config}", f"--workdir={workdir}", *flags]
 
     def evaluate(self, workdir: pathlib.Path) -> list[str]:
-        return [self.python, str(self.repo / "eval.py"), f"--workdir={workdir}", f"--split={TEST_SPLIT}"]
+        """eval.py on the test split; ``--trust_workdir_code``: the run's config.json is the one the sweep
+        wrote from the user's own config, so the code it names (reward functions, a task) is the user's."""
+        return [
+            self.python,
+            str(self.repo / "eval.py"),
+            f"--workdir={workdir}",
+            f"--split={TEST_SPLIT}",
+            "--trust_workdir_code",
+        ]
 
     def warm_start(self, workdir: pathlib.Path) -> list[str]:
         return self.train(workdir, "--warm_start_only")

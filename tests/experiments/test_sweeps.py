@@ -133,7 +133,7 @@ def test_plan_shares_the_warm_start_and_resolves_each_run_config(tmp_path):
         str(REPO / "train.py"), f"--config={REPO / 'configs' / 'resolved.py'}:{workdir / 'config.json'}",
         f"--workdir={workdir}"]
     assert sweeps.Commands().evaluate(pathlib.Path("/w"))[1:] == [str(REPO / "eval.py"), "--workdir=/w",
-                                                                  "--split=test"]
+                                                                  "--split=test", "--trust_workdir_code"]
     assert sweep.grid == {"algorithms": ["gdpo", "gd2po_snr"], "snr_taus": [0.5], "seeds": [0, 1]}
     assert sweep.devices == [None]
     assert not (tmp_path / "sweep").exists()  # planning writes nothing
@@ -312,7 +312,7 @@ def test_runner_builds_the_warm_start_first_reports_failures_and_resumes(tmp_pat
     assert json.loads((sweep.sweep_dir / "warm_start_build" / "config.json").read_text()) == record["base_config"]
     train_line, eval_line = (workdir / "command.txt").read_text().splitlines()
     assert train_line.endswith(f"configs/resolved.py:{workdir}/config.json --workdir={workdir}")
-    assert eval_line.endswith(f"eval.py --workdir={workdir} --split=test")
+    assert eval_line.endswith(f"eval.py --workdir={workdir} --split=test --trust_workdir_code")
     assert train_line.startswith(f"cd {pathlib.Path.cwd()} && {sys.executable} ")  # runnable as it is
 
     # Resume: finished runs are not touched, failed ones run again (the warm start exists, but the
