@@ -20,6 +20,8 @@ parts that finished; a part that would start past the budget is skipped, with th
    and the device's peak memory so far. Each update is compiled ahead of time: where the remat
    policy's program is larger than the device's memory (XLA:CPU's analysis puts "minimal" at
    79 GiB at this shape), U2 and U3 run with remat "full" instead and say so (``instead_of``).
+   ``f32_score_shapes_in_hlo`` counts the float32 ``[..., S, S]`` shapes in the compiled program's
+   text: the score tensors the plain path keeps, none where cuDNN attends.
 
     python -m bench.gpu_gains --time_budget_s=330 --json=$OUT/gpu_gains.json    # one device call
     python -m bench.gpu_gains --cpu-smoke --json=/tmp/gains.json                 # every part, tiny shapes
@@ -40,6 +42,7 @@ import gc
 import json
 import math
 import pathlib
+import re
 import sys
 import time
 import traceback
@@ -201,6 +204,8 @@ def update_part(shapes: Shapes, device, attention: str, remat: str, head_grad: s
         start = time.perf_counter()
         compiled = step.lower(state, batch).compile()
         compile_s = time.perf_counter() - start
+    hlo = compiled.as_text() or ""
+    scores = len(re.findall(rf"\bf32\[(?:\d+,)*{shapes.seq},{shapes.seq}\]", hlo))
     analysis = compiled.memory_analysis()
     memory = None if analysis is None else int(
         analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
@@ -231,7 +236,7 @@ def update_part(shapes: Shapes, device, attention: str, remat: str, head_grad: s
         "of_measured_matmul_rate": None if not matmul_rate else flops["model"] / best / (matmul_rate * devices),
         "finite_metrics": all(math.isfinite(float(x)) for x in jax.device_get(metrics).values()),
         "program_bytes": memory, "device_bytes_limit": limit,
-        "device_peak_bytes_so_far": harness.device_peak_bytes(device),
+        "device_peak_bytes_so_far": harness.device_peak_bytes(device), "f32_score_shapes_in_hlo": scores,
     }
 
 

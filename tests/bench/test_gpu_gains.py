@@ -87,4 +87,5 @@ def test_gpu_gains_cpu_smoke_runs_every_part(tmp_path):
     for u in updates:
         assert u["finite_metrics"] and u["steps_timed"] >= 1 and u["step_s_best"] > 0 and u["program_bytes"] > 0
         assert u["mfu_model"] is None and u["flops_model"] < u["flops_hardware"]  # no peak FLOP/s for a CPU
+        assert u["f32_score_shapes_in_hlo"] > 0  # the plain path's scores (cuDNN's program has none)
     assert updates[2]["flops_hardware"] < updates[0]["flops_hardware"]  # minimal recomputes no weight product
