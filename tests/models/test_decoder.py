@@ -192,3 +192,45 @@ def test_xlas_implementation_materializes_float32_scores_on_the_cpu():
     spec = lambda dtype: jax.ShapeDtypeStruct((2, length), dtype)  # noqa: E731
     hlo = jax.jit(jax.grad(loss)).lower(params, spec(jnp.int32), spec(jnp.bool_)).compile().as_text()
     assert re.search(rf"f32\[(?:\d+,)*{length},{length}\]", hlo)
+
+
+def test_the_update_attending_with_xla_on_rolled_rows_is_the_plain_update():
+    """One GRPO update (micro-batches, prompt windows of length buckets, SGD so the change is the
+    gradient) of ragged left-padded rollouts: the same step with either attention."""
+    import optax
+
+    from bench.harness import step_config
+    from gd2po_jax.rl.train_step import jit_train_step, make_train_step
+    from gd2po_jax.training.records import RolloutBatch, TrainState
+
+    config = tiny_model_config(num_layers=2)
+    prompts, group, prompt_len, new = 4, 2, 12, 6
+    rs = np.random.RandomState(0)
+    lengths = rs.randint(3, prompt_len + 1, prompts * group)
+    mask = np.arange(prompt_len)[None] >= (prompt_len - lengths)[:, None]
+    ids = np.where(mask, rs.randint(2, 64, (prompts * group, prompt_len)), 0)
+    batch = RolloutBatch(
+        input_ids=jnp.asarray(np.concatenate([ids, rs.randint(2, 64, (prompts * group, new))], 1), jnp.int32),
+        attention_mask=jnp.asarray(np.concatenate([mask, np.ones((prompts * group, new), bool)], 1)),
+        response_mask=jnp.asarray(np.arange(new)[None] < rs.randint(2, new + 1, (prompts * group, 1))),
+        old_logp=jnp.asarray(rs.normal(-4.0, 0.1, (prompts * group, new)), jnp.float32),
+        ref_logp=jnp.zeros((prompts * group, new), jnp.float32),
+        rewards=jnp.asarray(rs.uniform(size=(prompts, group, 1)), jnp.float32), valid=jnp.ones((prompts,), bool))
+    optimizer = optax.sgd(1.0)
+
+    def change(attention):
+        graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(3), attention=attention), nnx.Param)
+        step = jit_train_step(make_train_step(
+            graphdef, optimizer, step_config(algorithm="grpo", micro_batch_size=4, length_bucket=4)))
+        state = TrainState(jax.tree.map(jnp.copy, params), optimizer.init(params), jnp.zeros((), jnp.int32),
+                           jax.random.PRNGKey(0))
+        state, metrics = step(state, batch)
+        return jax.tree.map(lambda new, old: new - old, state.params, params), metrics
+
+    (plain, plain_metrics), (xla, xla_metrics) = change("plain"), change("xla")
+    for a, b in zip(jax.tree.leaves(xla), jax.tree.leaves(plain), strict=True):
+        # sums over the rows' tokens and the micro-batches, reassociated: a bound of the accumulated sum
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=ulps(b, 256))
+    assert float(jnp.max(jnp.abs(plain.layers[0].attn.q_kernel[...]))) > 0
+    for name in ("loss/pg_loss", "loss/grad_norm"):
+        assert float(xla_metrics[name]) == pytest.approx(float(plain_metrics[name]), rel=1e-5), name
