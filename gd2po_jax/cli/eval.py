@@ -171,8 +171,12 @@ def main(argv):
         distributed.initialize(DistributedConfig.from_dict(FLAGS.config.distributed.to_dict()))
         options = options_from_flags()
         # A workdir's config.json runs no code unless the user trusts it (docs/reliability.md).
-        trust, given = FLAGS.trust_workdir_code, FLAGS.reward_functions
-        trusted = run_dir.trusting_code_of(options.workdir, trust=trust, given=given) if options.workdir else None
+        trust, given, rewards = FLAGS.trust_workdir_code, FLAGS.reward_functions, not options.habits  # habits: none
+        trusted = (
+            run_dir.trusting_code_of(options.workdir, trust=trust, given=given, rewards=rewards)
+            if options.workdir
+            else None
+        )
         with trusted or contextlib.nullcontext():
             evaluation.run(options)
 

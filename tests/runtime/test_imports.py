@@ -76,3 +76,14 @@ def test_eval_py_refuses_a_crafted_workdir_in_one_line_and_runs_nothing(tmp_path
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"eval.py: {workdir / 'config.json'} names code") and path in line
     assert not marker.exists()
+
+
+def test_eval_py_habits_reads_generations_without_asking_about_reward_functions(tmp_path):
+    """--habits imports no reward function: it is not refused for them, and imports none."""
+    workdir, marker, _ = crafted_workdir(tmp_path)
+    done = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--habits"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("eval.py: --habits: ") and "before_rl.jsonl not found" in line  # not the refusal
+    assert not marker.exists()
