@@ -6,6 +6,7 @@
     python eval.py --workdir=DIR --data=SAFETY_SETS_DIR [--max_examples=N] [--model_path=HF_DIR]
     python eval.py --workdir=DIR --data=val.jsonl [--max_examples=N]   # your own data, the run's rewards
     python eval.py --workdir=DIR --habits [--split=test]
+    python eval.py --workdir=DIR --trust_workdir_code ...   # DIR/config.json names code of your own
 
 Reports go to DIR/eval/<split>.json, DIR/eval/api_bank.json or DIR/eval/safe_alignment.json, with the
 generations in the .jsonl next to them, and a table is printed. --data=DIR of verl parquet sets (or
