@@ -26,7 +26,7 @@ import optax
 import tqdm
 from flax import nnx
 
-from gd2po_jax.config import ConfigError, RunConfig
+from gd2po_jax.config import ConfigError, RunConfig, remat_policy_name
 from gd2po_jax.models import load_pretrained, save_pretrained
 from gd2po_jax.runtime import distributed, run_dir
 from gd2po_jax.runtime.checkpoints import check_finite
@@ -72,6 +72,12 @@ def warm_start_inputs(config: RunConfig) -> dict[str, Any]:
     # model.lora is how RL trains the warm-started model (LoRA or full), not what the warm start is: its
     # key, and every existing cache's, stays without it.
     inputs["model"].pop("lora", None)
+    # model.attention and model.remat's policy are how the layers compute (float sums at most): the key
+    # keeps remat as the boolean it was before the policies (any policy but none: true), so every
+    # existing cache keeps its key, and leaves attention out.
+    inputs["model"].pop("attention", None)
+    if "remat" in inputs["model"]:
+        inputs["model"]["remat"] = remat_policy_name(inputs["model"]["remat"]) not in ("none", None)
     # sft.length_bucket is how the batches are laid out (like the mesh, it changes float sums at most).
     not_inputs = ("cache_dir", "only_with_targets", "length_bucket")
     inputs["sft"] = {k: v for k, v in values["sft"].items() if k not in not_inputs}

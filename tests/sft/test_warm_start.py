@@ -29,11 +29,16 @@ def test_the_default_config_keeps_its_warm_start_key():
 def test_warm_start_key_depends_on_what_the_warm_start_is_made_of():
     key = warm_start_key(tiny_run_config())
     assert len(key) == 12
+    # model.remat keeps the boolean it was before its policies (existing caches keep their keys)
+    rematted = {warm_start_key(tiny_run_config(model__remat=policy)) for policy in ("full", "minimal", "dots")}
+    assert len(rematted) == 1 and key not in rematted
+    assert warm_start_inputs(tiny_run_config(model__remat="minimal"))["model"]["remat"] is True
     # RL settings, the RL seed and the cache location itself: the same warm start.
     for same in [{"rl__algorithm": "grpo"}, {"rl__snr_tau": 0.2}, {"train__seed": 3},
                  {"train__learning_rate": 0.5}, {"train__num_steps": 9}, {"sft__cache_dir": "/elsewhere"},
                  {"model__lora__rank": 8}, {"model__lora__alpha": 4.0},  # LoRA trains the warm start in RL
-                 {"sft__length_bucket": 16}]:  # the batches' layout: float sums at most, as the mesh
+                 {"sft__length_bucket": 16},  # the batches' layout: float sums at most, as the mesh
+                 {"model__attention": "xla"}]:  # how the layers compute, too
         assert warm_start_key(tiny_run_config(**same)) == key, same
     # Its data, model, SFT settings (its own seed included) and SFT optimizer: another one.
     for other in [{"sft__seed": 1}, {"sft__num_steps": 61}, {"data__synthetic__num_train": 65},
