@@ -57,7 +57,7 @@ from gd2po_jax.models.draws import activation_dtype, is_eos, row_keys, sample_ro
 def stack_layers(weights: DecodeWeights) -> DecodeWeights:
     """``weights`` with its L `LayerWeights` stacked into one whose leaves are ``[L, ...]``."""
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *weights.layers)
-    return weights.replace(layers=(stacked,))
+    return dataclasses.replace(weights, layers=(stacked,))
 
 
 @struct.dataclass
