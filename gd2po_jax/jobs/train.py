@@ -538,12 +538,8 @@ def _rl_loop(
             if progress:
                 bar.write(f"RL step {done}: {metrics['time/first_step']:.1f} s, compilation included")
         if progress and (first or is_logged_step(done, config.logging.completions_every, config.train.num_steps)):
-            shown = completions_table(
-                done,
-                setup.reward_names,
-                rollouts.rewards[0][:COMPLETIONS_SHOWN],
-                rollouts.responses[:COMPLETIONS_SHOWN],
-            )
+            first_prompt = rollouts.rewards[0][:COMPLETIONS_SHOWN]  # [<= 3, K]: the first prompt's rollouts
+            shown = completions_table(done, setup.reward_names, first_prompt, rollouts.responses[: len(first_prompt)])
             bar.write(shown)  # TRL's log_completions (config.logging.completions_every)
             if writer:
                 writer.write_text(done, "completions", shown)

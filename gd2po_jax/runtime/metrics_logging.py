@@ -133,7 +133,9 @@ def completions_table(
     Args:
       names: the K reward columns. rewards: [N, K] float (NaN: abstained). completions: N texts.
     """
-    values = np.asarray(rewards, np.float64).reshape(len(completions), len(names))
+    values = np.asarray(rewards, np.float64).reshape(-1, len(names))
+    if len(values) != len(completions):
+        raise ValueError(f"{len(values)} rows of rewards for {len(completions)} completions")
     header = "  ".join(f"{name[:12]:>12}" for name in names)
     lines = [f"step {step}: {len(completions)} rollouts of its first prompt", f"{header}  completion"]
     for row, text in zip(values, completions):

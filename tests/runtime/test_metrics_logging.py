@@ -93,3 +93,12 @@ def test_completions_table_and_tensorboard_text(tmp_path):
     writer.close()
     events = b"".join(p.read_bytes() for p in (tmp_path / "tensorboard").rglob("*") if p.is_file())
     assert b"completions" in events and b"1234" in events
+
+
+def test_completions_table_refuses_rewards_and_completions_that_do_not_pair():
+    import numpy as np
+
+    from gd2po_jax.runtime.metrics_logging import completions_table
+
+    with pytest.raises(ValueError, match="2 rows of rewards for 3 completions"):
+        completions_table(1, ["a"], np.zeros((2, 1)), ["x", "y", "z"])
