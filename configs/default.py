@@ -101,6 +101,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.skip_zero_advantage_rows = True  # micro-batches of rollouts with A = 0 only are not computed
     config.rl.scale_rewards = "group"  # TRL's: the group norm divides by the group std | batch std | none
     config.rl.mask_truncated_completions = False  # TRL's: True: completions cut at max_new_tokens add no loss
+    config.rl.dynamic_sampling = "off"  # off | signal | kept: refill the batch with groups that count (DAPO's)
+    config.rl.dynamic_sampling_min_kept = 2  # kept: rollouts of a group kept with a signal for it to count
+    config.rl.dynamic_sampling_max_rounds = 4  # rounds of sampling per step at most; then filler groups
 
     config.sampling = ml_collections.ConfigDict()
     config.sampling.max_new_tokens = 96  # longest response (also evaluation's budget)

@@ -69,6 +69,9 @@ KL_ESTIMATORS = ("k1", "k3")
 OLD_LOGPROBS = ("recompute", "sampler")
 """The values of ``config.rl.old_logprobs``: where the update's old log-probs come from
 (`gd2po_jax.rl.train_step`)."""
+DYNAMIC_SAMPLING_MODES = ("off", "signal", "kept")
+"""The values of ``config.rl.dynamic_sampling`` (`gd2po_jax.rl.dynamic_sampling`): off | a prompt group counts
+when a reward varies in it (signal) | when enough of its rollouts carry a signal and are kept (kept)."""
 HALVES_RANKINGS = ("prompt", "batch")
 """The values of ``config.rl.halves_ranking``: over what the SNR halves rank rollouts
 (`gd2po_jax.rl.advantages.snr_halves`)."""
@@ -187,6 +190,21 @@ class RLConfig(_Section):
     mask_truncated_completions: bool = False
     """TRL's ``mask_truncated_completions``: a completion cut at ``sampling.max_new_tokens`` (no EOS)
     adds no token to the loss; its reward still counts in its group's statistics."""
+    dynamic_sampling: str = "off"
+    """Dynamic sampling with refill (DAPO's, decided from several rewards; docs/dynamic_sampling.md): the
+    step samples prompt groups, in rounds of prompts drawn from the data in order, until
+    ``train.prompts_per_step`` of them count, and updates on those. off: every group counts (one round, as
+    without it) | signal: a group counts when at least one reward (of weight != 0) varies in it, beyond
+    a tolerance relative to that reward's values (`gd2po_jax.rl.dynamic_sampling.reward_varies`) |
+    kept: when at least ``dynamic_sampling_min_kept`` of its rollouts carry a signal and are kept by the
+    method's filter (a group whose rollouts all conflict, or all tie, is replaced). Counted groups
+    beyond the batch are dropped."""
+    dynamic_sampling_min_kept: int = 2
+    """With dynamic_sampling=kept: the kept rollouts with a signal a group needs to count (1 .. G)."""
+    dynamic_sampling_max_rounds: int = 4
+    """With dynamic_sampling on: at most this many rounds of sampling per step (the first included); when
+    they run out the step updates on the groups it counted, the rest of the batch filler (``valid`` False:
+    no statistic, no loss), and says so (``dynamic_sampling/filler_groups``, a warning)."""
 
     def __post_init__(self):
         if isinstance(self.algorithm, str) and ":" in self.algorithm:  # an aggregator of your own
@@ -253,6 +271,15 @@ class RLConfig(_Section):
         _one_of(self.scale_rewards, "rl.scale_rewards", SCALE_REWARDS)
         _flag(self.mask_truncated_completions, "rl.mask_truncated_completions")
         _flag(self.skip_zero_advantage_rows, "rl.skip_zero_advantage_rows")
+        _one_of(self.dynamic_sampling, "rl.dynamic_sampling", DYNAMIC_SAMPLING_MODES)
+        _int_at_least(self.dynamic_sampling_min_kept, "rl.dynamic_sampling_min_kept")
+        _require(
+            not isinstance(self.num_generations, int) or self.dynamic_sampling_min_kept <= self.num_generations,
+            "rl.dynamic_sampling_min_kept",
+            f"must be at most rl.num_generations={self.num_generations} (the rollouts of a group), "
+            f"got {self.dynamic_sampling_min_kept}",
+        )
+        _int_at_least(self.dynamic_sampling_max_rounds, "rl.dynamic_sampling_max_rounds")
 
     @classmethod
     def from_dict(cls, values, path: str | None = None):

@@ -22,6 +22,9 @@ the step's order (rollout ``i = p * G + g`` is sample g of prompt p), keys in th
     reward_advantages {name: A_k}: the group-normalized advantage of each reward
     extras            {column: value} the reward functions reported for the rollout (TRL's
                       ``log_extra``); only on rollouts that have some
+    dynamic_sampling  with ``rl.dynamic_sampling`` on only: counted | filler (in the batch) | no_signal |
+                      surplus (drawn but dropped: listed after the batch's, advantage 0;
+                      `refill_records`, docs/dynamic_sampling.md)
 
 The advantage fields are computed on the host by `gd2po_jax.rl.train_step.step_advantages`, the
 function the jitted update calls, on the same rewards, response lengths and valid mask with the
@@ -42,6 +45,7 @@ new one, and a resumed run's step overwrites it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -58,6 +62,7 @@ import numpy as np
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.rl.advantages import AdvantageOutput
+from gd2po_jax.rl.dynamic_sampling import RefilledRollouts
 from gd2po_jax.rl.rollout import Rollouts
 from gd2po_jax.rl.train_step import StepConfig, step_advantages
 from gd2po_jax.runtime import distributed, run_dir
@@ -174,6 +179,40 @@ def rollout_records(
     return records
 
 
+def refill_records(
+    step: int,
+    records: list[dict[str, Any]],
+    rollouts: RefilledRollouts,
+    step_config: StepConfig,
+    reward_names: Sequence[str],
+) -> list[dict[str, Any]]:
+    """A dynamically sampled step's records: those of its batch (``records``) with ``dynamic_sampling``
+    = counted | filler (a short step's stand-in, not in the update), then the groups it drew but dropped,
+    ``dynamic_sampling`` = no_signal | surplus, numbered on after the batch (``rollout``,
+    ``prompt_index``). A dropped group's keep, conflict, snr, query_weight and reward_advantages are
+    the method's for it (they are per group); its advantage is 0 (it is not in the update); its
+    completion is null where this process did not decode it (several processes)."""
+    group = rollouts.rewards.shape[1]
+    for record in records:
+        record["dynamic_sampling"] = rollouts.marks[record["prompt_index"]]
+    if rollouts.dropped is None:
+        return records
+    prompts, rewards, lengths, truncated, responses, marks = rollouts.dropped
+    advantages = host_advantages(rewards, lengths, np.ones(len(prompts), bool), step_config)
+    advantages = dataclasses.replace(advantages, advantages=cast(Any, np.zeros_like(advantages.advantages)))
+    texts = responses if responses is not None else [""] * (len(prompts) * group)
+    dropped = rollout_records(step, prompts, texts, rewards, lengths, truncated, advantages, reward_names)
+    first_rollout, first_prompt = len(records), len(rollouts.marks)
+    for record in dropped:
+        p = record["prompt_index"]
+        record.update(
+            rollout=first_rollout + record["rollout"], prompt_index=first_prompt + p, dynamic_sampling=marks[p]
+        )
+        if responses is None:
+            record["completion"] = None
+    return records + dropped
+
+
 def jsonl_text(records: Sequence[Mapping[str, Any]]) -> str:
     """The records as JSON lines: strict JSON (`rollout_records` has made every number finite or
     null), ASCII (other characters escaped, as eval/<name>.jsonl writes them)."""
@@ -273,6 +312,8 @@ def save_step_rollouts(
     records = rollout_records(
         step, prompts, responses, rollouts.rewards, lengths, rollouts.truncated, advantages, reward_names, extras
     )
+    if isinstance(rollouts, RefilledRollouts):  # rl.dynamic_sampling: each group marked, the dropped ones added
+        records = refill_records(step, records, rollouts, step_config, reward_names)
     path = files.rollout_file(step)
     with run_dir.writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,122 @@
+"""Dynamic sampling with refill, measured: runs of train.py for seeds x algorithms x rl.dynamic_sampling
+modes, then one JSON summary per run and a table (docs/dynamic_sampling.md).
+
+    python -m bench.dynamic_sampling --workdir=runs/ds --seeds=0,1,2,3,4 \
+        --algorithms=gd2po_hard,gd2po_snr --modes=off,kept --config=configs/tiny.py
+
+Each run is ``train.py --config=CONFIG --config.train.seed=S --config.rl.algorithm=A
+--config.rl.dynamic_sampling=M`` (plus ``--set`` overrides) in WORKDIR/<config>-<A>-<M>-s<S>; a run
+already finished there is read, not run again. ``--warm_start_from=DIR`` copies a finished run's
+base_model/ and warm_start/ into each new workdir (one warm start for all seeds: only RL's seed varies).
+The summary per run: the training reward per step against the cumulative generated tokens (every
+round's: ``dynamic_sampling/generated_tokens``, else ``generated_tokens``), the mean over the run of the
+kept fraction, the gradient norm and the seconds per step (steps 2.., the first compiles), and the
+validation before and after RL (results.json). Prints one JSON line per run, then a JSON object of
+means per (algorithm, mode) over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_dir_name(config: str, algorithm: str, mode: str, seed: int) -> str:
+    return f"{pathlib.Path(config).stem}-{algorithm}-{mode}-s{seed}"
+
+
+def step_seconds(record: dict) -> float:
+    """A step's wall-clock seconds: its ``time/*`` phases (not ``time/first_step``, their sum)."""
+    return sum(v for k, v in record.items() if k.startswith("time/") and k != "time/first_step")
+
+
+def summarize(workdir: pathlib.Path, reward_names: list[str] | None = None) -> dict:
+    """The measurements of one finished run (module docstring)."""
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "loss/grad_norm" in r]
+    names = reward_names or sorted(k.split("/", 1)[1] for k in steps[0] if k.startswith("reward/"))
+    tokens = np.cumsum([r.get("dynamic_sampling/generated_tokens", r.get("generated_tokens", 0.0)) for r in steps])
+    timed = steps[1:] or steps
+    sampled = {n: [r.get(f"dynamic_sampling/sampled_reward/{n}", r[f"reward/{n}"]) for r in steps] for n in names}
+    results = json.loads((workdir / "results.json").read_text()) if (workdir / "results.json").exists() else {}
+    return {
+        "run": workdir.name,
+        "steps": len(steps),
+        "generated_tokens_cumulative": tokens.tolist(),
+        "sampled_reward": sampled,
+        "batch_reward": {n: [r[f"reward/{n}"] for r in steps] for n in names},
+        "kept_fraction_mean": float(np.mean([r["advantages/kept_fraction"] for r in steps])),
+        "grad_norm_mean": float(np.mean([r["loss/grad_norm"] for r in steps])),
+        "seconds_per_step": float(np.mean([step_seconds(r) for r in timed])),
+        "rounds_mean": float(np.mean([r.get("dynamic_sampling/rounds", 1.0) for r in steps])),
+        "filler_groups_total": float(sum(r.get("dynamic_sampling/filler_groups", 0.0) for r in steps)),
+        "before_rl": results.get("before_rl"),
+        "after_rl": results.get("after_rl"),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--config", default="configs/tiny.py")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--algorithms", default="gd2po_hard,gd2po_snr")
+    parser.add_argument("--modes", default="off,kept")
+    parser.add_argument("--warm_start_from", default="")
+    parser.add_argument("--set", action="append", default=[], help="extra --config.X=V overrides (repeatable)")
+    parser.add_argument("--summarize_only", action="store_true")
+    args = parser.parse_args(argv)
+    root = pathlib.Path(args.workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for algorithm in args.algorithms.split(","):
+        for mode in args.modes.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                workdir = root / run_dir_name(args.config, algorithm, mode, seed)
+                if not (workdir / "results.json").exists() and not args.summarize_only:
+                    if args.warm_start_from and not (workdir / "warm_start").exists():
+                        workdir.mkdir(parents=True, exist_ok=True)
+                        for name in ("base_model", "warm_start"):
+                            shutil.copytree(pathlib.Path(args.warm_start_from) / name, workdir / name)
+                    command = [
+                        sys.executable, str(REPO / "train.py"), f"--config={args.config}", f"--workdir={workdir}",
+                        f"--config.train.seed={seed}", f"--config.rl.algorithm={algorithm}",
+                        f"--config.rl.dynamic_sampling={mode}", *(f"--config.{s}" for s in args.set),
+                    ]  # fmt: skip
+                    with (root / f"{workdir.name}.log").open("w") as log:
+                        subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+                if (workdir / "metrics.jsonl").exists():
+                    summary = summarize(workdir) | {"algorithm": algorithm, "mode": mode, "seed": seed}
+                    summaries.append(summary)
+                    print(json.dumps(summary), flush=True)
+    table = {}
+    for summary in summaries:
+        key = f"{summary['algorithm']}/{summary['mode']}"
+        table.setdefault(key, []).append(summary)
+    print(json.dumps({
+        key: {
+            "seeds": len(runs),
+            "generated_tokens": float(np.mean([r["generated_tokens_cumulative"][-1] for r in runs])),
+            "kept_fraction": float(np.mean([r["kept_fraction_mean"] for r in runs])),
+            "grad_norm": float(np.mean([r["grad_norm_mean"] for r in runs])),
+            "seconds_per_step": float(np.mean([r["seconds_per_step"] for r in runs])),
+            "rounds": float(np.mean([r["rounds_mean"] for r in runs])),
+            "final_sampled_reward": {
+                n: float(np.mean([r["sampled_reward"][n][-1] for r in runs])) for n in runs[0]["sampled_reward"]
+            },
+        }
+        for key, runs in table.items()
+    }), flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
