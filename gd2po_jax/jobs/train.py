@@ -42,6 +42,7 @@ from gd2po_jax.models.lora import (
 from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures, failure_modes
 from gd2po_jax.rl.advantages import MagnitudeWatch, advantage_method
+from gd2po_jax.rl.dynamic_sampling import RefilledRollouts, collect_counted, warn_short_step
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
 from gd2po_jax.rl.train_step import (
@@ -450,29 +451,57 @@ def _rl_loop_parts(config: RunConfig, setup: RunSetup, rl: RLStart, ref_graphdef
 
 
 def _rl_step(
-    config: RunConfig, setup: RunSetup, loop: RLLoopParts, state: TrainState, prompts, step: int
+    config: RunConfig,
+    setup: RunSetup,
+    loop: RLLoopParts,
+    state: TrainState,
+    prompts,
+    step: int,
+    draw: Callable[[int], Any] | None = None,
 ) -> tuple[TrainState, dict[str, float], Any]:
     """One RL step: rollouts of ``prompts`` by the policy of ``state``, their rewards, the KL reference's
-    log-probs, the update. Returns (state, metrics, rollouts)."""
+    log-probs, the update. Returns (state, metrics, rollouts). With ``rl.dynamic_sampling`` on, ``prompts``
+    are the first round's and ``draw(n)`` gives the sampler's next n prompts (`collect_counted`); the
+    rollouts are then a `RefilledRollouts` (its ``prompts`` those of the final batch)."""
     t0 = time.perf_counter()
     reward_names = setup.reward_names  # the family's rewards, then rewards.functions'
     begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
-    rollouts = collect_rollouts(
-        loop.policy(state.params),
-        prompts,
-        setup.tokenizer,
-        setup.reward_fn,
-        loop.rollout_settings,
-        rng=jax.random.fold_in(loop.sample_key, step),
-    )
-    check_failures(
-        rollouts.failed,
-        reward_names,
-        config.rewards.max_failed_fraction,
-        step=step + 1,
-        first_error=rollouts.first_failure,
-        modes=failure_modes(setup.reward_fn, config.rewards.on_error),
-    )
+    policy = loop.policy(state.params)
+
+    def collect(prompt_set, rng, settings=loop.rollout_settings):
+        rollouts = collect_rollouts(policy, prompt_set, setup.tokenizer, setup.reward_fn, settings, rng=rng)
+        check_failures(
+            rollouts.failed,
+            reward_names,
+            config.rewards.max_failed_fraction,
+            step=step + 1,
+            first_error=rollouts.first_failure,
+            modes=failure_modes(setup.reward_fn, config.rewards.on_error),
+        )
+        return rollouts
+
+    rl = config.rl
+    if rl.dynamic_sampling == "off" or draw is None:
+        rollouts = collect(prompts, jax.random.fold_in(loop.sample_key, step))
+    else:  # rounds until train.prompts_per_step groups count (docs/dynamic_sampling.md)
+        round_settings = dataclasses.replace(loop.rollout_settings, micro_batch_max_tokens=0)  # laid out at the end
+        rollouts = collect_counted(
+            prompts,
+            draw,
+            lambda prompt_set, rng: collect(prompt_set, rng, round_settings),
+            rng=jax.random.fold_in(loop.sample_key, step),
+            step_config=loop.step_config,
+            mode=rl.dynamic_sampling,
+            min_kept=rl.dynamic_sampling_min_kept,
+            max_rounds=rl.dynamic_sampling_max_rounds,
+            prompts_per_call=config.sampling.prompts_per_call,
+            mask_truncated=rl.mask_truncated_completions,
+            mesh=setup.mesh,
+            settings=loop.rollout_settings,
+            tokenizer=setup.tokenizer,
+            reward_names=reward_names,
+        )
+        warn_short_step(rollouts.sampling_metrics, step + 1, rl.dynamic_sampling_max_rounds)
     batch = rollouts.batch
     if config.rl.mask_truncated_completions:  # TRL's: a completion cut at max_new_tokens adds no loss token
         batch = batch.replace(response_mask=batch.response_mask & ~jnp.asarray(rollouts.truncated)[:, None])
@@ -497,6 +526,8 @@ def _rl_step(
     addressable = getattr(on_device, "is_fully_addressable", True)
     valid = np.asarray(on_device) if addressable else np.ones(on_device.shape, bool)
     metrics |= reward_sum_metrics(rollouts.rewards, valid, setup.reward_weights)  # the weighted total
+    if isinstance(rollouts, RefilledRollouts):
+        metrics |= rollouts.sampling_metrics
     return state, metrics, rollouts
 
 
@@ -531,7 +562,11 @@ def _rl_loop(
         if first and progress:
             bar.write(f"RL step {step + 1}: compiling the sampler and the update (first step only) ...")
         started = time.perf_counter()
-        state, metrics, rollouts = _rl_step(config, setup, loop, state, prompts, step)
+        state, metrics, rollouts = _rl_step(
+            config, setup, loop, state, prompts, step, draw=lambda n: setup.train.select(sampler.next_batch(n))
+        )
+        if isinstance(rollouts, RefilledRollouts) and rollouts.prompts is not None:  # the final batch's prompts
+            prompts = rollouts.prompts
         done = step + 1
         if first:
             metrics["time/first_step"] = time.perf_counter() - started
