@@ -168,7 +168,7 @@ def resume(
       ConfigError: a LoRA checkpoint of another base (`check_base`).
     """
     # A checkpoint whose data position is missing, mistyped or out of bounds is damaged: the previous one is used.
-    restored = checkpoints.restore_intact(state, check_meta=lambda meta: sampler.check_state(meta["data"]))
+    restored = checkpoints.restore_intact(state, check_meta=lambda meta: sampler.check_state(meta.get("data")))
     if restored is None:
         return state, 0
     step, state, meta = restored
