@@ -541,6 +541,8 @@ RESUMABLE_FIELDS = (
     "train.preemption_signals",
     "train.preemption_grace_s",
     "logging.rollouts_every",
+    "logging.completions_every",
+    "logging.compilation_cache",
     "logging.wandb.enabled",
     "logging.wandb.project",
     "logging.wandb.name",

@@ -77,3 +77,10 @@ def test_a_run_is_the_same_with_and_without_the_cache(tmp_path):
     assert "compilation included" in first.stdout and "compilation included" in second.stdout
     off = _results(tmp_path / "off")
     assert _results(tmp_path / "fill") == off and _results(tmp_path / "read") == off
+
+
+def test_the_cache_and_the_completions_shown_may_change_on_a_rerun():
+    """Neither changes what a run computes: a resume may change them (RESUMABLE_FIELDS)."""
+    from gd2po_jax.runtime import run_dir
+
+    assert {"logging.compilation_cache", "logging.completions_every"} <= set(run_dir.RESUMABLE_FIELDS)
