@@ -6,6 +6,7 @@ flags must be set before jax is first imported, hence here at the top of conftes
 run ``train.py`` processes share one xdist worker (`SHARED_WORKER`, at the end)."""
 
 import os
+import tempfile
 
 from tests.xla_env import set_in_process_flags  # noqa: E402  (no jax import)
 
@@ -15,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("GD2PO_JAX_COMPILATION_CACHE", "off")  # tests never write the user cache (runtime/compilation_cache.py)
+# Runs the tests train sign their config.json with a key of the test session's, not the user's (runtime/trust.py).
+os.environ.setdefault("GD2PO_JAX_TRUST_KEY", os.path.join(tempfile.mkdtemp(prefix="gd2po-trust-"), "trust_key"))
 
 import pathlib  # noqa: E402
 

@@ -62,6 +62,8 @@ from gd2po_jax.config import ConfigError, RunConfig, upgrade
 from gd2po_jax.config.run import redacted, redacted_fields
 from gd2po_jax.errors import UserError
 from gd2po_jax.runtime.imports import UntrustedCodeError, importing_only, is_import_path, untrusted_message
+from gd2po_jax.runtime.trust import sign as sign_config
+from gd2po_jax.runtime.trust import signed_here
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +148,11 @@ class RunDir:
         return self.path / "config.json"
 
     @property
+    def config_signature(self) -> pathlib.Path:
+        """This user's signature of config.json (`gd2po_jax.runtime.trust`)."""
+        return self.path / "config.sig"
+
+    @property
     def base_model(self) -> pathlib.Path:
         return self.path / "base_model"
 
@@ -223,6 +230,7 @@ class RunDir:
         return (
             self.lock,
             self.config,
+            self.config_signature,
             self.base_model,
             self.warm_start,
             self.warm_start_logs,
@@ -387,6 +395,7 @@ def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
             ", ".join(fields),
         )
     write_text(RunDir(workdir).config, json.dumps(values, indent=2, sort_keys=True))
+    sign_config(RunDir(workdir).config, RunDir(workdir).config_signature)  # the code it names is this user's
 
 
 def load_run_config(path: str | pathlib.Path) -> RunConfig:
@@ -439,8 +448,10 @@ def trusting_code_of(
     workdir: str | pathlib.Path, *, trust: bool = False, given: Iterable[str] = (), rewards: bool = True
 ) -> Iterator[None]:
     """Within: the code that ``workdir/config.json`` names (`named_code`) is imported only if the user
-    trusts it: ``trust`` (``--trust_workdir_code``), or each path given again on the command line
-    (``given``). Without that the workdir's config is refused before anything is read or imported,
+    trusts it: ``trust`` (``--trust_workdir_code``), each path given again on the command line
+    (``given``), or a config.json this user's train.py or sweep.py wrote here, unchanged since
+    (signed with this user's key: `gd2po_jax.runtime.trust`; that code ran when the run trained).
+    Without that the workdir's config is refused before anything is read or imported,
     and any import of another path within is refused too (`gd2po_jax.runtime.imports.importing_only`).
     A config.json written by someone else must not run code (as transformers' ``trust_remote_code``).
 
@@ -465,7 +476,7 @@ def trusting_code_of(
             "function would get the placeholder: have the function read it from the environment "
             "(os.environ; docs/reliability.md) and train again, or evaluate with --model_path"
         )
-    if trust or values is None:
+    if trust or values is None or signed_here(file, RunDir(workdir).config_signature):
         yield
         return
     given = {path.strip() for path in given if path.strip()}

@@ -34,6 +34,7 @@ def crafted_workdir(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path,
     workdir = tmp_path / "run"
     workdir.mkdir()
     run_dir.write_config(workdir, tiny_run_config(rewards__functions=(path,)))
+    (workdir / "config.sig").unlink()  # made elsewhere: not signed with this user's key (runtime/trust.py)
     return workdir, marker, path
 
 
