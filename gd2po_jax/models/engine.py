@@ -21,8 +21,8 @@ rest. Here the N = P x G rows wait in a queue and flow through ``slots`` places:
 * **Keys per row**: token t of row r is drawn with ``fold_in(fold_in(rng, r), t)``
   (`row_keys`), as `gd2po_jax.models.sampling`'s one-shot path draws it, so a completion does not
   depend on which slot or chunk it ran in, nor on the number of slots.
-* **Layers in a scan** over stacked ``[L, ...]`` weights (`stack_layers`): the step is compiled once
-  per layer shape, not L times.
+* **One loop**: a chunk is one ``fori_loop`` over an unrolled step (the static path compiles four
+  segment loops); the layers are not a ``scan`` (see `slot_decode_step`).
 
 Why slots and not pages: every row here has the same budget M, fixed for a run, so a slot of M - 1
 positions wastes no memory that pages would save (pages pay off when budgets differ per request or
@@ -49,24 +49,18 @@ import numpy as np
 from flax import nnx, struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
-from gd2po_jax.models.decode_step import DecodeWeights, LayerWeights, _adapted, _affine, decode_weights
+from gd2po_jax.models.decode_step import DecodeWeights, _adapted, _affine, decode_weights
 from gd2po_jax.models.decoder import MASK_VALUE, Decoder, apply_rope, init_cache, rms_norm
 from gd2po_jax.models.draws import activation_dtype, is_eos, row_keys, sample_rows
-
-
-def stack_layers(weights: DecodeWeights) -> DecodeWeights:
-    """``weights`` with its L `LayerWeights` stacked into one whose leaves are ``[L, ...]``."""
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *weights.layers)
-    return dataclasses.replace(weights, layers=(stacked,))
 
 
 @struct.dataclass
 class EngineState:
     """What the engine keeps on device between calls (Q regions, S slots, N rows, M tokens).
 
-    prompt_keys: [L, Q, KV, hd, Lp]; prompt_values: [L, Q, KV, Lp, hd]; prompt_valid: [Q, Lp] the
-    regions' real (non-pad) prompt tokens; prompt_lengths: [Q] int32 their count.
-    slot_keys: [L, S, KV, hd, C]; slot_values: [L, S, KV, C, hd] with C = max(M - 1, 1): position j
+    prompt_keys: one [Q, KV, hd, Lp] per layer; prompt_values: one [Q, KV, Lp, hd] per layer;
+    prompt_valid: [Q, Lp] the regions' real (non-pad) prompt tokens; prompt_lengths: [Q] int32 their count.
+    slot_keys: one [S, KV, hd, C] per layer; slot_values: one [S, KV, C, hd] per layer, C = max(M - 1, 1): position j
     holds the key/value of completion token j; slot_row: [S] int32 the row a slot decodes (N: none);
     slot_region: [S] int32 its prompt's region; slot_next: [S] int32 the next token index it samples;
     slot_last: [S] int32 the token it feeds next; slot_active: [S] bool still decoding.
@@ -74,12 +68,12 @@ class EngineState:
     included); finished: [N] bool (EOS emitted); rng: the base key of `row_keys`.
     """
 
-    prompt_keys: jax.Array
-    prompt_values: jax.Array
+    prompt_keys: tuple[jax.Array, ...]
+    prompt_values: tuple[jax.Array, ...]
     prompt_valid: jax.Array
     prompt_lengths: jax.Array
-    slot_keys: jax.Array
-    slot_values: jax.Array
+    slot_keys: tuple[jax.Array, ...]
+    slot_values: tuple[jax.Array, ...]
     slot_row: jax.Array
     slot_region: jax.Array
     slot_next: jax.Array
@@ -116,12 +110,12 @@ def init_state(
     layers, kv, hd = config.num_layers, config.num_kv_heads, config.head_dim
     cache = max(max_new_tokens - 1, 1)
     return EngineState(
-        prompt_keys=jnp.zeros((layers, regions, kv, hd, prompt_length), dtype),
-        prompt_values=jnp.zeros((layers, regions, kv, prompt_length, hd), dtype),
+        prompt_keys=tuple(jnp.zeros((regions, kv, hd, prompt_length), dtype) for _ in range(layers)),
+        prompt_values=tuple(jnp.zeros((regions, kv, prompt_length, hd), dtype) for _ in range(layers)),
         prompt_valid=jnp.zeros((regions, prompt_length), bool),
         prompt_lengths=jnp.zeros((regions,), jnp.int32),
-        slot_keys=jnp.zeros((layers, slots, kv, hd, cache), dtype),
-        slot_values=jnp.zeros((layers, slots, kv, cache, hd), dtype),
+        slot_keys=tuple(jnp.zeros((slots, kv, hd, cache), dtype) for _ in range(layers)),
+        slot_values=tuple(jnp.zeros((slots, kv, cache, hd), dtype) for _ in range(layers)),
         slot_row=jnp.full((slots,), rows, jnp.int32),
         slot_region=jnp.zeros((slots,), jnp.int32),
         slot_next=jnp.zeros((slots,), jnp.int32),
@@ -141,12 +135,12 @@ def init_state(
 # ----------------------------------------------------------------------------------------------
 
 
-def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mask, self_k, self_v):
-    """One softmax over a row's prompt region, its completion cache and its own new token.
+def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mask):
+    """One softmax over a row's prompt region and its completion cache.
 
     q: [S, KV, G, hd]; prompt_k: [S, KV, hd, Lp]; prompt_v: [S, KV, Lp, hd]; prompt_mask: [S, Lp];
-    slot_k: [S, KV, hd, C]; slot_v: [S, KV, C, hd]; slot_mask: [S, C]; self_k, self_v: [S, KV, hd].
-    Returns [S, KV, G, hd] in the values' dtype (scores and softmax in float32).
+    slot_k: [S, KV, hd, C]; slot_v: [S, KV, C, hd]; slot_mask: [S, C]. Returns [S, KV, G, hd] in
+    the values' dtype (scores and softmax in float32).
     """
     scale = q.shape[-1] ** -0.5
 
@@ -154,15 +148,12 @@ def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mas
         s = jnp.einsum("bkgd,bkds->bkgs", q, keys, preferred_element_type=jnp.float32) * scale
         return jnp.where(mask[:, None, None, :], s, MASK_VALUE)
 
-    own = jnp.einsum("bkgd,bkd->bkg", q, self_k, preferred_element_type=jnp.float32)[..., None] * scale
     lp = prompt_k.shape[-1]
     probs = jax.nn.softmax(
-        jnp.concatenate([scores(prompt_k, prompt_mask), scores(slot_k, slot_mask), own], axis=-1), axis=-1
+        jnp.concatenate([scores(prompt_k, prompt_mask), scores(slot_k, slot_mask)], axis=-1), axis=-1
     ).astype(prompt_v.dtype)
-    c = slot_k.shape[-1]
     out = jnp.einsum("bkgs,bksd->bkgd", probs[..., :lp], prompt_v, preferred_element_type=jnp.float32)
-    out = out + jnp.einsum("bkgs,bksd->bkgd", probs[..., lp : lp + c], slot_v, preferred_element_type=jnp.float32)
-    out = out + probs[..., lp + c :].astype(jnp.float32) * self_v[:, :, None, :].astype(jnp.float32)
+    out = out + jnp.einsum("bkgs,bksd->bkgd", probs[..., lp:], slot_v, preferred_element_type=jnp.float32)
     return out.astype(prompt_v.dtype)
 
 
@@ -171,38 +162,42 @@ def slot_decode_step(
     weights: DecodeWeights,
     tokens: jax.Array,
     positions: jax.Array,
-    written: jax.Array,
+    write_at: jax.Array,
     state: EngineState,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Feeds one token per slot; the layers run as one `jax.lax.scan` over stacked weights.
+) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """Feeds one token per slot: its key and value go to position ``write_at`` of the slot's cache,
+    and it attends over its prompt region and its cache up to that position.
+
+    The layers are a Python loop over per-layer caches, as `gd2po_jax.models.decode_step`: a
+    `jax.lax.scan` over stacked ``[L, ...]`` caches made XLA:CPU copy each layer's slice of the whole
+    cache at every step (0.4-0.7 s a step at 64 slots x 511 positions on the small model, against
+    the lock-step batch's 0.9 s at 256 rows: docs/rollout_engine.md), more than the compile time it
+    saves (one loop here, not the static path's four).
 
     Args:
       config: the model's architecture.
-      weights: `stack_layers` of `decode_weights` (one `LayerWeights` of ``[L, ...]`` leaves).
+      weights: `decode_weights` of the model.
       tokens: [S] int32 the token each slot feeds; positions: [S] int32 its RoPE position;
-      written: [S] int32 completion positions already in the slot's cache (its keys ``< written``
-        are attended to; the fed token's own key and value are attended to as well).
+      write_at: [S] int32 the completion position its key and value go to (C or more: written
+        nowhere, for a slot with no row); keys at positions ``<= write_at`` are attended to.
       state: the slots' regions and caches (`EngineState`).
 
     Returns:
       logits ``[V, S]`` float32 (feature-major, as `gd2po_jax.models.decode_step.decode_step`), and
-      the fed tokens' keys and values ``[L, S, KV, hd]`` each (in the cache's dtype), for the caller
-      to write at position ``written``.
+      the slots' new keys and values (one array per layer each).
     """
     h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
     groups = h_heads // kv_heads
     s = tokens.shape[0]
     eps = config.rms_norm_eps
-    cache_dtype = state.slot_keys.dtype
+    slots = jnp.arange(s)
     prompt_mask = state.prompt_valid[state.slot_region]  # [S, Lp]
-    slot_mask = jnp.arange(state.slot_keys.shape[-1])[None, :] < written[:, None]  # [S, C]
+    slot_mask = jnp.arange(state.slot_keys[0].shape[-1])[None, :] <= write_at[:, None]  # [S, C]
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
-    (layer_weights,) = weights.layers
-
-    def layer(h, xs):
-        lw, prompt_k, prompt_v, slot_k, slot_v = xs
-        lw = cast(LayerWeights, lw)
+    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
+    keys, values = [], []
+    for i, lw in enumerate(weights.layers):
         x = rms_norm(h, lw.attn_norm, eps, axis=0)
         qkv = lw.qkv @ x
         if lw.adapters:
@@ -217,20 +212,21 @@ def slot_decode_step(
             q = rms_norm(q, lw.q_norm, eps, axis=1)
             k = rms_norm(k, cast(jax.Array, lw.k_norm), eps, axis=1)
         q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
-        new_k = k.transpose(2, 0, 1).astype(cache_dtype)  # [S, KV, hd], rounded as the cache holds it
-        new_v = v.transpose(2, 0, 1).astype(cache_dtype)
+        cache_k, cache_v = state.slot_keys[i], state.slot_values[i]
+        cache_k = cache_k.at[slots, :, :, write_at].set(k.transpose(2, 0, 1).astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[slots, :, write_at, :].set(v.transpose(2, 0, 1).astype(cache_v.dtype), mode="drop")
+        keys.append(cache_k)
+        values.append(cache_v)
         q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
         dtype = q.dtype
         out = _slot_attention(
             q_rows,
-            prompt_k[state.slot_region].astype(dtype),
-            prompt_v[state.slot_region].astype(dtype),
+            state.prompt_keys[i][state.slot_region].astype(dtype),
+            state.prompt_values[i][state.slot_region].astype(dtype),
             prompt_mask,
-            slot_k.astype(dtype),
-            slot_v.astype(dtype),
+            cache_k.astype(dtype),
+            cache_v.astype(dtype),
             slot_mask,
-            new_k.astype(dtype),
-            new_v.astype(dtype),
         )
         out = out.reshape(s, h_heads * hd).T
         attn_out = _affine(lw.o, out, lw.o_bias)
@@ -244,17 +240,12 @@ def slot_decode_step(
         x = jax.nn.silu(gate) * up
         mlp_out = _affine(lw.down, x, lw.down_bias)
         h = h + (mlp_out if not lw.adapters else mlp_out + _adapted(lw, "down", x, lw.down.shape[0]))
-        return h, (new_k, new_v)
-
-    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
-    xs = (layer_weights, state.prompt_keys, state.prompt_values, state.slot_keys, state.slot_values)
-    h, (new_keys, new_values) = jax.lax.scan(layer, h, xs)
     h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
     logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, S]
     # As in decode_step: keeps the product [V, S]-shaped (the fast orientation on XLA:CPU).
     logits = jax.lax.optimization_barrier(logits)
-    return logits, new_keys, new_values
+    return logits, tuple(keys), tuple(values)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,9 +254,9 @@ def slot_decode_step(
 
 
 def engine_weights(graphdef, params_state, merge_adapters: bool) -> DecodeWeights:
-    """The stacked ``[out, in]`` decode weights of the model (once per engine run)."""
+    """The ``[out, in]`` decode weights of the model (once per engine run)."""
     model: Decoder = nnx.merge(graphdef, params_state)
-    return stack_layers(decode_weights(model, merge_adapters))
+    return decode_weights(model, merge_adapters)
 
 
 def _record(state: EngineState, rows: jax.Array, index: jax.Array, tokens: jax.Array, logp: jax.Array, eos):
@@ -289,11 +280,14 @@ def admit_prompts(graphdef, params_state, state: EngineState, ids, mask, regions
     cache = init_cache(model.config, a, lp, activation_dtype(model))
     hidden, cache = model.hidden_states(ids, mask, cache=cache)
     logits = model.logits(hidden[:, -1:])[:, 0]  # [A, V]
-    keys = jnp.stack(cache.keys).astype(state.prompt_keys.dtype)  # [L, A, KV, hd, Lp]
-    values = jnp.stack(cache.values).astype(state.prompt_values.dtype)
     state = state.replace(
-        prompt_keys=state.prompt_keys.at[:, regions].set(keys, mode="drop"),
-        prompt_values=state.prompt_values.at[:, regions].set(values, mode="drop"),
+        prompt_keys=tuple(
+            table.at[regions].set(k.astype(table.dtype), mode="drop") for table, k in zip(state.prompt_keys, cache.keys)
+        ),
+        prompt_values=tuple(
+            table.at[regions].set(v.astype(table.dtype), mode="drop")
+            for table, v in zip(state.prompt_values, cache.values)
+        ),
         prompt_valid=state.prompt_valid.at[regions].set(mask.astype(bool), mode="drop"),
         prompt_lengths=state.prompt_lengths.at[regions].set(jnp.sum(mask, axis=-1, dtype=jnp.int32), mode="drop"),
     )
@@ -324,15 +318,12 @@ def run_chunk(
         slot_last=jnp.where(placing, state.tokens[row, 0], state.slot_last),
         slot_active=jnp.where(placing, ~state.finished[row] & (m > 1), state.slot_active),
     )
-    slots = jnp.arange(state.num_slots)
 
     def step(_, s: EngineState) -> EngineState:
-        written = s.slot_next - 1  # completion tokens whose keys are in the cache
+        written = s.slot_next - 1  # completion tokens whose keys are in the cache: the fed one goes there
         positions = s.prompt_lengths[s.slot_region] + written
-        logits, new_k, new_v = slot_decode_step(config, weights, s.slot_last, positions, written, s)
-        at = jnp.where(s.slot_active, written, s.slot_keys.shape[-1])  # out of range: dropped
-        slot_keys = s.slot_keys.at[:, slots, :, :, at].set(new_k.transpose(1, 0, 2, 3), mode="drop")
-        slot_values = s.slot_values.at[:, slots, :, at, :].set(new_v.transpose(1, 0, 2, 3), mode="drop")
+        at = jnp.where(s.slot_active, written, s.slot_keys[0].shape[-1])  # out of range: written nowhere
+        logits, slot_keys, slot_values = slot_decode_step(config, weights, s.slot_last, positions, at, s)
         rows = jnp.where(s.slot_active, s.slot_row, n)
         tokens, logp = sample_rows(logits.T, row_keys(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
         eos = is_eos(tokens, params.eos_token_ids)
@@ -350,8 +341,8 @@ def compact(state: EngineState, keep: jax.Array) -> EngineState:
     """The state with only the slots ``keep [S']`` (in that order): a program of S' slots."""
     pick = lambda x, axis=0: jnp.take(x, keep, axis=axis)  # noqa: E731
     return state.replace(
-        slot_keys=pick(state.slot_keys, 1),
-        slot_values=pick(state.slot_values, 1),
+        slot_keys=tuple(map(pick, state.slot_keys)),
+        slot_values=tuple(map(pick, state.slot_values)),
         slot_row=pick(state.slot_row),
         slot_region=pick(state.slot_region),
         slot_next=pick(state.slot_next),

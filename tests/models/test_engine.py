@@ -14,9 +14,7 @@ from gd2po_jax.models.engine import (
     run_engine,
     simulate,
     slot_counts,
-    stack_layers,
 )
-from gd2po_jax.models.decode_step import decode_weights
 from gd2po_jax.models.logprobs import merge_model
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, generate, left_pad
 from tests.fakes import VOCAB, tiny_checkpoint
@@ -71,14 +69,6 @@ def test_engine_in_bf16_follows_the_one_shot_path(model):
     agree = np.mean(np.asarray(out.tokens) == np.asarray(one_shot.tokens))
     assert agree >= 0.9, agree
     np.testing.assert_allclose(np.asarray(out.logprobs)[:, 0], np.asarray(one_shot.logprobs)[:, 0], atol=2e-2)
-
-
-def test_stacked_weights_hold_every_layer(model):
-    weights = decode_weights(model)
-    stacked = stack_layers(weights)
-    (layer,) = stacked.layers
-    assert layer.qkv.shape == (len(weights.layers), *weights.layers[0].qkv.shape)
-    np.testing.assert_array_equal(np.asarray(layer.down[1]), np.asarray(weights.layers[1].down))
 
 
 def test_groups_are_reported_once_as_they_complete(model):
