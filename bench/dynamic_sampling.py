@@ -6,7 +6,9 @@ modes, then one JSON summary per run and a table (docs/dynamic_sampling.md).
 
 Each run is ``train.py --config=CONFIG --config.train.seed=S --config.rl.algorithm=A
 --config.rl.dynamic_sampling=M`` (plus ``--set`` overrides) in WORKDIR/<config>-<A>-<M>-s<S>; a run
-already finished there is read, not run again. ``--warm_start_from=DIR`` copies a finished run's
+already finished there is read, not run again. ``--config=tiny_safety``: the test suite's embedded
+safety task shrunk to seconds per step (tests.fakes.tiny_safety_config, 6 RL steps).
+``--warm_start_from=DIR`` copies a finished run's
 base_model/ and warm_start/ into each new workdir (one warm start for all seeds: only RL's seed varies).
 The summary per run: the training reward per step against the cumulative generated tokens (every
 round's: ``dynamic_sampling/generated_tokens``, else ``generated_tokens``), the mean over the run of the
@@ -76,6 +78,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     root = pathlib.Path(args.workdir)
     root.mkdir(parents=True, exist_ok=True)
+    if args.config == "tiny_safety":  # the test suite's shrunk embedded safety task, 6 RL steps
+        args.config = str(root / "tiny_safety.py")
+        pathlib.Path(args.config).write_text(
+            f"import sys\nsys.path.insert(0, {str(REPO)!r})\nfrom tests.fakes import tiny_safety_config\n\n\n"
+            "def get_config():\n    return tiny_safety_config(train__num_steps=6)\n"
+        )
     summaries = []
     for algorithm in args.algorithms.split(","):
         for mode in args.modes.split(","):
