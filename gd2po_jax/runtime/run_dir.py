@@ -395,7 +395,9 @@ def write_config(workdir: str | pathlib.Path, config: RunConfig) -> None:
             ", ".join(fields),
         )
     write_text(RunDir(workdir).config, json.dumps(values, indent=2, sort_keys=True))
-    sign_config(RunDir(workdir).config, RunDir(workdir).config_signature)  # the code it names is this user's
+    signed = sign_config(RunDir(workdir).config)  # the code it names is this user's (runtime/trust.py)
+    if signed is not None:
+        write_text(RunDir(workdir).config_signature, signed + "\n")
 
 
 def load_run_config(path: str | pathlib.Path) -> RunConfig:

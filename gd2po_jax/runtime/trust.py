@@ -1,7 +1,7 @@
 """A run's ``config.json`` signed with a key of this user, so that the code a run of one's own names
 is trusted by eval.py without a flag, and a workdir from anywhere else is not.
 
-    sign(workdir/config.json, workdir/config.sig)       # train.py, sweep.py: after writing config.json
+    sign(workdir/config.json) -> text of workdir/config.sig  # write_config: after writing config.json
     signed_here(workdir/config.json, workdir/config.sig)  # eval.py: trust the code it names?
 
 Training a run imported and ran its reward functions and its task already, by the user's own command;
@@ -70,17 +70,12 @@ def signature(data: bytes, key: bytes) -> str:
     return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
-def sign(config_file: pathlib.Path, signature_file: pathlib.Path) -> bool:
-    """Writes the signature of ``config_file``'s bytes to ``signature_file`` (the key made if needed);
-    False where no key could be had (nothing written)."""
+def sign(config_file: pathlib.Path) -> str | None:
+    """This user's signature of ``config_file``'s bytes (the key made if needed), for the caller to
+    write next to it; None where no key could be had."""
     path = key_path()
     key = _read_key(path) or _create_key(path)
-    if key is None:
-        return False
-    from gd2po_jax.runtime.run_dir import write_text  # run_dir imports this module
-
-    write_text(signature_file, signature(config_file.read_bytes(), key) + "\n")
-    return True
+    return None if key is None else signature(config_file.read_bytes(), key)
 
 
 def signed_here(config_file: pathlib.Path, signature_file: pathlib.Path) -> bool:
