@@ -4,7 +4,7 @@ For each sampling case (model x rows, bf16, no EOS: every row decodes ``sampling
 engine's decode step against the bandwidth bound of the weights plus the KV cache of the filled
 slots (prompt + completion so far, averaged over the steps: what a step needs to read), and the
 compile time of its programs. Then workload W-tail (`bench.rollout_engine`) on the first case's
-model: EOS raised to stop a row with probability 1/128 per token, engine against the static batch in
+model: EOS ids that stop a row with probability 1/128 per token, engine against the static batch in
 the same process, with the decode row-steps per generated token.
 
 Targets (issue 58): >= 60% of the bound at 0.5B x 64, >= 80% at 1.5B x 256; W-tail engine >= 3x
@@ -95,10 +95,11 @@ def part_engine(ctx: Context) -> dict:
         with jax.default_device(device):
             model = random_model(MODELS[model_name], jnp.bfloat16, device)
             stop = 1 / 128 if profile.name == "device" else 1 / 12
-            model = rollout_engine.with_raised_eos(model, stop)
+            eos_ids = rollout_engine.stop_tokens(model, stop)
             num_samples = 4
-            tail = rollout_engine.run(model, prompts=max(rows // num_samples, 1), num_samples=num_samples,
-                                      prompt_len=profile.sampling_prompt_len, new_tokens=profile.sampling_new,
+            tail = rollout_engine.run(model, eos_ids=eos_ids, prompts=max(rows // num_samples, 1),
+                                      num_samples=num_samples, prompt_len=profile.sampling_prompt_len,
+                                      new_tokens=profile.sampling_new,
                                       slots=max(rows // 4, 4), min_slots=4, chunk=16, repeats=1)
         tail["model"] = model_name
         del model
