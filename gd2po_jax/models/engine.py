@@ -1,6 +1,6 @@
 """The rollout engine: a fixed number of slots that rows flow through, continuous batching on device.
 
-    out = run_engine(model, prompts, params, num_samples=G, rng=key, slots=64)   # a `GenerateOutput`
+    run = run_engine(model, ids, mask, params, num_samples=G, rng=key, slots=64)   # an `EngineRun`
 
 A static batch prefills every row together and decodes them in lock-step until the longest one
 stops, so a row that stopped after 40 tokens keeps its place, its KV reads and its FLOPs for the
@@ -17,7 +17,8 @@ rest. Here the N = P x G rows wait in a queue and flow through ``slots`` places:
   chunk: the other slots run on undisturbed).
 * **The drain**: once no row waits, the slots empty one by one while the last long rows decode; when
   at most half of them are busy the busy ones are moved into a program with half the slots
-  (`compact`), down to ``min_slots``: decode row-steps stay close to the tokens generated.
+  (`compact`, one step down at a time), down to ``min_slots``: decode row-steps stay close to the
+  tokens generated.
 * **Keys per row**: token t of row r is drawn with ``fold_in(fold_in(rng, r), t)``
   (`row_keys`), as `gd2po_jax.models.sampling`'s one-shot path draws it, so a completion does not
   depend on which slot or chunk it ran in, nor on the number of slots.
@@ -31,8 +32,8 @@ batched products read without a gather; the prompt, which G rows share, lives on
 table (gathered per step, ``[slots, KV, hd, Lp]``).
 
 Rows finish in any order; a group (the G rows of one prompt) is complete when its last row is:
-``on_group(prompt_index)`` is called between chunks as groups complete, while the device decodes
-the rest (`EngineRun.completed_groups` keeps the order). `EngineStats` counts what the decode
+``on_group(prompt_index, group)`` gets the group's rows (`GroupOutput`) while the next chunk decodes
+(`drive`; `EngineRun.completed_groups` keeps the order). `EngineStats` counts what the decode
 computed (slot-steps) against the tokens it produced.
 """
 
