@@ -139,12 +139,12 @@ def test_anchor_workloads_on_a_checkpoint_directory(tmp_path):
                              re.MULTILINE)
         assert printed and set(printed) <= set(programs), out
         if name == "W":
-            assert {"jit__prefill", "jit__decode"} <= set(programs), sorted(programs)
+            assert {"jit_admit_prompts", "jit_run_chunk"} <= set(programs), sorted(programs)  # the engine's
             # ... and by source, read from the HLO XLA dumped: the decode's products are named.
-            decode_sources = programs["jit__decode"]["sources"]
+            decode_sources = programs["jit_run_chunk"]["sources"]
             assert any(re.search(r" f32\[[\d,]+\] .*dot_general$", label) for label in decode_sources), decode_sources
-            assert re.search(r"^W profile:   jit__decode +\d+% +[\d,.]+ ms  \S+ f32\[", out, re.MULTILINE), out
-    assert list((tmp_path / "profile" / "hlo").glob("module_*jit__decode*after_optimizations.txt"))
+            assert re.search(r"^W profile:   jit_run_chunk +\d+% +[\d,.]+ ms  \S+ f32\[", out, re.MULTILINE), out
+    assert list((tmp_path / "profile" / "hlo").glob("module_*jit_run_chunk*after_optimizations.txt"))
 
 
 def test_anchor_workloads_times_its_calls_through_the_harness():

@@ -49,7 +49,7 @@ def test_a_failed_write_keeps_the_old_file_and_removes_its_temporary_file(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         run_dir.write_text(path, "new")
     assert path.read_text() == "old"
-    assert os.listdir(tmp_path) == ["config.json"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "config.sig"]  # config.sig: runtime/trust.py
 
 
 def test_unreadable_files_are_named(tmp_path):
@@ -74,7 +74,7 @@ def test_config_round_trips_through_config_json(tmp_path):
     assert again == as_run_config(config)
     assert again.rl.snr_tau == 0.8 and again.rewards.names == ("correctness", "format", "length")
     assert (tmp_path / "config.json").read_text() == config.to_json_best_effort(indent=2, sort_keys=True)
-    assert os.listdir(tmp_path) == ["config.json"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "config.sig"]  # config.sig: runtime/trust.py
 
 
 def test_an_older_config_json_reads_with_the_values_its_run_used(tmp_path):
