@@ -42,6 +42,12 @@ def _scalars(record: dict[str, Any]):
             yield name, value
 
 
+def tensorboard_name(name: str) -> str:
+    """``name`` as TensorBoard takes it: ``~`` (``advantages/conflict/<a>~<b>``) becomes ``_``, as
+    tensorboardX would do itself after a log line at every step."""
+    return name.replace("~", "_")
+
+
 def rebuild_tensorboard(directory: pathlib.Path, records: list[dict[str, Any]]) -> SummaryWriter:
     """Delete ``directory``'s event files and write ``records`` (metrics.jsonl's) anew; returns the
     open writer, to append to. Idempotent: a kill during the rebuild is repaired by the next one."""
@@ -49,7 +55,7 @@ def rebuild_tensorboard(directory: pathlib.Path, records: list[dict[str, Any]]) 
     writer = SummaryWriter(str(directory))
     for record in records:
         for name, value in _scalars(record):
-            writer.add_scalar(name, value, int(record["step"]))
+            writer.add_scalar(tensorboard_name(name), value, int(record["step"]))
     writer.flush()
     return writer
 
@@ -87,7 +93,7 @@ class MetricsWriter:
         if self._tb is not None:
             with run_dir.writing(self._tb.logdir):
                 for name, value in _scalars(record):
-                    self._tb.add_scalar(name, value, int(step))
+                    self._tb.add_scalar(tensorboard_name(name), value, int(step))
         return record
 
     def write_text(self, step: int, tag: str, text: str) -> None:
