@@ -212,20 +212,7 @@ def decode_step(
     h = jnp.take(weights.embed, tokens, axis=0).T  # [D, N]
     keys, values = [], []
     for i, layer in enumerate(weights.layers):
-        x = rms_norm(h, layer.attn_norm, eps, axis=0)
-        qkv = layer.qkv @ x
-        if layer.adapters:
-            sizes = {"q": h_heads * hd, "k": kv_heads * hd, "v": kv_heads * hd}
-            qkv = qkv + jnp.concatenate([_adapted(layer, name, x, sizes[name]) for name in "qkv"], axis=0)
-        if layer.qkv_bias is not None:
-            qkv = qkv + layer.qkv_bias
-        q = qkv[: h_heads * hd].reshape(h_heads, hd, n)
-        k = qkv[h_heads * hd : (h_heads + kv_heads) * hd].reshape(kv_heads, hd, n)
-        v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, n)
-        if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, eps, axis=1)
-            k = rms_norm(k, cast(jax.Array, layer.k_norm), eps, axis=1)  # q_norm and k_norm come together
-        q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
+        q, k, v = layer_qkv(config, layer, h, cos, sin)
         cache_k, cache_v = cache.keys[i], cache.values[i]
         cache_k = jax.lax.dynamic_update_slice(
             cache_k, k.transpose(2, 0, 1)[..., None].astype(cache_k.dtype), (0, 0, 0, index)
@@ -242,18 +229,7 @@ def decode_step(
             [c.values[i].astype(q.dtype) for c in done] + [cache_v.astype(q.dtype)],
             key_masks,
         )
-        out = out.reshape(n, h_heads * hd).T
-        attn_out = _affine(layer.o, out, layer.o_bias)
-        h = h + (attn_out if not layer.adapters else attn_out + _adapted(layer, "o", out, layer.o.shape[0]))
-        x = rms_norm(h, layer.mlp_norm, eps, axis=0)
-        gate_up = _affine(layer.gate_up, x, layer.gate_up_bias)
-        if layer.adapters:
-            f = layer.down.shape[1]
-            gate_up = gate_up + jnp.concatenate([_adapted(layer, name, x, f) for name in ("gate", "up")], axis=0)
-        gate, up = jnp.split(gate_up, 2, axis=0)
-        x = jax.nn.silu(gate) * up
-        mlp_out = _affine(layer.down, x, layer.down_bias)
-        h = h + (mlp_out if not layer.adapters else mlp_out + _adapted(layer, "down", x, layer.down.shape[0]))
+        h = layer_output(config, layer, h, out.reshape(n, h_heads * hd).T)
     h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
     logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, N]
@@ -261,6 +237,45 @@ def decode_step(
     # and an [N, V] output is the slow orientation again.
     logits = jax.lax.optimization_barrier(logits)
     return logits, (*done, KVCache(tuple(keys), tuple(values), key_valid, index + 1))
+
+
+def layer_qkv(
+    config: ModelConfig, layer: LayerWeights, h: jax.Array, cos: jax.Array, sin: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A layer's queries ``[H, hd, N]``, keys and values ``[KV, hd, N]`` of the residual stream
+    ``h [D, N]`` (attention norm, one qkv product, biases, q/k norms, RoPE by ``cos, sin [hd/2, N]``)."""
+    h_heads, kv_heads, hd, eps = config.num_heads, config.num_kv_heads, config.head_dim, config.rms_norm_eps
+    n = h.shape[1]
+    x = rms_norm(h, layer.attn_norm, eps, axis=0)
+    qkv = layer.qkv @ x
+    if layer.adapters:
+        sizes = {"q": h_heads * hd, "k": kv_heads * hd, "v": kv_heads * hd}
+        qkv = qkv + jnp.concatenate([_adapted(layer, name, x, sizes[name]) for name in "qkv"], axis=0)
+    if layer.qkv_bias is not None:
+        qkv = qkv + layer.qkv_bias
+    q = qkv[: h_heads * hd].reshape(h_heads, hd, n)
+    k = qkv[h_heads * hd : (h_heads + kv_heads) * hd].reshape(kv_heads, hd, n)
+    v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, n)
+    if layer.q_norm is not None:
+        q = rms_norm(q, layer.q_norm, eps, axis=1)
+        k = rms_norm(k, cast(jax.Array, layer.k_norm), eps, axis=1)  # q_norm and k_norm come together
+    return apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1), v
+
+
+def layer_output(config: ModelConfig, layer: LayerWeights, h: jax.Array, attended: jax.Array) -> jax.Array:
+    """The residual stream ``h [D, N]`` after a layer, from its attention's output ``[H hd, N]``
+    (output projection, then the MLP, each added to the stream)."""
+    attn_out = _affine(layer.o, attended, layer.o_bias)
+    h = h + (attn_out if not layer.adapters else attn_out + _adapted(layer, "o", attended, layer.o.shape[0]))
+    x = rms_norm(h, layer.mlp_norm, config.rms_norm_eps, axis=0)
+    gate_up = _affine(layer.gate_up, x, layer.gate_up_bias)
+    if layer.adapters:
+        f = layer.down.shape[1]
+        gate_up = gate_up + jnp.concatenate([_adapted(layer, name, x, f) for name in ("gate", "up")], axis=0)
+    gate, up = jnp.split(gate_up, 2, axis=0)
+    x = jax.nn.silu(gate) * up
+    mlp_out = _affine(layer.down, x, layer.down_bias)
+    return h + (mlp_out if not layer.adapters else mlp_out + _adapted(layer, "down", x, layer.down.shape[0]))
 
 
 def _adapted(layer: LayerWeights, name: str, x: jax.Array, out: int) -> jax.Array:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +50,8 @@ import numpy as np
 from flax import nnx, struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
-from gd2po_jax.models.decode_step import DecodeWeights, _adapted, _affine, decode_weights
-from gd2po_jax.models.decoder import MASK_VALUE, Decoder, apply_rope, init_cache, rms_norm
+from gd2po_jax.models.decode_step import DecodeWeights, decode_weights, layer_output, layer_qkv
+from gd2po_jax.models.decoder import MASK_VALUE, Decoder, init_cache, rms_norm
 from gd2po_jax.models.draws import activation_dtype, is_eos, row_keys, sample_rows
 
 
@@ -199,20 +199,7 @@ def slot_decode_step(
     h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
     keys, values = [], []
     for i, lw in enumerate(weights.layers):
-        x = rms_norm(h, lw.attn_norm, eps, axis=0)
-        qkv = lw.qkv @ x
-        if lw.adapters:
-            sizes = {"q": h_heads * hd, "k": kv_heads * hd, "v": kv_heads * hd}
-            qkv = qkv + jnp.concatenate([_adapted(lw, name, x, sizes[name]) for name in "qkv"], axis=0)
-        if lw.qkv_bias is not None:
-            qkv = qkv + lw.qkv_bias
-        q = qkv[: h_heads * hd].reshape(h_heads, hd, s)
-        k = qkv[h_heads * hd : (h_heads + kv_heads) * hd].reshape(kv_heads, hd, s)
-        v = qkv[(h_heads + kv_heads) * hd :].reshape(kv_heads, hd, s)
-        if lw.q_norm is not None:
-            q = rms_norm(q, lw.q_norm, eps, axis=1)
-            k = rms_norm(k, cast(jax.Array, lw.k_norm), eps, axis=1)
-        q, k = apply_rope(q, cos, sin, axis=1), apply_rope(k, cos, sin, axis=1)
+        q, k, v = layer_qkv(config, lw, h, cos, sin)
         cache_k, cache_v = state.slot_keys[i], state.slot_values[i]
         cache_k = cache_k.at[slots, :, :, write_at].set(k.transpose(2, 0, 1).astype(cache_k.dtype), mode="drop")
         cache_v = cache_v.at[slots, :, write_at, :].set(v.transpose(2, 0, 1).astype(cache_v.dtype), mode="drop")
@@ -229,18 +216,7 @@ def slot_decode_step(
             cache_v.astype(dtype),
             slot_mask,
         )
-        out = out.reshape(s, h_heads * hd).T
-        attn_out = _affine(lw.o, out, lw.o_bias)
-        h = h + (attn_out if not lw.adapters else attn_out + _adapted(lw, "o", out, lw.o.shape[0]))
-        x = rms_norm(h, lw.mlp_norm, eps, axis=0)
-        gate_up = _affine(lw.gate_up, x, lw.gate_up_bias)
-        if lw.adapters:
-            f = lw.down.shape[1]
-            gate_up = gate_up + jnp.concatenate([_adapted(lw, name, x, f) for name in ("gate", "up")], axis=0)
-        gate, up = jnp.split(gate_up, 2, axis=0)
-        x = jax.nn.silu(gate) * up
-        mlp_out = _affine(lw.down, x, lw.down_bias)
-        h = h + (mlp_out if not lw.adapters else mlp_out + _adapted(lw, "down", x, lw.down.shape[0]))
+        h = layer_output(config, lw, h, out.reshape(s, h_heads * hd).T)
     h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
     logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, S]
