@@ -122,6 +122,22 @@ class Run:
     test: dict[str, Any]
     metrics: list[dict[str, Any]]
     test_columns: tuple[tuple[str, str], ...] = TEST_METRICS
+    sft_seed: int = 0
+    values: dict[str, float] | None = None  # precomputed `run_values` and more (a run summary's)
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """(sft.seed, train.seed): the runs of one block share the warm start and the RL seed."""
+        return self.sft_seed, self.seed
+
+    @property
+    def label(self) -> str:
+        """``<method>/seed<k>``, or ``<method>/sft<w>-seed<k>`` for a warm start other than sft.seed 0."""
+        return (
+            f"{self.method}/seed{self.seed}"
+            if self.sft_seed == 0
+            else f"{self.method}/sft{self.sft_seed}-seed{self.seed}"
+        )
 
 
 def test_metrics(
@@ -181,6 +197,7 @@ def load_run(workdir: pathlib.Path) -> Run:
         test=test,
         metrics=metrics,
         test_columns=test_metrics(workdir.parents[2], config, test),
+        sft_seed=config.sft.seed,
     )
 
 
@@ -267,8 +284,8 @@ class Paired:
         return None if self.p_value is None else self.p_value < ALPHA
 
 
-def paired_test(a: dict[int, float], b: dict[int, float]) -> Paired:
-    """Two-sided paired t-test of ``a`` against ``b`` (seed -> value) on their common seeds."""
+def paired_test(a: dict[Any, float], b: dict[Any, float]) -> Paired:
+    """Two-sided paired t-test of ``a`` against ``b`` (seed or block -> value) on their common keys."""
     seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
     if len(seeds) < 2:
         return Paired(len(seeds), None)
@@ -289,7 +306,11 @@ def curve_area(records: Sequence[dict[str, Any]], key: str) -> float:
 
 
 def run_values(run: Run) -> dict[str, float]:
-    """The summary metrics of one run: ``test/<name>`` and ``auc/reward/<name>``."""
+    """The summary metrics of one run: ``test/<name>`` and ``auc/reward/<name>`` (from ``run.values``
+    when the run was read from its summary file, `gd2po_jax.experiments.study`)."""
+    if run.values is not None:
+        keys = [key for key, _ in run.test_columns] + [f"auc/reward/{name}" for name in run.reward_names]
+        return {key: float(run.values.get(key, math.nan)) for key in keys}
     values = {}
     for key, _ in run.test_columns:
         value = run.test.get(key.split("/", 1)[1])
@@ -311,7 +332,7 @@ class MethodSummary:
     """One row of the table: a method's estimates and its paired tests against GDPO (by metric key)."""
 
     method: str
-    seeds: tuple[int, ...]
+    seeds: tuple[tuple[int, int], ...]  # the blocks (sft.seed, train.seed) of the method's runs
     estimates: dict[str, Estimate]
     versus_baseline: dict[str, Paired] | None  # None for the baseline itself or without one
 
@@ -319,9 +340,9 @@ class MethodSummary:
 def summarize(runs: Sequence[Run], baseline: str = BASELINE) -> list[MethodSummary]:
     """Per method (in `method_order`): mean ± CI of every metric and paired tests against ``baseline``."""
     columns = metric_columns(runs)
-    by_method: dict[str, dict[int, dict[str, float]]] = {}
+    by_method: dict[str, dict[tuple[int, int], dict[str, float]]] = {}
     for run in runs:
-        by_method.setdefault(run.method, {})[run.seed] = run_values(run)
+        by_method.setdefault(run.method, {})[run.block] = run_values(run)
     rows = []
     for method in method_order(list(by_method)):
         per_seed = by_method[method]
@@ -388,10 +409,10 @@ def compare_taus(runs: Sequence[Run], columns: Sequence[tuple[str, str]]) -> lis
     taus = snr_taus(runs)
     if not taus:
         return []
-    per_tau: dict[float, dict[int, dict[str, float]]] = {tau: {} for tau in taus}
+    per_tau: dict[float, dict[tuple[int, int], dict[str, float]]] = {tau: {} for tau in taus}
     for run in runs:
         if run.algorithm == SNR_ALGORITHM and run.snr_tau is not None:
-            per_tau[run.snr_tau][run.seed] = run_values(run)
+            per_tau[run.snr_tau][run.block] = run_values(run)
     out = []
     for key, label in columns:
         values = {tau: {s: v.get(key, math.nan) for s, v in seeds.items()} for tau, seeds in per_tau.items()}
@@ -725,7 +746,7 @@ def plot_conflicts(runs: Sequence[Run], path: pathlib.Path) -> bool:
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    ordered = sorted(runs, key=lambda r: (method_order([x.method for x in runs]).index(r.method), r.seed))
+    ordered = sorted(runs, key=lambda r: (method_order([x.method for x in runs]).index(r.method), r.block))
     columns = min(len(ordered), 4)
     rows = -(-len(ordered) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.4), squeeze=False)
@@ -737,7 +758,7 @@ def plot_conflicts(runs: Sequence[Run], path: pathlib.Path) -> bool:
                 steps, values = zip(*points)
                 ax.plot(steps, values, color=cycle(i % 10), label=key[len(CONFLICT_PREFIX) :], linewidth=1.2)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{run.method}/seed{run.seed}", fontsize=8)
+        ax.set_title(run.label, fontsize=8)
         ax.set_xlabel("RL step", fontsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=6)
@@ -828,36 +849,94 @@ def plot_tau(
 # ----------------------------------------------------------------------------------------------
 
 
-def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
-    """Write the report of the finished runs in ``sweep_dir`` to ``out_dir`` (default
-    ``sweep_dir/report``). Returns the paths written: ``markdown``, ``csv``, ``plots`` (a list) and
-    ``tau_csv`` (None without two thresholds of gd2po_snr to compare).
+def sweep_dirs(text: str | pathlib.Path | Sequence[str | pathlib.Path]) -> list[pathlib.Path]:
+    """The directories of ``--sweep_dir``: one path, a comma-separated list, or a sequence of paths.
 
     Raises:
-      ReportError: no finished run, or a file of a finished run that cannot be read.
+      ReportError: no directory given.
     """
-    sweep_dir = pathlib.Path(sweep_dir)
-    runs, unfinished = find_runs(sweep_dir)
+    items = text.split(",") if isinstance(text, str) else [text] if isinstance(text, pathlib.Path) else list(text)
+    dirs = [pathlib.Path(str(item).strip()) for item in items if str(item).strip()]
+    if not dirs:
+        raise ReportError("--sweep_dir: give a sweep directory (or several, comma-separated)")
+    return dirs
+
+
+def check_unique(runs: Sequence[Run]) -> None:
+    """Refuse two runs of one method in one block (sft.seed, train.seed), e.g. two sweeps of one warm
+    start given together.
+
+    Raises:
+      ReportError: naming both runs' files.
+    """
+    seen: dict[tuple[str, tuple[int, int]], Run] = {}
+    for run in runs:
+        other = seen.setdefault((run.method, run.block), run)
+        if other is not run:
+            raise ReportError(
+                f"{run.workdir}: a second {run.method} run of sft.seed {run.sft_seed}, train.seed {run.seed} "
+                f"(the first: {other.workdir}); give sweeps of different warm starts (--config.sft.seed)"
+            )
+
+
+def write_report(
+    sweep_dir: str | pathlib.Path | Sequence[str | pathlib.Path], out_dir: str | pathlib.Path | None = None
+) -> dict[str, Any]:
+    """Write the report of the finished runs in ``sweep_dir`` to ``out_dir`` (default
+    ``sweep_dir/report``). Several sweep directories (a comma-separated string or a sequence; then
+    ``out_dir`` is required) are read as one: runs are paired by block (sft.seed, train.seed), so
+    sweeps of different warm starts add blocks. Returns the paths written: ``markdown``, ``csv``,
+    ``plots`` (a list) and ``tau_csv`` (None without two thresholds of gd2po_snr to compare).
+
+    Raises:
+      ReportError: no finished run, a file of a finished run that cannot be read, or two runs of
+        one method in one block.
+    """
+    dirs = sweep_dirs(sweep_dir)
+    if len(dirs) > 1 and not out_dir:
+        raise ReportError("--out_dir: required with several --sweep_dir directories")
+    runs: list[Run] = []
+    unfinished: list[str] = []
+    for directory in dirs:
+        found, left = find_runs(directory)
+        runs += found
+        prefix = f"{directory.name}/" if len(dirs) > 1 else ""
+        unfinished += [f"{prefix}{w.relative_to(directory / 'runs')}" for w in left]
     if not runs:
-        raise ReportError(
-            f"{sweep_dir / 'runs'}: no finished run (results.json and eval/test.json); run sweep.py first"
-        )
-    out_dir = pathlib.Path(out_dir) if out_dir else sweep_dir / "report"
+        where = ", ".join(str(d / "runs") for d in dirs)
+        raise ReportError(f"{where}: no finished run (results.json and eval/test.json); run sweep.py first")
+    check_unique(runs)
+    if len(dirs) == 1:
+        notes = [f"{len(runs)} finished runs in `{dirs[0]}`."]
+        title = f"Sweep report: {dirs[0].name}"
+    else:
+        notes = [f"{len(runs)} finished runs in {len(dirs)} sweeps: " + ", ".join(f"`{d}`" for d in dirs) + "."]
+        title = "Sweep report: " + ", ".join(d.name for d in dirs)
+    if unfinished:
+        notes.append(f"Not included ({len(unfinished)} unfinished): " + ", ".join(f"`{u}`" for u in unfinished) + ".")
+    return write_runs_report(runs, pathlib.Path(out_dir) if out_dir else dirs[0] / "report", title=title, notes=notes)
+
+
+def write_runs_report(
+    runs: Sequence[Run], out_dir: pathlib.Path, *, title: str, notes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`write_report` of ``runs`` (finished; from sweep directories or run summaries) into ``out_dir``,
+    with ``notes`` under the title. Runs without metrics.jsonl records (read from summaries) have no
+    training curves: then learning_curves.png, diagnostics.png and conflicts.png are not drawn."""
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = metric_columns(runs)
     rows = summarize(runs)
     test_columns = list(dict.fromkeys(column for run in runs for column in run.test_columns))
     comparisons = compare_taus(runs, test_columns)
-    notes = [f"{len(runs)} finished runs in `{sweep_dir}`."]
-    if unfinished:
+    notes = list(notes)
+    sft_seeds = sorted({run.sft_seed for run in runs})
+    if len(sft_seeds) > 1:
         notes.append(
-            f"Not included ({len(unfinished)} unfinished): "
-            + ", ".join(f"`{w.relative_to(sweep_dir / 'runs')}`" for w in unfinished)
-            + "."
+            f'Runs of {len(sft_seeds)} warm starts (sft.seed {", ".join(map(str, sft_seeds))}): "seeds" are '
+            "blocks (sft.seed, train.seed), and methods are paired by block."
         )
     notes += seed_warning(rows)
     markdown = out_dir / "summary.md"
-    title = f"Sweep report: {sweep_dir.name}"
     markdown.write_text(markdown_table(rows, columns, title=title, notes=notes, extra=tau_section(comparisons)))
     table = out_dir / "summary.csv"
     write_csv(table, csv_rows(rows, columns))
@@ -865,15 +944,18 @@ def write_report(sweep_dir: str | pathlib.Path, out_dir: str | pathlib.Path | No
     if any(c.pairs for c in comparisons):
         tau_table = out_dir / "tau_tests.csv"
         write_csv(tau_table, tau_csv_rows(comparisons), TAU_CSV_FIELDS)
-    reward_names = dict.fromkeys(name for run in runs for name in run.reward_names)
+    curves = [run for run in runs if run.metrics]
+    reward_names = dict.fromkeys(name for run in curves for name in run.reward_names)
     reward_keys = [(f"reward/{name}", f"reward/{name}") for name in reward_names]
     plots = []
     band = f"mean ± {CONFIDENCE:.0%} CI over seeds"
-    if plot_curves(runs, reward_keys, out_dir / "learning_curves.png", title=f"Training rewards ({band})"):
+    if curves and plot_curves(curves, reward_keys, out_dir / "learning_curves.png", title=f"Training rewards ({band})"):
         plots.append(out_dir / "learning_curves.png")
-    if plot_curves(runs, CURVE_METRICS, out_dir / "diagnostics.png", title=f"Advantage filtering ({band})"):
+    if curves and plot_curves(
+        curves, CURVE_METRICS, out_dir / "diagnostics.png", title=f"Advantage filtering ({band})"
+    ):
         plots.append(out_dir / "diagnostics.png")
-    if plot_conflicts(runs, out_dir / "conflicts.png"):
+    if plot_conflicts(curves, out_dir / "conflicts.png"):
         plots.append(out_dir / "conflicts.png")
     values = {key: [v for run in runs if math.isfinite(v := run_values(run).get(key, math.nan))] for key, _ in columns}
     if plot_tau(rows, out_dir / "tau.png", test_columns, comparisons, values):

@@ -47,12 +47,13 @@ def _offset(algorithm: str) -> float:
 
 
 def write_run(sweep_dir: pathlib.Path, algorithm: str, tau: float | None, seed: int, correct: float,
-              *, finished: bool = True) -> pathlib.Path:
+              *, finished: bool = True, sft_seed: int = 0) -> pathlib.Path:
     workdir = sweep_dir / "runs" / _method(algorithm, tau) / f"seed{seed}"
     (workdir / "eval").mkdir(parents=True)
     config = default.get_config()
     config.rl.update(algorithm=algorithm, snr_tau=0.8 if tau is None else tau)
     config.train.seed = seed
+    config.sft.seed = sft_seed
     run_dir.write_config(workdir, RunConfig.from_config_dict(config))
     curves = [_reward_curve(_offset(algorithm), seed, k) for k in range(len(REWARDS))]
     with (workdir / "metrics.jsonl").open("w") as file:
@@ -417,3 +418,53 @@ def test_the_report_command_of_an_own_task_sweep(own_sweep, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "AUC brevity" in proc.stdout and "## Which tau" in proc.stdout
     assert (own_sweep / "report" / "learning_curves.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# Several sweeps: blocks of warm starts.
+# ----------------------------------------------------------------------------------------------
+# (sft.seed, train.seed) -> test correct_acc of (gdpo, gd2po_hard); the warm start moves both.
+BLOCKS = {(k, j): (0.40 + 0.05 * k + 0.01 * j, 0.42 + 0.05 * k + 0.01 * j + 0.007 * ((j + 2 * k) % 3))
+          for k in (0, 1) for j in (0, 1, 2)}
+
+
+def write_warm_start_sweeps(root: pathlib.Path) -> list[pathlib.Path]:
+    """Two sweeps (sft.seed 0 and 1) of gdpo and gd2po_hard over seeds 0..2 with `BLOCKS`' numbers."""
+    dirs = []
+    for k in (0, 1):
+        sweep = root / f"ws{k}"
+        for j in (0, 1, 2):
+            control, treatment = BLOCKS[(k, j)]
+            write_run(sweep, "gdpo", None, j, control, sft_seed=k)
+            write_run(sweep, "gd2po_hard", None, j, treatment, sft_seed=k)
+        dirs.append(sweep)
+    return dirs
+
+
+def test_several_sweeps_pair_methods_by_block(tmp_path):
+    dirs = write_warm_start_sweeps(tmp_path)
+    out = tmp_path / "report"
+    written = report.write_report(",".join(map(str, dirs)), out)
+    rows = read_csv(written["csv"])
+    control = [BLOCKS[b][0] for b in sorted(BLOCKS)]
+    treatment = [BLOCKS[b][1] for b in sorted(BLOCKS)]
+    row = rows[("gd2po_hard", "test/correct_acc")]
+    assert int(row["n"]) == 6 and int(row["n_pairs_vs_gdpo"]) == 6
+    assert float(row["mean"]) == pytest.approx(np.mean(treatment))
+    assert float(row["p_value_vs_gdpo"]) == pytest.approx(stats.ttest_rel(treatment, control).pvalue)
+    markdown = written["markdown"].read_text()
+    assert "Runs of 2 warm starts (sft.seed 0, 1)" in markdown and "| gdpo | 6 |" in markdown
+    assert "Sweep report: ws0, ws1" in markdown
+    # Seed j of one warm start is another block than seed j of the other: pairing by train.seed alone
+    # (3 pairs) would give another p-value.
+    assert float(row["p_value_vs_gdpo"]) != pytest.approx(stats.ttest_rel(treatment[:3], control[:3]).pvalue)
+
+
+def test_several_sweeps_need_an_out_dir_and_distinct_blocks(tmp_path):
+    dirs = write_warm_start_sweeps(tmp_path)
+    with pytest.raises(report.ReportError, match=r"--out_dir: required"):
+        report.write_report([dirs[0], dirs[1]])
+    with pytest.raises(report.ReportError, match=r"ws0/runs/gd2po_hard/seed0: a second gd2po_hard run of sft\.seed 0"):
+        report.write_report([dirs[0], dirs[0]], tmp_path / "out")
+    with pytest.raises(report.ReportError, match=r"--sweep_dir: give a sweep directory"):
+        report.write_report(" , ", tmp_path / "out")
