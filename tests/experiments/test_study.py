@@ -294,3 +294,13 @@ def test_the_report_command_exports_and_tests_a_study(tmp_path):
     proc = report_py(f"--summaries={summaries}")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         "report.py: --summaries: give --out_dir (where the report goes)")
+
+
+def test_the_study_file_example_of_the_docs_loads(tmp_path):
+    text = (REPO / "docs" / "sweeps.md").read_text().split("## Studies:")[1]
+    example = text.split("```json\n")[1].split("```")[0]
+    (tmp_path / "study.json").write_text(example)
+    loaded = study.load_study(tmp_path / "study.json")
+    assert [h.name for h in loaded.hypotheses] == ["H1 two rewards", "H2 three rewards"]
+    assert loaded.hypotheses[1].summaries == tmp_path / "three_rewards" / "summaries"
+    assert loaded.hypotheses[1].min_effect_pp == 1.0 and loaded.hypotheses[1].primary
