@@ -79,13 +79,15 @@ SETTING_FIELDS = (
 them (paths, which may be absolute, are left out)."""
 SUMMARY_KEYS = frozenset(
     {"summary_version", "run", "method", "algorithm", "snr_tau", "sft_seed", "train_seed"}
-    | {"reward_names", "test_columns", "test", "curves", "logged_steps", "setting"}
+    | {"reward_names", "test_columns", "test", "curves", "logged_steps", "setting", "rl"}
 )
 SOURCE_KEY = "run"  # where the summary came from (not compared when a summary is written again)
 DEFAULT_MIN_EFFECT_PP = 1.0
 HYPOTHESIS_KEYS = {
     "name": str,
     "summaries": str,
+    "treatment_summaries": str,
+    "control_summaries": str,
     "treatment": str,
     "control": str,
     "metric": str,
@@ -115,11 +117,12 @@ def curve_keys(run: Run) -> list[str]:
     return keys + sweep_report.conflict_keys([run])
 
 
-def run_summary(run: Run, setting: dict[str, Any], source: str) -> dict[str, Any]:
+def run_summary(run: Run, setting: dict[str, Any], source: str, rl: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary of a finished run (`find_runs`) as JSON values: method, algorithm, snr_tau,
     sft_seed, train_seed, reward_names, test_columns, ``test`` (eval/test.json's numbers),
     ``curves`` (key -> mean over logged steps, `curve_keys`; the training AUC), logged_steps,
-    ``setting`` (`setting_values`) and ``run`` (``source``: where it came from, no absolute path).
+    ``setting`` (`setting_values`), ``rl`` (the run's config.rl: which variant of the method, e.g.
+    query_reweighting) and ``run`` (``source``: where it came from, no absolute path).
     NaN is written as null."""
     test = {k: float(v) for k, v in run.test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {
@@ -136,6 +139,7 @@ def run_summary(run: Run, setting: dict[str, Any], source: str) -> dict[str, Any
         "curves": {key: _finite_or_none(sweep_report.curve_area(run.metrics, key)) for key in curve_keys(run)},
         "logged_steps": len(run.metrics),
         "setting": setting,
+        "rl": dict(rl or {}),
     }
 
 
@@ -186,10 +190,10 @@ def export_summaries(dirs: Sequence[pathlib.Path], out_dir: pathlib.Path) -> dic
     unchanged = []
     for run in runs:
         try:
-            setting = setting_values(config_values(run_dir.load_run_config(run.workdir)))
+            values = config_values(run_dir.load_run_config(run.workdir))
         except (ConfigError, RunDirError) as err:
             raise ReportError(str(err)) from None
-        summary = run_summary(run, setting, sources[id(run)][1])
+        summary = run_summary(run, setting_values(values), sources[id(run)][1], values.get("rl"))
         path = summary_path(out_dir, run.method, run.sft_seed, run.seed)
         if path.is_file():
             before = _read_json(path)
@@ -240,7 +244,8 @@ def read_summary(path: pathlib.Path) -> Run:
         raise ReportError(
             f"{path}: summary_version {summary['summary_version']!r}, this report reads {SUMMARY_VERSION}"
         )
-    for key, kind in (("sft_seed", int), ("train_seed", int), ("test", dict), ("curves", dict), ("setting", dict)):
+    checks = (("sft_seed", int), ("train_seed", int), ("test", dict), ("curves", dict), ("setting", dict), ("rl", dict))
+    for key, kind in checks:
         if not isinstance(summary[key], kind) or isinstance(summary[key], bool):
             raise ReportError(f"{path}: {key}: expected {kind.__name__}, got {summary[key]!r}")
     method = str(summary["method"])
@@ -329,7 +334,9 @@ def study_values(run: Run) -> dict[str, float]:
 @dataclasses.dataclass(frozen=True)
 class Hypothesis:
     """One hypothesis of a study file: ``treatment`` against ``control`` on ``metric``, the paper's
-    ``direction`` (+1: treatment higher), the minimal effect in percentage points."""
+    ``direction`` (+1: treatment higher), the minimal effect in percentage points. The runs of both
+    are in ``summaries``, unless ``treatment_summaries`` / ``control_summaries`` name another directory
+    for one of them (an arm of its own, e.g. GD2PO-Hard without reweighting against the primary GDPO)."""
 
     name: str
     summaries: pathlib.Path
@@ -339,7 +346,13 @@ class Hypothesis:
     direction: int
     min_effect_pp: float = DEFAULT_MIN_EFFECT_PP
     primary: bool = True
-    summaries_given: str = ""  # ``summaries`` as the study file writes it
+    given: dict[str, str] = dataclasses.field(default_factory=dict)  # the directories as the file writes them
+    treatment_summaries: pathlib.Path | None = None
+    control_summaries: pathlib.Path | None = None
+
+    def directory(self, role: str) -> pathlib.Path:
+        """The summaries directory of the ``treatment`` or the ``control``."""
+        return getattr(self, f"{role}_summaries") or self.summaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,7 +400,7 @@ def load_study(file: str | pathlib.Path) -> Study:
         fields: dict[str, Any] = {}
         for key, kind in HYPOTHESIS_KEYS.items():
             if key not in item:
-                if key in ("min_effect_pp", "primary"):
+                if key in ("min_effect_pp", "primary", "treatment_summaries", "control_summaries"):
                     continue
                 raise ReportError(f"{where}.{key}: missing")
             value = item[key]
@@ -405,8 +418,11 @@ def load_study(file: str | pathlib.Path) -> Study:
             raise ReportError(f"{where}.min_effect_pp: expected a positive number of percentage points")
         if fields["treatment"] == fields["control"]:
             raise ReportError(f"{where}: treatment and control are both {fields['treatment']!r}")
-        fields["summaries_given"] = fields["summaries"]
-        fields["summaries"] = file.parent / fields["summaries"]
+        fields["given"] = {}
+        for key in ("summaries", "treatment_summaries", "control_summaries"):
+            if key in fields:
+                fields["given"][key] = fields[key]
+                fields[key] = file.parent / fields[key]
         if "min_effect_pp" in fields:
             fields["min_effect_pp"] = float(fields["min_effect_pp"])
         hypotheses.append(Hypothesis(**fields))
@@ -511,37 +527,48 @@ def _pp_pair(test: BlockTest) -> list[float | None]:
     return [_pp(test.low), _pp(test.high)]
 
 
-def evaluate_hypothesis(hypothesis: Hypothesis, runs: Sequence[Run]) -> dict[str, Any]:
-    """The numbers of one hypothesis over ``runs`` (its summaries), p_holm and verdict not yet set.
+def evaluate_hypothesis(
+    hypothesis: Hypothesis, treatment_runs: Sequence[Run], control_runs: Sequence[Run]
+) -> dict[str, Any]:
+    """The numbers of one hypothesis, from the runs of its treatment's and its control's summaries
+    directories (the same one unless the study file names two), p_holm and verdict not yet set.
 
     Raises:
       ReportError: the treatment or control has no run, or the metric is in none of their runs.
     """
-    by_method = {m: [r for r in runs if r.method == m] for m in (hypothesis.treatment, hypothesis.control)}
-    for role, method in (("treatment", hypothesis.treatment), ("control", hypothesis.control)):
-        if not by_method[method]:
+    by_role = {}
+    for role, method, runs in (
+        ("treatment", hypothesis.treatment, treatment_runs),
+        ("control", hypothesis.control, control_runs),
+    ):
+        by_role[role] = [r for r in runs if r.method == method]
+        if not by_role[role]:
             have = ", ".join(method_order([r.method for r in runs]))
             raise ReportError(
-                f"{hypothesis.summaries}: no run of {role} {method!r} (hypothesis {hypothesis.name!r}; has: {have})"
+                f"{hypothesis.directory(role)}: no run of {role} {method!r} (hypothesis {hypothesis.name!r}; "
+                f"has: {have})"
             )
-    present = {k for r in runs if r.method in by_method for k in study_values(r)}
+    chosen = by_role["treatment"] + by_role["control"]
+    present = {k for r in chosen for k in study_values(r)}
     if hypothesis.metric not in present:
         raise ReportError(
             f"{hypothesis.summaries}: hypothesis {hypothesis.name!r}: metric {hypothesis.metric!r} is not in the runs "
             f"(has: {', '.join(sorted(present))})"
         )
-    blocks, a, b = paired_by_block(by_method[hypothesis.treatment], by_method[hypothesis.control], hypothesis.metric)
+    blocks, a, b = paired_by_block(by_role["treatment"], by_role["control"], hypothesis.metric)
     test = one_sample_t(a - b)
     if len(blocks) >= 2 and test.sd > 0:  # the same test as scipy's paired one
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             test = dataclasses.replace(test, p=float(stats.ttest_rel(a, b).pvalue))
     per, ws = warm_start_test(blocks, list(a - b))
-    unpaired = sorted(r.label for r in runs if r.method in by_method and r.block not in set(blocks))
+    unpaired = sorted(r.label for r in chosen if r.block not in set(blocks))
     return {
         "name": hypothesis.name,
         "primary": hypothesis.primary,
-        "summaries": hypothesis.summaries_given or hypothesis.summaries.name,
+        "summaries": hypothesis.given.get("summaries", str(hypothesis.summaries)),
+        "treatment_summaries": hypothesis.given.get("treatment_summaries"),
+        "control_summaries": hypothesis.given.get("control_summaries"),
         "treatment": hypothesis.treatment,
         "control": hypothesis.control,
         "metric": hypothesis.metric,
@@ -618,6 +645,13 @@ def secondary_rows(runs: Sequence[Run]) -> tuple[list[tuple[str, str]], list[tup
     return columns, rows
 
 
+def _relative(path: pathlib.Path, base: pathlib.Path) -> str:
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def study_markdown(study: Study, results: Sequence[dict[str, Any]], runs_by_dir: dict[pathlib.Path, list[Run]]) -> str:
     """summary.md: the hypotheses' table and verdict lines, per warm start, then the secondary metrics."""
     lines = [
@@ -677,7 +711,7 @@ def study_markdown(study: Study, results: Sequence[dict[str, Any]], runs_by_dir:
         columns, rows = secondary_rows(runs)
         lines += [
             "",
-            f"## Secondary metrics: {directory.name}",
+            f"## Secondary metrics: {_relative(directory, study.file.parent)}",
             "",
             f"Mean ± {CONFIDENCE:.0%} CI over blocks; AUC: the mean over RL steps of the training reward, conflict "
             "ratio and kept fraction likewise.",
@@ -712,10 +746,25 @@ def write_study(file: str | pathlib.Path, out_dir: str | pathlib.Path | None = N
     """
     study = load_study(file)
     runs_by_dir: dict[pathlib.Path, list[Run]] = {}
-    for hypothesis in study.hypotheses:
-        if hypothesis.summaries not in runs_by_dir:
-            runs_by_dir[hypothesis.summaries] = load_summaries([hypothesis.summaries])[0]
-    results = [evaluate_hypothesis(h, runs_by_dir[h.summaries]) for h in study.hypotheses]
+    setting_of: dict[pathlib.Path, dict[str, Any]] = {}
+    results = []
+    for h in study.hypotheses:
+        for role in ("treatment", "control"):
+            directory = h.directory(role)
+            if directory not in runs_by_dir:
+                runs, settings = load_summaries([directory])
+                runs_by_dir[directory], setting_of[directory] = runs, settings[0]
+        treatment, control = h.directory("treatment"), h.directory("control")
+        differ = sorted(
+            k
+            for k in set(setting_of[treatment]) | set(setting_of[control])
+            if setting_of[treatment].get(k) != setting_of[control].get(k)
+        )
+        if differ:
+            raise ReportError(
+                f"{treatment}: hypothesis {h.name!r}: another setting than {control} ({', '.join(differ)} differ)"
+            )
+        results.append(evaluate_hypothesis(h, runs_by_dir[treatment], runs_by_dir[control]))
     decide(results, study.alpha)
     out = pathlib.Path(out_dir) if out_dir else study.file.parent
     out.mkdir(parents=True, exist_ok=True)

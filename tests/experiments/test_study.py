@@ -43,6 +43,7 @@ def test_export_writes_one_small_stable_summary_per_finished_run(tmp_path):
     assert summary["curves"]["advantages/conflict_ratio"] == pytest.approx(np.mean([0.5 - 0.1 * i for i in range(STEPS)]))
     assert summary["curves"]["advantages/kept_fraction"] == pytest.approx(0.65)
     assert summary["logged_steps"] == STEPS
+    assert summary["rl"]["algorithm"] == "gd2po_hard" and summary["rl"]["query_reweighting"] is True
     assert summary["setting"]["rewards.names"] == ["correctness", "format", "length"]
     assert summary["setting"]["rewards.conditional_length"] is True
     assert summary["setting"]["data.synthetic"]["num_test"] == 256 and summary["setting"]["train.num_steps"] == 40
@@ -62,6 +63,14 @@ def test_export_refuses_a_different_run_at_a_summary_and_writes_nothing(tmp_path
         study.export_summaries(dirs, out)
     assert {p: p.read_text() for p in out.rglob("*.json")} == before
     assert not (out / "gdpo" / "sft1-seed0.json").exists()  # nothing of the second sweep either
+    # A variant of the method (GD2PO-Hard without reweighting) is another run too.
+    test.write_text(json.dumps({**json.loads(test.read_text()), "correct_acc": BLOCKS[(0, 1)][0]}))
+    config = dirs[0] / "runs" / "gd2po_hard" / "seed0" / "config.json"
+    values = json.loads(config.read_text())
+    values["rl"]["query_reweighting"] = False
+    config.write_text(json.dumps(values))
+    with pytest.raises(report.ReportError, match=r"gd2po_hard/sft0-seed0\.json: holds another run .* differ in rl;"):
+        study.export_summaries(dirs, out)
 
 
 def test_the_report_of_the_summaries_equals_the_report_of_the_sweeps(tmp_path):
@@ -92,6 +101,7 @@ def write_summary(directory: pathlib.Path, method: str, sft_seed: int, seed: int
                    "advantages/kept_fraction": 0.8 + 0.01 * sft_seed},
         "logged_steps": 40,
         "setting": {"rewards.names": ["correctness", "length"], "rewards.conditional_length": False, **setting},
+        "rl": {"algorithm": algorithm, "snr_tau": 0.8 if tau is None else tau, "query_reweighting": True},
     }
     path = study.summary_path(directory, method, sft_seed, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -304,3 +314,26 @@ def test_the_study_file_example_of_the_docs_loads(tmp_path):
     assert [h.name for h in loaded.hypotheses] == ["H1 two rewards", "H2 three rewards"]
     assert loaded.hypotheses[1].summaries == tmp_path / "three_rewards" / "summaries"
     assert loaded.hypotheses[1].min_effect_pp == 1.0 and loaded.hypotheses[1].primary
+
+
+def test_a_hypothesis_may_take_its_treatment_from_another_arm(tmp_path):
+    write_study_summaries(tmp_path)
+    for k in range(3):  # a secondary arm: 3 warm starts x 4 seeds, GD2PO-Hard without reweighting
+        for j in range(4):
+            write_summary(tmp_path / "noreweight", "gd2po_hard", k, j, 0.40 + 0.02 * k + 0.01 * j + 0.001 * j * j)
+    file = tmp_path / "study.json"
+    hypothesis = {"name": "no reweighting", "summaries": "two", "treatment_summaries": "noreweight",
+                  "treatment": "gd2po_hard", "control": "gdpo", "metric": "test/correct_acc", "direction": 1}
+    file.write_text(json.dumps({"hypotheses": [hypothesis]}))
+    [result] = study.write_study(file, tmp_path / "out")["results"]
+    d = [0.001 * j * j for k in range(3) for j in range(4)]
+    assert result["n_blocks"] == 12 and result["diff_pp"] == pytest.approx(100 * np.mean(d))
+    assert result["treatment_summaries"] == "noreweight" and result["control_summaries"] is None
+    assert result["p"] == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+    assert len(result["unpaired_runs"]) == 8  # gdpo of sft 3 (5) and seed 4 of sft 0..2 (3)
+    assert "## Secondary metrics: noreweight" in (tmp_path / "out" / "summary.md").read_text()
+    write_summary(tmp_path / "other", "gd2po_hard", 0, 0, 0.5, **{"train.num_steps": 80})
+    file.write_text(json.dumps({"hypotheses": [{**hypothesis, "treatment_summaries": "other"}]}))
+    with pytest.raises(report.ReportError, match=r"other: hypothesis 'no reweighting': another setting than .*two "
+                                                 r"\(train\.num_steps differ\)"):
+        study.write_study(file)
