@@ -211,7 +211,7 @@ def export_summaries(dirs: Sequence[pathlib.Path], out_dir: pathlib.Path) -> dic
         planned.append((path, summary_text(summary)))
     for path, text in planned:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        run_dir.write_text(path, text)  # atomic: a kill leaves no half summary to commit
     return {"written": [p for p, _ in planned], "unchanged": unchanged, "unfinished": unfinished}
 
 
@@ -495,6 +495,25 @@ def warm_start_test(
     return per, one_sample_t([float(np.mean(v)) for _, v in sorted(per.items())])
 
 
+def variance_components(per: dict[int, list[float]]) -> tuple[float, float]:
+    """(between-warm-start SD, within-warm-start SD) of the differences grouped by warm start (``per``:
+    sft.seed -> differences): the one-way ANOVA (method of moments) estimates of a random-intercept
+    model, ``s_w^2 = MSW`` and ``s_b^2 = max(0, (MSB - MSW) / n0)`` with
+    ``n0 = (N - sum n_i^2 / N) / (k - 1)``; NaN where there are too few groups or values."""
+    groups = [np.asarray(v, dtype=np.float64) for _, v in sorted(per.items())]
+    k, total = len(groups), sum(len(g) for g in groups)
+    if k == 0 or total - k < 1:
+        within = math.nan
+    else:
+        within = float(sum(((g - g.mean()) ** 2).sum() for g in groups) / (total - k))
+    if k < 2 or not math.isfinite(within):
+        return math.nan, math.sqrt(within) if math.isfinite(within) else math.nan
+    grand = float(np.concatenate(groups).mean())
+    between = sum(len(g) * (g.mean() - grand) ** 2 for g in groups) / (k - 1)
+    n0 = (total - sum(len(g) ** 2 for g in groups) / total) / (k - 1)
+    return math.sqrt(max(0.0, (between - within) / n0)), math.sqrt(within)
+
+
 def verdict(
     low_pp: float, high_pp: float, p_holm: float | None, direction: int, min_effect_pp: float, alpha: float
 ) -> str:
@@ -562,6 +581,7 @@ def evaluate_hypothesis(
             warnings.simplefilter("ignore", RuntimeWarning)
             test = dataclasses.replace(test, p=float(stats.ttest_rel(a, b).pvalue))
     per, ws = warm_start_test(blocks, list(a - b))
+    sd_between, sd_within = variance_components(per)
     unpaired = sorted(r.label for r in chosen if r.block not in set(blocks))
     return {
         "name": hypothesis.name,
@@ -592,6 +612,8 @@ def evaluate_hypothesis(
             "diff_pp": _pp(ws.mean),
             "ci95_pp": _pp_pair(ws),
             "p": ws.p,
+            "sd_between_pp": _pp(sd_between),
+            "sd_within_pp": _pp(sd_within),
         },
     }
 
@@ -691,17 +713,20 @@ def study_markdown(study: Study, results: Sequence[dict[str, Any]], runs_by_dir:
     lines += [
         "## Per warm start",
         "",
-        "Mean difference (pp) per sft.seed; the random-effect test: t over the per-warm-start means (k-1 df).",
+        "Mean difference (pp) per sft.seed; the random-effect test: t over the per-warm-start means (k-1 df); "
+        "SD of the differences between and within warm starts (one-way ANOVA estimates, pp).",
         "",
-        "| hypothesis | per sft.seed: diff pp (blocks) | warm starts | diff (pp) | 95% CI (pp) | p | p (Holm) |",
-        "|" + "---|" * 7,
+        "| hypothesis | per sft.seed: diff pp (blocks) | warm starts | diff (pp) | 95% CI (pp) | p | p (Holm) "
+        "| SD between / within (pp) |",
+        "|" + "---|" * 8,
     ]
     for r in results:
         ws = r["warm_start_random_effect"]
         per = ", ".join(f"{w['sft_seed']}: {_fmt(w['diff_pp'])} ({w['n_blocks']})" for w in r["per_warm_start"]) or "-"
         lines.append(
             f"| {r['name']} | {per} | {ws['k']} | {_fmt(ws['diff_pp'])} | [{_fmt(ws['ci95_pp'][0])}, "
-            f"{_fmt(ws['ci95_pp'][1])}] | {_fmt(ws['p'], '.3g')} | {_fmt(ws['p_holm'], '.3g')} |"
+            f"{_fmt(ws['ci95_pp'][1])}] | {_fmt(ws['p'], '.3g')} | {_fmt(ws['p_holm'], '.3g')} | "
+            f"{_fmt(ws['sd_between_pp'], '.2f')} / {_fmt(ws['sd_within_pp'], '.2f')} |"
         )
     unpaired = [r for r in results if r["unpaired_runs"]]
     if unpaired:
@@ -770,7 +795,7 @@ def write_study(file: str | pathlib.Path, out_dir: str | pathlib.Path | None = N
     out.mkdir(parents=True, exist_ok=True)
     record = {"title": study.title, "alpha": study.alpha, "confidence": CONFIDENCE, "hypotheses": results}
     json_path = out / "summary.json"
-    json_path.write_text(json.dumps(_json_safe(record), indent=1, sort_keys=True, allow_nan=False) + "\n")
+    run_dir.write_text(json_path, json.dumps(_json_safe(record), indent=1, sort_keys=True, allow_nan=False) + "\n")
     markdown = out / "summary.md"
-    markdown.write_text(study_markdown(study, results, runs_by_dir))
+    run_dir.write_text(markdown, study_markdown(study, results, runs_by_dir))
     return {"json": json_path, "markdown": markdown, "results": results}

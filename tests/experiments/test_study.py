@@ -158,6 +158,21 @@ def test_one_sample_t_matches_scipy():
     assert study.one_sample_t([0.01]).p is None
 
 
+def test_variance_components_of_the_warm_starts():
+    # No spread within: the between SD is the SD of the warm starts' means.
+    assert study.variance_components({0: [1.0] * 3, 1: [3.0] * 3}) == pytest.approx((math.sqrt(2), 0.0))
+    # Equal means: no spread between (truncated at 0), the within SD pooled.
+    assert study.variance_components({0: [1.0, 3.0], 1: [3.0, 1.0]}) == pytest.approx((0.0, math.sqrt(2)))
+    # Balanced: s_b^2 + s_w^2 / n is the variance of the warm starts' means (when s_b^2 is not truncated).
+    rng = np.random.default_rng(0)
+    per = {k: list(rng.normal(0.5 * k, 0.3, size=5)) for k in range(4)}
+    between, within = study.variance_components(per)
+    assert between > 0
+    assert between**2 + within**2 / 5 == pytest.approx(np.var([np.mean(v) for v in per.values()], ddof=1))
+    assert within**2 == pytest.approx(np.mean([np.var(v, ddof=1) for v in per.values()]))
+    assert math.isnan(study.variance_components({0: [1.0, 2.0]})[0])
+
+
 def _noise(k: int, j: int) -> float:
     return 0.004 * ((3 * j + k) % 5 - 2) + 0.0015 * (k - 1.5)  # the warm starts' means differ
 
@@ -224,6 +239,8 @@ def test_a_study_tests_each_hypothesis_by_block_with_holm_and_the_rule(tmp_path)
         assert ws["k"] == 4 and ws["p"] == pytest.approx(stats.ttest_1samp(means, 0).pvalue)
         ws_low, ws_high = stats.t.interval(0.95, df=3, loc=np.mean(means), scale=stats.sem(means))
         assert ws["ci95_pp"] == pytest.approx([100 * ws_low, 100 * ws_high])
+        per = {k: [by_block[b] for b in blocks if b[0] == k] for k in range(4)}
+        assert [ws["sd_between_pp"], ws["sd_within_pp"]] == pytest.approx([100 * v for v in study.variance_components(per)])
     # Holm over the three primary hypotheses, by hand.
     order = sorted(p_raw, key=p_raw.get)
     expected, running = {}, 0.0
