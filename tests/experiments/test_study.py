@@ -192,7 +192,7 @@ def write_study_summaries(root: pathlib.Path) -> dict[str, dict[tuple[int, int],
             write_summary(root / "three", "gdpo", k, j, control)
             write_summary(root / "three", "gd2po_snr-tau0.5", k, j, snr)
             diffs["snr"][(k, j)] = snr - control
-            grpo = control - 0.03 + _noise(j, k)
+            grpo = control - 0.03 + _noise(k, (j + 1) % 5)
             write_summary(root / "three", "grpo", k, j, grpo)
             diffs["grpo"][(k, j)] = grpo - control
     return diffs
