@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from gd2po_jax.experiments import sweeps
+from gd2po_jax.experiments import study, sweeps
 from gd2po_jax.experiments.sweeps import (
     FAILED,
     FINISHED,
@@ -472,3 +472,17 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     assert record["warm_start"]["path"] == str(warm_starts[0])
     assert (sweep_dir / "report" / "summary.md").is_file() and (sweep_dir / "report" / "learning_curves.png").is_file()
     assert "| gd2po_hard | 2 |" in (sweep_dir / "report" / "summary.md").read_text()
+    # The runs' summaries (report.py --export_summaries, gd2po_jax/experiments/study.py) from real run dirs.
+    out = tmp_path / "summaries"
+    assert len(study.export_summaries([sweep_dir], out)["written"]) == 4
+    summary_file = out / "gd2po_hard" / "sft0-seed1.json"
+    text = summary_file.read_text()
+    assert len(text) < 6000 and str(tmp_path) not in text
+    summary = json.loads(text)
+    test = json.loads((runs[3] / "eval" / "test.json").read_text())
+    assert summary["test"]["correct_acc"] == test["correct_acc"] and summary["logged_steps"] == 2
+    assert summary["setting"]["train.learning_rate"] == 0.002 and summary["rl"]["algorithm"] == "gd2po_hard"
+    assert summary["curves"]["advantages/kept_fraction"] == pytest.approx(
+        sum(r["advantages/kept_fraction"] for r in read_metrics(runs[3])) / 2)
+    loaded, _ = study.load_summaries([out])
+    assert sorted(run.label for run in loaded) == [f"{m}/seed{j}" for m in ("gd2po_hard", "gdpo") for j in (0, 1)]
