@@ -175,11 +175,10 @@ def export_summaries(dirs: Sequence[pathlib.Path], out_dir: pathlib.Path) -> dic
     """
     runs: list[Run] = []
     unfinished: list[pathlib.Path] = []
-    sources: dict[int, tuple[pathlib.Path, str]] = {}
+    sources: list[str] = []  # per run: <sweep dir name>/runs/<method>/seed<j>
     for directory in dirs:
         found, left = find_runs(directory)
-        for run in found:
-            sources[id(run)] = (directory, f"{directory.name}/{run.workdir.relative_to(directory).as_posix()}")
+        sources += [f"{directory.name}/{run.workdir.relative_to(directory).as_posix()}" for run in found]
         runs += found
         unfinished += left
     if not runs:
@@ -188,12 +187,12 @@ def export_summaries(dirs: Sequence[pathlib.Path], out_dir: pathlib.Path) -> dic
     check_unique(runs)
     planned: list[tuple[pathlib.Path, str]] = []
     unchanged = []
-    for run in runs:
+    for run, source in zip(runs, sources):
         try:
             values = config_values(run_dir.load_run_config(run.workdir))
         except (ConfigError, RunDirError) as err:
             raise ReportError(str(err)) from None
-        summary = run_summary(run, setting_values(values), sources[id(run)][1], values.get("rl"))
+        summary = run_summary(run, setting_values(values), source, values.get("rl"))
         path = summary_path(out_dir, run.method, run.sft_seed, run.seed)
         if path.is_file():
             before = _read_json(path)
