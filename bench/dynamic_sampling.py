@@ -13,8 +13,14 @@ base_model/ and warm_start/ into each new workdir (one warm start for all seeds:
 The summary per run: the training reward per step against the cumulative generated tokens (every
 round's: ``dynamic_sampling/generated_tokens``, else ``generated_tokens``), the mean over the run of the
 kept fraction, the gradient norm and the seconds per step (steps 2.., the first compiles), and the
-validation before and after RL (results.json). Prints one JSON line per run, then a JSON object of
-means per (algorithm, mode) over seeds.
+validation before and after RL (results.json). Prints one JSON line per run, then a JSON object per
+``algorithm/mode`` of means and SDs over seeds (`compare`), with each reward's sampled mean at the token
+budget of the same seed's run without refill.
+
+    python -m bench.dynamic_sampling --from_runs=runs/study_v2/two_rewards/ws0,runs/ds_refill
+
+summarizes finished train.py workdirs made elsewhere (a sweep's runs), labelled by their config.json
+(``rl.algorithm``, ``rl.dynamic_sampling``, ``train.seed``), with their ``eval/test.json``.
 """
 
 from __future__ import annotations
@@ -65,9 +71,73 @@ def summarize(workdir: pathlib.Path, reward_names: list[str] | None = None) -> d
     }
 
 
+def reward_at_tokens(summary: dict, tokens: float) -> dict[str, float]:
+    """Each reward's sampled mean at ``tokens`` cumulative generated tokens, interpolated linearly
+    along the run's steps (the fair x-axis: a refill run spends more tokens per step); a budget past
+    the run's last step takes its last value."""
+    spent = np.asarray(summary["generated_tokens_cumulative"], dtype=float)
+    return {n: float(np.interp(tokens, spent, v)) for n, v in summary["sampled_reward"].items()}
+
+
+def compare(summaries: list[dict]) -> dict[str, dict]:
+    """Per ``algorithm/mode``, means (and SDs) over the seeds of the run summaries (each with
+    ``algorithm``, ``mode``, ``seed``): tokens, rounds, kept fraction, gradient norm, seconds per step,
+    the final sampled reward, and the sampled reward at the token budget of the same seed's run
+    without refill (``mode`` off of the same algorithm, where there is one)."""
+    by_arm: dict[str, list[dict]] = {}
+    for summary in summaries:
+        by_arm.setdefault(f"{summary['algorithm']}/{summary['mode']}", []).append(summary)
+    off = {(s["algorithm"], s["seed"]): s for s in summaries if s["mode"] == "off"}
+    table = {}
+    for arm, runs in sorted(by_arm.items()):
+        names = list(runs[0]["sampled_reward"])
+
+        def stats(values):
+            values = np.asarray(values, dtype=float)
+            return {"mean": float(values.mean()), "sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+
+        budgets = [(r, off[(r["algorithm"], r["seed"])]) for r in runs if (r["algorithm"], r["seed"]) in off]
+        table[arm] = {
+            "seeds": sorted(r["seed"] for r in runs),
+            "generated_tokens": stats([r["generated_tokens_cumulative"][-1] for r in runs]),
+            "rounds": stats([r["rounds_mean"] for r in runs]),
+            "kept_fraction": stats([r["kept_fraction_mean"] for r in runs]),
+            "grad_norm": stats([r["grad_norm_mean"] for r in runs]),
+            "seconds_per_step": stats([r["seconds_per_step"] for r in runs]),
+            "final_sampled_reward": {n: stats([r["sampled_reward"][n][-1] for r in runs]) for n in names},
+            "sampled_reward_at_off_tokens": {
+                n: stats([reward_at_tokens(r, o["generated_tokens_cumulative"][-1])[n] for r, o in budgets])
+                for n in names
+            } if budgets else None,
+            "after_rl": {k: stats([r["after_rl"][k] for r in runs]) for k in (runs[0].get("after_rl") or {})
+                         if isinstance(runs[0]["after_rl"][k], (int, float)) and all(r.get("after_rl") for r in runs)},
+            "test": {k: stats([r["test"][k] for r in runs]) for k in (runs[0].get("test") or {})
+                     if isinstance(runs[0]["test"][k], (int, float)) and all(r.get("test") for r in runs)},
+        }  # fmt: skip
+    return table
+
+
+def run_dirs(roots: list[pathlib.Path]) -> list[pathlib.Path]:
+    """Every finished train.py workdir (config.json, metrics.jsonl and results.json) under ``roots``."""
+    found = {p.parent for root in roots for p in root.rglob("results.json")}
+    return sorted(d for d in found if (d / "config.json").is_file() and (d / "metrics.jsonl").is_file())
+
+
+def summarize_existing(workdir: pathlib.Path) -> dict:
+    """`summarize` of a workdir made elsewhere (a sweep's run), labelled from its config.json, with its
+    test evaluation (eval/test.json) when it has one."""
+    config = json.loads((workdir / "config.json").read_text())
+    test_file = workdir / "eval" / "test.json"
+    test = json.loads(test_file.read_text()) if test_file.is_file() else None
+    return summarize(workdir) | {
+        "algorithm": config["rl"]["algorithm"], "mode": config["rl"].get("dynamic_sampling", "off"),
+        "seed": config["train"]["seed"], "run": str(workdir), "test": test,
+    }  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--workdir", default="")
     parser.add_argument("--config", default="configs/tiny.py")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--algorithms", default="gd2po_hard,gd2po_snr")
@@ -75,7 +145,19 @@ def main(argv=None) -> int:
     parser.add_argument("--warm_start_from", default="")
     parser.add_argument("--set", action="append", default=[], help="extra --config.X=V overrides (repeatable)")
     parser.add_argument("--summarize_only", action="store_true")
+    parser.add_argument(
+        "--from_runs", default="", help="comma-separated directories: summarize the finished train.py workdirs "
+        "under them (e.g. sweeps' runs, labelled by their config.json) instead of running; --workdir is unused"
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.from_runs:
+        summaries = [summarize_existing(d) for d in run_dirs([pathlib.Path(r) for r in args.from_runs.split(",")])]
+        for summary in summaries:
+            print(json.dumps(summary), flush=True)
+        print(json.dumps(compare(summaries)), flush=True)
+        return 0
+    if not args.workdir:
+        parser.error("--workdir is required (or --from_runs)")
     root = pathlib.Path(args.workdir)
     root.mkdir(parents=True, exist_ok=True)
     if args.config == "tiny_safety":  # the test suite's shrunk embedded safety task, 6 RL steps
@@ -105,24 +187,7 @@ def main(argv=None) -> int:
                     summary = summarize(workdir) | {"algorithm": algorithm, "mode": mode, "seed": seed}
                     summaries.append(summary)
                     print(json.dumps(summary), flush=True)
-    table = {}
-    for summary in summaries:
-        key = f"{summary['algorithm']}/{summary['mode']}"
-        table.setdefault(key, []).append(summary)
-    print(json.dumps({
-        key: {
-            "seeds": len(runs),
-            "generated_tokens": float(np.mean([r["generated_tokens_cumulative"][-1] for r in runs])),
-            "kept_fraction": float(np.mean([r["kept_fraction_mean"] for r in runs])),
-            "grad_norm": float(np.mean([r["grad_norm_mean"] for r in runs])),
-            "seconds_per_step": float(np.mean([r["seconds_per_step"] for r in runs])),
-            "rounds": float(np.mean([r["rounds_mean"] for r in runs])),
-            "final_sampled_reward": {
-                n: float(np.mean([r["sampled_reward"][n][-1] for r in runs])) for n in runs[0]["sampled_reward"]
-            },
-        }
-        for key, runs in table.items()
-    }), flush=True)  # fmt: skip
+    print(json.dumps(compare(summaries)), flush=True)
     return 0
 
 

@@ -37,3 +37,50 @@ def test_a_refill_run_counts_every_round_s_tokens_and_the_sampled_reward(tmp_pat
     assert s["sampled_reward"] == {"a": [-0.5, -0.5]} and s["batch_reward"] == {"a": [0.0, 1.0]}
     assert s["rounds_mean"] == 3.0 and s["filler_groups_total"] == 2.0
     assert run_dir_name("configs/tiny.py", "gd2po_hard", "kept", 3) == "tiny-gd2po_hard-kept-s3"
+
+
+def labelled(workdir, algorithm, mode, seed, records, test=None):
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    write_run(workdir, records)
+    config = {"rl": {"algorithm": algorithm, "dynamic_sampling": mode}, "train": {"seed": seed}}
+    (workdir / "config.json").write_text(json.dumps(config))
+    (workdir / "results.json").write_text(json.dumps({"after_rl": {"a": float(seed)}}))
+    if test is not None:
+        (workdir / "eval").mkdir()
+        (workdir / "eval" / "test.json").write_text(json.dumps(test))
+
+
+def test_existing_runs_compare_refill_at_the_token_budget_of_the_run_without_it(tmp_path, capsys):
+    from bench.dynamic_sampling import main
+
+    refill = {"dynamic_sampling/generated_tokens": 200.0, "dynamic_sampling/rounds": 2.0}
+    for seed in (0, 1):
+        # off: 100 tokens a step, sampled reward 0, 1, 2; kept: 200 tokens a step, sampled reward 0, 2, 4 (+ seed)
+        labelled(tmp_path / "sweep" / f"off{seed}", "gd2po_hard", "off", seed,
+                 [step(n, **{"reward/a": n - 1.0}) for n in (1, 2, 3)], test={"correct_acc": 0.5 + seed / 10})
+        labelled(tmp_path / "other" / "deep" / f"kept{seed}", "gd2po_hard", "kept", seed,
+                 [step(n, **refill, **{"dynamic_sampling/sampled_reward/a": 2.0 * (n - 1) + seed}) for n in (1, 2, 3)])
+    (tmp_path / "other" / "unfinished").mkdir()
+    assert main([f"--from_runs={tmp_path / 'sweep'},{tmp_path / 'other'}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5  # four runs, then the table
+    table = json.loads(lines[-1])
+    assert sorted(table) == ["gd2po_hard/kept", "gd2po_hard/off"]
+    off, kept = table["gd2po_hard/off"], table["gd2po_hard/kept"]
+    assert off["seeds"] == kept["seeds"] == [0, 1]
+    assert off["generated_tokens"] == {"mean": 600.0, "sd": 0.0} and kept["generated_tokens"]["mean"] == 600.0
+    assert kept["rounds"]["mean"] == 2.0 and off["rounds"]["mean"] == 1.0
+    assert kept["final_sampled_reward"]["a"]["mean"] == pytest.approx(4.5)
+    # off's budget is 600 tokens = kept's step 3 (cumulative 200, 400, 600): the same as its final reward here
+    assert kept["sampled_reward_at_off_tokens"]["a"]["mean"] == pytest.approx(4.5)
+    assert off["sampled_reward_at_off_tokens"]["a"]["mean"] == pytest.approx(2.0)
+    assert off["test"]["correct_acc"]["mean"] == pytest.approx(0.55) and kept["test"] == {}
+    assert off["after_rl"]["a"] == {"mean": 0.5, "sd": pytest.approx(0.7071, abs=1e-4)}
+
+
+def test_the_reward_at_a_token_budget_is_interpolated_along_the_steps():
+    from bench.dynamic_sampling import reward_at_tokens
+
+    summary = {"generated_tokens_cumulative": [100.0, 300.0], "sampled_reward": {"a": [0.0, 1.0]}}
+    assert reward_at_tokens(summary, 200.0) == {"a": 0.5}
+    assert reward_at_tokens(summary, 1000.0) == {"a": 1.0} and reward_at_tokens(summary, 50.0) == {"a": 0.0}
