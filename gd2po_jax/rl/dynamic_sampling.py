@@ -46,10 +46,9 @@ from jax.sharding import NamedSharding
 from gd2po_jax.config.rl import DYNAMIC_SAMPLING_MODES
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
-from gd2po_jax.rl.advantages import AdvantageOutput
 from gd2po_jax.rl.micro_batches import verl_update_layout
 from gd2po_jax.rl.rollout import Rollouts, RolloutSettings
-from gd2po_jax.rl.train_step import StepConfig, step_advantages
+from gd2po_jax.rl.train_step import StepConfig, host_advantages
 from gd2po_jax.runtime.distributed import addressable_rows, host_value, replicated
 from gd2po_jax.training.records import RolloutBatch
 
@@ -110,24 +109,6 @@ def rollout_signal(rewards: np.ndarray, valid: np.ndarray, lengths: np.ndarray, 
     _, scale, mean, _ = _group_stats(rewards, present)
     away = np.abs(np.where(present, rewards, 0.0) - mean[:, None, :]) > SIGNAL_RTOL * scale[:, None, :]
     return np.any(present & varies[:, None, :] & away, axis=-1) & (np.asarray(lengths) > 0)
-
-
-@functools.partial(jax.jit, static_argnames=("config",))
-def _step_advantages(rewards, lengths, valid, config: StepConfig) -> AdvantageOutput:
-    return step_advantages(rewards, lengths, valid, config)
-
-
-def host_advantages(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray, config: StepConfig) -> AdvantageOutput:
-    """`step_advantages` of host arrays, as numpy arrays: what the update computes for these rollouts.
-
-    Args:
-      rewards: [P, G, K] float (NaN: missing). lengths: [P, G] or [P*G] int. valid: [P] bool.
-      config: the update's `StepConfig`.
-    """
-    rewards = np.asarray(rewards, np.float32)
-    num_prompts, group, _ = rewards.shape
-    lengths = np.asarray(lengths, np.int32).reshape(num_prompts, group)
-    return jax.device_get(_step_advantages(rewards, lengths, np.asarray(valid, bool), config))
 
 
 def counted_groups(

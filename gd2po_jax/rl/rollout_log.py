@@ -46,7 +46,6 @@ new one, and a resumed run's step overwrites it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -64,7 +63,7 @@ from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.rl.advantages import AdvantageOutput
 from gd2po_jax.rl.dynamic_sampling import RefilledRollouts
 from gd2po_jax.rl.rollout import Rollouts
-from gd2po_jax.rl.train_step import StepConfig, step_advantages
+from gd2po_jax.rl.train_step import StepConfig, host_advantages
 from gd2po_jax.runtime import distributed, run_dir
 from gd2po_jax.runtime.run_dir import RunDir
 
@@ -217,29 +216,6 @@ def jsonl_text(records: Sequence[Mapping[str, Any]]) -> str:
     """The records as JSON lines: strict JSON (`rollout_records` has made every number finite or
     null), ASCII (other characters escaped, as eval/<name>.jsonl writes them)."""
     return "".join(json.dumps(record, allow_nan=False) + "\n" for record in records)
-
-
-# ----------------------------------------------------------------------------------------------
-# The advantages on the host.
-# ----------------------------------------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("config",))
-def _step_advantages(rewards, lengths, valid, config: StepConfig) -> AdvantageOutput:
-    return step_advantages(rewards, lengths, valid, config)
-
-
-def host_advantages(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray, config: StepConfig) -> AdvantageOutput:
-    """`step_advantages` of host arrays, as numpy arrays: what the update computed for these rollouts.
-
-    Args:
-      rewards: [P, G, K] float (NaN: missing). lengths: [P, G] or [P*G] int. valid: [P] bool.
-      config: the update's `StepConfig`.
-    """
-    rewards = np.asarray(rewards, np.float32)
-    num_prompts, group, _ = rewards.shape
-    lengths = np.asarray(lengths, np.int32).reshape(num_prompts, group)
-    return jax.device_get(_step_advantages(rewards, lengths, np.asarray(valid, bool), config))
 
 
 # ----------------------------------------------------------------------------------------------

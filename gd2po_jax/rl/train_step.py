@@ -46,6 +46,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -306,6 +307,24 @@ def step_advantages(rewards: jax.Array, lengths: jax.Array, valid: jax.Array, co
         query_reweighting=rl.query_reweighting,
         halves_ranking=typing.cast(HalvesRanking, rl.halves_ranking),
     )
+
+
+_jitted_step_advantages = jax.jit(step_advantages, static_argnames=("config",))
+
+
+def host_advantages(rewards, lengths, valid, config: StepConfig) -> AdvantageOutput:
+    """`step_advantages` of host arrays, as numpy arrays: what the update computes for these rollouts
+    (dynamic sampling's counting and the saved rollouts, `gd2po_jax.rl.dynamic_sampling`,
+    `gd2po_jax.rl.rollout_log`).
+
+    Args:
+      rewards: [P, G, K] float (NaN: missing). lengths: [P, G] or [P*G] int. valid: [P] bool.
+      config: the update's `StepConfig`.
+    """
+    rewards = np.asarray(rewards, np.float32)
+    num_prompts, group, _ = rewards.shape
+    lengths = np.asarray(lengths, np.int32).reshape(num_prompts, group)
+    return jax.device_get(_jitted_step_advantages(rewards, lengths, np.asarray(valid, bool), config))
 
 
 def _constrain_rows(tree, mesh: Mesh | None):
