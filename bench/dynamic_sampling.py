@@ -117,6 +117,36 @@ def compare(summaries: list[dict]) -> dict[str, dict]:
     return table
 
 
+def _cell(stat: dict | None, digits: int = 3) -> str:
+    return "-" if stat is None else f"{stat['mean']:.{digits}f} ± {stat['sd']:.{digits}f}"
+
+
+def markdown_table(table: dict[str, dict]) -> str:
+    """`compare`'s table as markdown: one row per algorithm/mode (docs/dynamic_sampling.md)."""
+    names = sorted({n for arm in table.values() for n in arm["final_sampled_reward"]})
+    tests = sorted({k for arm in table.values() for k in arm["test"]})
+    header = ["arm", "seeds", "tokens", "rounds/step", "kept fraction", "grad norm", "s/step"]
+    header += [f"{n}, last step" for n in names] + [f"{n} at off's tokens" for n in names]
+    header += [f"test {k}" for k in tests]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm, row in table.items():
+        at_off = row["sampled_reward_at_off_tokens"] or {}
+        cells = [
+            arm,
+            str(len(row["seeds"])),
+            _cell(row["generated_tokens"], 0),
+            _cell(row["rounds"], 2),
+            _cell(row["kept_fraction"]),
+            _cell(row["grad_norm"]),
+            _cell(row["seconds_per_step"], 2),
+        ]
+        cells += [_cell(row["final_sampled_reward"].get(n)) for n in names]
+        cells += [_cell(at_off.get(n)) for n in names]
+        cells += [_cell(row["test"].get(k)) for k in tests]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_dirs(roots: list[pathlib.Path]) -> list[pathlib.Path]:
     """Every finished train.py workdir (config.json, metrics.jsonl and results.json) under ``roots``."""
     found = {p.parent for root in roots for p in root.rglob("results.json")}
@@ -145,6 +175,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warm_start_from", default="")
     parser.add_argument("--set", action="append", default=[], help="extra --config.X=V overrides (repeatable)")
     parser.add_argument("--summarize_only", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown too, after the JSON")
     parser.add_argument(
         "--from_runs", default="", help="comma-separated directories: summarize the finished train.py workdirs "
         "under them (e.g. sweeps' runs, labelled by their config.json) instead of running; --workdir is unused"
@@ -155,6 +186,8 @@ def main(argv=None) -> int:
         for summary in summaries:
             print(json.dumps(summary), flush=True)
         print(json.dumps(compare(summaries)), flush=True)
+        if args.markdown:
+            print(markdown_table(compare(summaries)))
         return 0
     if not args.workdir:
         parser.error("--workdir is required (or --from_runs)")
@@ -188,6 +221,8 @@ def main(argv=None) -> int:
                     summaries.append(summary)
                     print(json.dumps(summary), flush=True)
     print(json.dumps(compare(summaries)), flush=True)
+    if args.markdown:
+        print(markdown_table(compare(summaries)))
     return 0
 
 

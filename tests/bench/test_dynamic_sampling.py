@@ -61,10 +61,13 @@ def test_existing_runs_compare_refill_at_the_token_budget_of_the_run_without_it(
         labelled(tmp_path / "other" / "deep" / f"kept{seed}", "gd2po_hard", "kept", seed,
                  [step(n, **refill, **{"dynamic_sampling/sampled_reward/a": 2.0 * (n - 1) + seed}) for n in (1, 2, 3)])
     (tmp_path / "other" / "unfinished").mkdir()
-    assert main([f"--from_runs={tmp_path / 'sweep'},{tmp_path / 'other'}"]) == 0
+    assert main([f"--from_runs={tmp_path / 'sweep'},{tmp_path / 'other'}", "--markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 5  # four runs, then the table
-    table = json.loads(lines[-1])
+    assert len(lines) == 9  # four runs, the table, then the table in markdown (a header, a rule and 2 rows)
+    table = json.loads(lines[4])
+    assert lines[5].startswith("| arm | seeds | tokens | rounds/step |") and "test correct_acc" in lines[5]
+    assert lines[7].startswith("| gd2po_hard/kept | 2 | 600 ± 0 | 2.00 ± 0.00 |")
+    assert lines[8].endswith("| 0.550 ± 0.071 |")  # off: test correct_acc
     assert sorted(table) == ["gd2po_hard/kept", "gd2po_hard/off"]
     off, kept = table["gd2po_hard/off"], table["gd2po_hard/kept"]
     assert off["seeds"] == kept["seeds"] == [0, 1]
