@@ -122,7 +122,14 @@ def test_nothing_edits_sys_path():
 def test_pytest_reads_its_settings_from_pyproject():
     """A pytest.ini would take precedence over pyproject.toml's [tool.pytest.ini_options]."""
     assert not (REPO / "pytest.ini").exists()
-    assert PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"] == "-n 2 --dist loadfile"
+    assert PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"] == "-n 2 --dist loadfile -m 'not slow'"
+
+
+def test_ci_runs_readme_s_test_command_and_the_slow_tests_it_leaves_out():
+    readme_command = (REPO / "README.md").read_text().split("pip install -r requirements-test.txt && ")[1].split("\n")[0]
+    assert readme_command == "python -m pytest -q"
+    ci_lines = [line.split("#")[0].strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert ci_lines[-2:] == [readme_command, "python -m pytest -q -m slow"]
 
 
 def test_the_config_default_is_the_working_directory_s_then_the_package_s(tmp_path, monkeypatch):
