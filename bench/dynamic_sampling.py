@@ -121,10 +121,11 @@ def _cell(stat: dict | None, digits: int = 3) -> str:
     return "-" if stat is None else f"{stat['mean']:.{digits}f} ± {stat['sd']:.{digits}f}"
 
 
-def markdown_table(table: dict[str, dict]) -> str:
-    """`compare`'s table as markdown: one row per algorithm/mode (docs/dynamic_sampling.md)."""
+def markdown_table(table: dict[str, dict], test_keys: list[str] | None = None) -> str:
+    """`compare`'s table as markdown: one row per algorithm/mode (docs/dynamic_sampling.md); the test
+    columns ``test_keys`` (default: every number of eval/test.json)."""
     names = sorted({n for arm in table.values() for n in arm["final_sampled_reward"]})
-    tests = sorted({k for arm in table.values() for k in arm["test"]})
+    tests = test_keys or sorted({k for arm in table.values() for k in arm["test"]})
     header = ["arm", "seeds", "tokens", "rounds/step", "kept fraction", "grad norm", "s/step"]
     header += [f"{n}, last step" for n in names] + [f"{n} at off's tokens" for n in names]
     header += [f"test {k}" for k in tests]
@@ -176,18 +177,21 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], help="extra --config.X=V overrides (repeatable)")
     parser.add_argument("--summarize_only", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown too, after the JSON")
+    parser.add_argument("--test_keys", default="", help="with --markdown: the eval/test.json columns (default: all)")
     parser.add_argument(
         "--from_runs", default="", help="comma-separated directories: summarize the finished train.py workdirs "
         "under them (e.g. sweeps' runs, labelled by their config.json) instead of running; --workdir is unused"
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.from_runs:
+        wanted = set(args.algorithms.split(","))
         summaries = [summarize_existing(d) for d in run_dirs([pathlib.Path(r) for r in args.from_runs.split(",")])]
+        summaries = [s for s in summaries if s["algorithm"] in wanted]  # --algorithms: the arms to compare
         for summary in summaries:
             print(json.dumps(summary), flush=True)
         print(json.dumps(compare(summaries)), flush=True)
         if args.markdown:
-            print(markdown_table(compare(summaries)))
+            print(markdown_table(compare(summaries), args.test_keys.split(",") if args.test_keys else None))
         return 0
     if not args.workdir:
         parser.error("--workdir is required (or --from_runs)")

@@ -79,6 +79,11 @@ def test_existing_runs_compare_refill_at_the_token_budget_of_the_run_without_it(
     assert off["sampled_reward_at_off_tokens"]["a"]["mean"] == pytest.approx(2.0)
     assert off["test"]["correct_acc"]["mean"] == pytest.approx(0.55) and kept["test"] == {}
     assert off["after_rl"]["a"] == {"mean": 0.5, "sd": pytest.approx(0.7071, abs=1e-4)}
+    labelled(tmp_path / "sweep" / "gdpo0", "gdpo", "off", 0, [step(1)], test={"correct_acc": 0.1, "other": 1.0})
+    assert main([f"--from_runs={tmp_path / 'sweep'}", "--markdown", "--test_keys=correct_acc"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 1 + 3  # --algorithms (default: gd2po_hard, gd2po_snr) leaves gdpo out
+    assert lines[3].endswith("| test correct_acc |") and lines[5].endswith("| 0.550 ± 0.071 |")
 
 
 def test_the_reward_at_a_token_budget_is_interpolated_along_the_steps():
