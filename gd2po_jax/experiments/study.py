@@ -463,7 +463,7 @@ def one_sample_t(differences: Sequence[float], confidence: float = CONFIDENCE) -
     sd = float(d.std(ddof=1))
     if sd == 0.0:
         return BlockTest(n, mean, mean, mean, 0.0, 1.0 if mean == 0.0 else 0.0)
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
+    half = mean_ci(d.tolist(), confidence).half_width  # the same t interval as the report's tables
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         p = float(stats.ttest_1samp(d, 0.0).pvalue)
