@@ -79,6 +79,14 @@ def reward_at_tokens(summary: dict, tokens: float) -> dict[str, float]:
     return {n: float(np.interp(tokens, spent, v)) for n, v in summary["sampled_reward"].items()}
 
 
+def numbers_stats(runs: list[dict], field: str, stats) -> dict:
+    """``stats`` over the runs of each number in their ``field`` dict (results.json's ``after_rl``,
+    eval/test.json); {} unless every run has it."""
+    if not all(r.get(field) for r in runs):
+        return {}
+    return {k: stats([r[field][k] for r in runs]) for k, v in runs[0][field].items() if isinstance(v, (int, float))}
+
+
 def compare(summaries: list[dict]) -> dict[str, dict]:
     """Per ``algorithm/mode``, means (and SDs) over the seeds of the run summaries (each with
     ``algorithm``, ``mode``, ``seed``): tokens, rounds, kept fraction, gradient norm, seconds per step,
@@ -109,10 +117,8 @@ def compare(summaries: list[dict]) -> dict[str, dict]:
                 n: stats([reward_at_tokens(r, o["generated_tokens_cumulative"][-1])[n] for r, o in budgets])
                 for n in names
             } if budgets else None,
-            "after_rl": {k: stats([r["after_rl"][k] for r in runs]) for k in (runs[0].get("after_rl") or {})
-                         if isinstance(runs[0]["after_rl"][k], (int, float)) and all(r.get("after_rl") for r in runs)},
-            "test": {k: stats([r["test"][k] for r in runs]) for k in (runs[0].get("test") or {})
-                     if isinstance(runs[0]["test"][k], (int, float)) and all(r.get("test") for r in runs)},
+            "after_rl": numbers_stats(runs, "after_rl", stats),
+            "test": numbers_stats(runs, "test", stats),
         }  # fmt: skip
     return table
 
