@@ -1,9 +1,9 @@
 """Drawing tokens from logits, one key per row, and what the sampler and the engine share.
 
-`sample_rows` draws token t of row r with the key `row_keys` gives it, ``fold_in(fold_in(rng, r),
-t)``: a row's completion does not depend on the rows decoded beside it, so the one-shot sampler
-(`gd2po_jax.models.sampling`) and the rollout engine (`gd2po_jax.models.engine`) give the same
-completions for the same seed.
+`sample_rows` draws token t of row r with one uniform, the one ``fold_in(fold_in(rng, r), t)`` gives
+(`row_uniforms`): a row's completion does not depend on the rows decoded beside it, so the one-shot
+sampler (`gd2po_jax.models.sampling`) and the rollout engine (`gd2po_jax.models.engine`) give the
+same completions for the same seed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend.random import threefry2x32_p
 
 from gd2po_jax.models.decoder import Decoder
 
@@ -19,6 +20,33 @@ from gd2po_jax.models.decoder import Decoder
 def row_keys(rng: jax.Array, rows: jax.Array, positions: jax.Array) -> jax.Array:
     """``[R]`` keys ``fold_in(fold_in(rng, row), position)`` of rows ``[R]`` at token positions ``[R]``."""
     return jax.vmap(lambda row, position: jax.random.fold_in(jax.random.fold_in(rng, row), position))(rows, positions)
+
+
+def row_uniforms(rng: jax.Array, rows: jax.Array, positions: jax.Array) -> jax.Array:
+    """``[R]`` float32 in [0, 1): ``jax.random.uniform(k, ())`` for each key ``k`` of `row_keys`,
+    bit for bit.
+
+    For a threefry key (jax's default) the three hashes this takes (two ``fold_in``, one draw) are
+    one threefry block applied three times in a loop, so the program holds one copy of it instead
+    of three: the hash's rounds are most of a sampling step's compile time on XLA:CPU (the engine's
+    chunk program: docs/speed.md#the-rollout-engine-issue-58). Other key kinds take `row_keys`.
+    """
+    if str(jax.random.key_impl(rng)) != "threefry2x32" or not getattr(jax.config, "jax_threefry_partitionable"):
+        return jax.vmap(lambda key: jax.random.uniform(key, ()))(row_keys(rng, rows, positions))
+    key = jax.random.key_data(rng)  # [2] uint32
+    zeros = jnp.zeros(rows.shape, jnp.uint32)
+    # Stage i hashes the counter pair (0, data[i]) under the previous stage's output: fold_in(rng,
+    # row), fold_in(., position), then the draw's counter (0, 0).
+    data = jnp.stack([rows.astype(jnp.uint32), positions.astype(jnp.uint32), zeros])  # [3, R]
+
+    def stage(i, pair):
+        return tuple(threefry2x32_p.bind(pair[0], pair[1], zeros, data[i]))
+
+    first = (jnp.broadcast_to(key[0], rows.shape), jnp.broadcast_to(key[1], rows.shape))
+    high, low = jax.lax.fori_loop(0, 3, stage, first)
+    bits = high ^ low  # a 32-bit draw from the block's two words, as jax.random.bits makes it
+    mantissa = jax.lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32)  # [1, 2)
+    return jnp.maximum(mantissa - 1.0, 0.0)
 
 
 def nucleus_filter(sorted_logits: jax.Array, top_p: float) -> jax.Array:
@@ -64,9 +92,10 @@ def inverse_cdf(weights: jax.Array, uniforms: jax.Array, block: int = 128) -> ja
     return (block_idx * block + inner_idx).astype(jnp.int32)
 
 
-def sample_rows(logits: jax.Array, keys: jax.Array, params: Any) -> tuple[jax.Array, jax.Array]:
-    """Draws one token per row from ``logits [N, V]`` (float32), row i with its own key ``keys[i]``
-    (one uniform each: `inverse_cdf`), so a row's draw does not depend on the rows beside it.
+def sample_rows(logits: jax.Array, uniforms: jax.Array, params: Any) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row from ``logits [N, V]`` (float32), row i by its own uniform
+    ``uniforms[i]`` (`row_uniforms`; `inverse_cdf`), so a row's draw does not depend on the rows
+    beside it.
 
     Returns (tokens [N] int32, logprobs [N] float32): ``log_softmax(logits /
     params.logprob_temperature)`` at the drawn tokens, without the filters. Top-k runs before top-p
@@ -77,7 +106,6 @@ def sample_rows(logits: jax.Array, keys: jax.Array, params: Any) -> tuple[jax.Ar
     if params.temperature == 0:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
-        uniforms = jax.vmap(lambda key: jax.random.uniform(key, ()))(keys)
         scaled = logits / params.temperature
         if 0 < params.top_k < vocab or params.top_p < 1:
             if 0 < params.top_k < vocab:

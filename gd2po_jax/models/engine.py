@@ -20,7 +20,7 @@ rest. Here the N = P x G rows wait in a queue and flow through ``slots`` places:
   (`compact`, one step down at a time), down to ``min_slots``: decode row-steps stay close to the
   tokens generated.
 * **Keys per row**: token t of row r is drawn with ``fold_in(fold_in(rng, r), t)``
-  (`row_keys`), as `gd2po_jax.models.sampling`'s one-shot path draws it, so a completion does not
+  (`row_uniforms`), as `gd2po_jax.models.sampling`'s one-shot path draws it, so a completion does not
   depend on which slot or chunk it ran in, nor on the number of slots.
 * **One loop**: a chunk is one ``fori_loop`` over an unrolled step (the static path compiles four
   segment loops); the layers are not a ``scan`` (see `slot_decode_step`).
@@ -52,7 +52,7 @@ from flax import nnx, struct
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
 from gd2po_jax.models.decode_step import DecodeWeights, decode_weights, layer_output, layer_qkv
 from gd2po_jax.models.decoder import MASK_VALUE, Decoder, init_cache, rms_norm
-from gd2po_jax.models.draws import activation_dtype, is_eos, row_keys, sample_rows
+from gd2po_jax.models.draws import activation_dtype, is_eos, row_uniforms, sample_rows
 
 
 @struct.dataclass
@@ -66,7 +66,7 @@ class EngineState:
     slot_region: [S] int32 its prompt's region; slot_next: [S] int32 the next token index it samples;
     slot_last: [S] int32 the token it feeds next; slot_active: [S] bool still decoding.
     tokens: [N, M] int32 (pad after EOS); logprobs: [N, M] float32; lengths: [N] int32 (EOS
-    included); finished: [N] bool (EOS emitted); rng: the base key of `row_keys`.
+    included); finished: [N] bool (EOS emitted); rng: the base key of `row_uniforms`.
     """
 
     prompt_keys: tuple[jax.Array, ...]
@@ -271,7 +271,7 @@ def admit_prompts(graphdef, params_state, state: EngineState, ids, mask, regions
     rows = (first_rows[:, None] + jnp.arange(num_samples, dtype=jnp.int32)[None, :]).reshape(-1)  # [A G]
     row_logits = jnp.repeat(logits, num_samples, axis=0)
     zeros = jnp.zeros_like(rows)
-    tokens, logp = sample_rows(row_logits, row_keys(state.rng, rows, zeros), params)
+    tokens, logp = sample_rows(row_logits, row_uniforms(state.rng, rows, zeros), params)
     return _record(state, rows, zeros, tokens, logp, is_eos(tokens, params.eos_token_ids))
 
 
@@ -302,7 +302,7 @@ def run_chunk(
         at = jnp.where(s.slot_active, written, s.slot_keys[0].shape[-1])  # out of range: written nowhere
         logits, slot_keys, slot_values = slot_decode_step(config, weights, s.slot_last, positions, at, s)
         rows = jnp.where(s.slot_active, s.slot_row, n)
-        tokens, logp = sample_rows(logits.T, row_keys(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
+        tokens, logp = sample_rows(logits.T, row_uniforms(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
         eos = is_eos(tokens, params.eos_token_ids)
         s = _record(s.replace(slot_keys=slot_keys, slot_values=slot_values), rows, s.slot_next, tokens, logp, eos)
         return s.replace(
@@ -346,7 +346,34 @@ def group_rows(state: EngineState, rows: jax.Array) -> GroupOutput:
 group_rows_fn = jax.jit(group_rows)
 weights_fn = jax.jit(engine_weights, static_argnums=(0, 2))
 admit_fn = jax.jit(admit_prompts, static_argnums=(0, 7, 8), donate_argnums=(2,))
-chunk_fn = jax.jit(run_chunk, static_argnums=(0, 5, 6), donate_argnums=(2,))
+
+
+class JitByBackend:
+    """``jax.jit(fn)`` compiled with extra XLA options on the backends named in ``options`` (the
+    default backend's when it is called), plainly elsewhere; ``lower`` and ``_cache_size`` as jit's."""
+
+    def __init__(self, fn: Callable, options: dict[str, dict[str, Any]], **jit_kwargs: Any):
+        self._by_backend = {name: jax.jit(fn, compiler_options=opts, **jit_kwargs) for name, opts in options.items()}
+        self._plain = jax.jit(fn, **jit_kwargs)
+
+    def _pick(self):
+        return self._by_backend.get(jax.default_backend(), self._plain)
+
+    def __call__(self, *args, **kwargs):
+        return self._pick()(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self._pick().lower(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        return sum(fn._cache_size() for fn in (*self._by_backend.values(), self._plain))  # type: ignore[attr-defined]
+
+
+# On XLA:CPU the chunk's time is in the matrix products (library kernels) and its compile time in
+# LLVM's optimization of the fused loops: at LLVM level 1 instead of 2 the chunk program compiles
+# 20% faster and runs as fast (docs/speed.md#the-rollout-engine-issue-58).
+CPU_CHUNK_OPTIONS = {"xla_backend_optimization_level": 1}
+chunk_fn = JitByBackend(run_chunk, {"cpu": CPU_CHUNK_OPTIONS}, static_argnums=(0, 5, 6), donate_argnums=(2,))
 compact_fn = jax.jit(compact)
 
 
@@ -668,7 +695,7 @@ def run_engine(
       ids, mask: [P, Lp] int32 left-padded prompts (`gd2po_jax.models.sampling.left_pad`).
       params: `gd2po_jax.models.sampling.SamplingParams` (static).
       num_samples: G rows per prompt.
-      rng: base key of the rows' keys (`row_keys`).
+      rng: base key of the rows' draws (`row_uniforms`).
       slots: S, rows decoded at once; min_slots: the fewest the drain shrinks to; chunk: decode
         steps per host sync.
       on_group: ``on_group(prompt, group)`` with a prompt's index and its rows' `GroupOutput`

@@ -40,7 +40,7 @@ from gd2po_jax.models.draws import (  # noqa: F401  (re-exported: the sampler's 
     inverse_cdf,
     is_eos,
     nucleus_filter,
-    row_keys,
+    row_uniforms,
     sample_rows,
 )
 from gd2po_jax.models.engine import run_engine
@@ -194,7 +194,7 @@ def _constrain_state(state: DecodeState, mesh: Mesh | None) -> DecodeState:
 def _advance(state: DecodeState, logits: jax.Array, caches: tuple[KVCache, ...], params: SamplingParams) -> DecodeState:
     """Samples token ``state.step`` from ``logits [N, V]`` and records it (pad after EOS)."""
     rows = jnp.arange(state.last.shape[0], dtype=jnp.int32)
-    tokens, logp = sample_rows(logits, row_keys(state.rng, rows, jnp.broadcast_to(state.step, rows.shape)), params)
+    tokens, logp = sample_rows(logits, row_uniforms(state.rng, rows, jnp.broadcast_to(state.step, rows.shape)), params)
     tokens = jnp.where(state.finished, params.pad_token_id, tokens)
     logp = jnp.where(state.finished, 0.0, logp)
     return state.replace(
