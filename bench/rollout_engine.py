@@ -35,7 +35,7 @@ from flax import nnx
 
 from bench import harness
 from gd2po_jax.models import Decoder, load_pretrained
-from gd2po_jax.models.engine import chunk_fn, init_state, run_engine, warm_up, weights_fn
+from gd2po_jax.models.engine import chunk_fn, init_state, layer_scan, run_engine, warm_up, weights_fn
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
 
 EOS = 1
@@ -61,7 +61,9 @@ def stop_tokens(model: Decoder, stop_probability: float, seed: int = 0) -> tuple
 def compile_seconds(model: Decoder, ids: np.ndarray, mask: np.ndarray, params: SamplingParams, num_samples: int,
                     slots: int, chunk: int) -> dict:
     """Seconds to compile the static path's decode program and the engine's chunk program (each
-    lowered and compiled afresh, at this workload's shapes): the programs a sampling shape costs."""
+    lowered and compiled afresh, at this workload's shapes): the programs a sampling shape costs.
+    The chunk is compiled with its layers unrolled and in a scan; ``engine_chunk_s`` is the one this
+    backend runs (`gd2po_jax.models.engine.layer_scan`)."""
     graphdef, state = nnx.split(model)
     rng = jax.random.key(0)
     dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, None)
@@ -69,15 +71,20 @@ def compile_seconds(model: Decoder, ids: np.ndarray, mask: np.ndarray, params: S
     decode_fn.lower(graphdef, state, dstate, params, None).compile()
     static_s = time.perf_counter() - start
     rows = ids.shape[0] * num_samples
-    engine_state = init_state(model.config, regions=slots + slots // num_samples, slots=slots, rows=rows,
-                              prompt_length=ids.shape[1], max_new_tokens=params.max_new_tokens,
-                              dtype=model.embed[...].dtype, pad_token_id=params.pad_token_id, rng=rng)
-    weights = weights_fn(graphdef, state, params.merge_adapters)
-    assign = np.full(slots, rows, np.int32)
-    start = time.perf_counter()
-    chunk_fn.lower(model.config, weights, engine_state, assign, np.zeros(slots, np.int32), params, chunk).compile()
-    engine_s = time.perf_counter() - start
-    return {"static_decode_s": static_s, "engine_chunk_s": engine_s, "static_over_engine": static_s / engine_s}
+    seconds = {}
+    for scanned in (False, True):
+        engine_state = init_state(model.config, regions=slots + slots // num_samples, slots=slots, rows=rows,
+                                  prompt_length=ids.shape[1], max_new_tokens=params.max_new_tokens,
+                                  dtype=model.embed[...].dtype, pad_token_id=params.pad_token_id, rng=rng,
+                                  stacked_layers=scanned)
+        weights = weights_fn(graphdef, state, params.merge_adapters, scanned)
+        assign = np.full(slots, rows, np.int32)
+        start = time.perf_counter()
+        chunk_fn.lower(model.config, weights, engine_state, assign, np.zeros(slots, np.int32), params, chunk).compile()
+        seconds[scanned] = time.perf_counter() - start
+    engine_s = seconds[layer_scan(None)]
+    return {"static_decode_s": static_s, "engine_chunk_s": engine_s, "static_over_engine": static_s / engine_s,
+            "engine_chunk_loop_s": seconds[False], "engine_chunk_scan_s": seconds[True]}
 
 
 def timed(fn, repeats: int) -> tuple[list[float], object]:
@@ -90,8 +97,10 @@ def timed(fn, repeats: int) -> tuple[list[float], object]:
 
 
 def run(model: Decoder, *, eos_ids: tuple[int, ...], prompts: int, num_samples: int, prompt_len: int,
-        new_tokens: int, slots: int, min_slots: int, chunk: int, repeats: int, seed: int = 0) -> dict:
-    """The W-tail report for ``model`` stopping at ``eos_ids`` (`stop_tokens`)."""
+        new_tokens: int, slots: int, min_slots: int, chunk: int, repeats: int, seed: int = 0,
+        scan_layers: bool | None = None) -> dict:
+    """The W-tail report for ``model`` stopping at ``eos_ids`` (`stop_tokens`); ``scan_layers``: the
+    engine's layers in a scan or unrolled (None: the backend's choice, `layer_scan`)."""
     prompt_ids = harness.random_prompts(model.config.vocab_size, prompts, prompt_len, seed=seed)
     length = bucket_length(prompt_len)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=eos_ids, pad_token_id=0)
@@ -106,7 +115,7 @@ def run(model: Decoder, *, eos_ids: tuple[int, ...], prompts: int, num_samples: 
 
     def engine(rng):
         return run_engine(model, ids, mask, params, num_samples=num_samples, rng=rng, slots=slots,
-                          min_slots=min_slots, chunk=chunk)
+                          min_slots=min_slots, chunk=chunk, scan_layers=scan_layers)
 
     compiles = compile_seconds(model, ids, mask, params, num_samples, slots, chunk)
     log(f"compile: static decode {compiles['static_decode_s']:.1f} s, engine chunk {compiles['engine_chunk_s']:.1f} s")
@@ -115,7 +124,7 @@ def run(model: Decoder, *, eos_ids: tuple[int, ...], prompts: int, num_samples: 
     # Warm-up: the static path's two programs are compiled by `compile_seconds` (an AOT compile fills
     # the cache the calls use); every engine program runs once on empty slots.
     programs = warm_up(model, ids, mask, params, num_samples=num_samples, slots=slots, min_slots=min_slots,
-                       chunk=chunk)
+                       chunk=chunk, scan_layers=scan_layers)
     warmup_s = time.perf_counter() - start
     compiles_warmup, compile_s = compile_counter.snapshot()
     log(f"warm-up: {compiles_warmup} compiles ({programs} engine programs), {warmup_s:.1f} s")
@@ -158,6 +167,7 @@ def run(model: Decoder, *, eos_ids: tuple[int, ...], prompts: int, num_samples: 
             "times_s": engine_times,
             "row_steps_per_token": last.stats.slot_steps_per_token,
             "slots": slots,
+            "layer_scan": layer_scan(scan_layers),
             "min_slots": min_slots,
             "chunk": chunk,
             "slot_counts": last.stats.slot_counts,
@@ -197,6 +207,8 @@ def main(argv=None) -> None:
     parser.add_argument("--min_slots", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--layers", choices=("auto", "scan", "loop"), default="auto",
+                        help="the engine's decode step: layers in a scan, unrolled, or the backend's choice")
     parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
                         help="a tiny random model and workload: checks the script end to end in seconds")
     args = parser.parse_args(argv)
@@ -212,7 +224,7 @@ def main(argv=None) -> None:
     eos_ids = stop_tokens(model, args.stop_probability)
     report = run(model, eos_ids=eos_ids, prompts=args.prompts, num_samples=args.num_samples, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, slots=args.slots, min_slots=args.min_slots, chunk=args.chunk,
-                 repeats=args.repeats)
+                 repeats=args.repeats, scan_layers={"auto": None, "scan": True, "loop": False}[args.layers])
     report["config"] = vars(args) | {"eos_ids": len(eos_ids), "device": harness.device_description()}
     text = json.dumps(report, indent=2)
     print(text)

@@ -114,6 +114,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sampling.engine = True  # rows flow through the rollout engine's slots (False: lock-step batch)
     config.sampling.engine_slots = 0  # rows decoded at once; 0: every row of a sampler call
     config.sampling.engine_chunk = 16  # decode steps between the host's looks (admit rows, free slots)
+    config.sampling.engine_layers = "auto"  # decode step's layers: scan, loop, auto (scan on GPU/TPU)
 
     config.train = ml_collections.ConfigDict()
     config.train.num_steps = 40  # RL steps

@@ -22,6 +22,10 @@ from gd2po_jax.config.base import (
     _text,
 )
 
+# sampling.engine_layers: how the engine's step runs the layers, and the scan_layers it means
+# (`gd2po_jax.models.engine.run_engine`; None: by backend).
+ENGINE_LAYER_SCAN: dict[str, bool | None] = {"auto": None, "scan": True, "loop": False}
+ENGINE_LAYERS = tuple(ENGINE_LAYER_SCAN)
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGXCPU")
 """The values of ``config.train.preemption_signals``: what schedulers send ahead of a stop (SIGTERM:
 spot VMs, Kubernetes, JAX's TPU maintenance notifier; SIGUSR1/2: SLURM's --signal; SIGXCPU: a CPU
@@ -62,6 +66,10 @@ class SamplingConfig(_Section):
     call (P x G, or prompts_per_call x G)."""
     engine_chunk: int = 16
     """Decode steps the engine runs between two looks from the host (admitting rows, freeing slots)."""
+    engine_layers: str = "auto"
+    """How the engine's decode step runs the layers: "scan" (one `jax.lax.scan`, compiled once for
+    all of them), "loop" (unrolled, one copy each), "auto" (a scan on GPU and TPU, the loop on CPU,
+    where a scan's per-layer cache slices are copies: docs/rollout_engine.md)."""
 
     def __post_init__(self):
         _int_at_least(self.max_new_tokens, "sampling.max_new_tokens")
@@ -75,6 +83,11 @@ class SamplingConfig(_Section):
         _require(isinstance(self.engine, bool), "sampling.engine", f"expected True or False, got {self.engine!r}")
         _int_at_least(self.engine_slots, "sampling.engine_slots", minimum=0)
         _int_at_least(self.engine_chunk, "sampling.engine_chunk")
+        _require(
+            self.engine_layers in ENGINE_LAYERS,
+            "sampling.engine_layers",
+            f"expected one of {', '.join(ENGINE_LAYERS)}, got {self.engine_layers!r}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

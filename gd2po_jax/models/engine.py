@@ -59,7 +59,9 @@ from gd2po_jax.models.draws import activation_dtype, is_eos, row_uniforms, sampl
 class EngineState:
     """What the engine keeps on device between calls (Q regions, S slots, N rows, M tokens).
 
-    prompt_keys: one [Q, KV, hd, Lp] per layer; prompt_values: one [Q, KV, Lp, hd] per layer;
+    prompt_keys: one [Q, KV, hd, Lp] per layer; prompt_values: one [Q, KV, Lp, hd] per layer (or,
+    for the layer scan, one array each with the layers stacked first: [L, Q, ...]; the same for the
+    slots' caches, `stacked_layers`);
     prompt_valid: [Q, Lp] the regions' real (non-pad) prompt tokens; prompt_lengths: [Q] int32 their count.
     slot_keys: one [S, KV, hd, C] per layer; slot_values: one [S, KV, C, hd] per layer, C = max(M - 1, 1): position j
     holds the key/value of completion token j; slot_row: [S] int32 the row a slot decodes (N: none);
@@ -94,6 +96,11 @@ class EngineState:
     def num_slots(self) -> int:
         return self.slot_row.shape[0]
 
+    @property
+    def stacked_layers(self) -> bool:
+        """Whether the caches hold every layer in one ``[L, ...]`` array (the step scans the layers)."""
+        return self.slot_keys[0].ndim == 5
+
 
 def init_state(
     config: ModelConfig,
@@ -106,17 +113,25 @@ def init_state(
     dtype,
     pad_token_id: int,
     rng: jax.Array,
+    stacked_layers: bool = False,
 ) -> EngineState:
-    """An empty `EngineState` (every slot free, every row unsampled)."""
+    """An empty `EngineState` (every slot free, every row unsampled); ``stacked_layers``: the caches
+    as one ``[L, ...]`` array each, for the layer scan (`layer_scan`)."""
     layers, kv, hd = config.num_layers, config.num_kv_heads, config.head_dim
     cache = max(max_new_tokens - 1, 1)
+
+    def per_layer(shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
+        if stacked_layers:
+            return (jnp.zeros((layers, *shape), dtype),)
+        return tuple(jnp.zeros(shape, dtype) for _ in range(layers))
+
     return EngineState(
-        prompt_keys=tuple(jnp.zeros((regions, kv, hd, prompt_length), dtype) for _ in range(layers)),
-        prompt_values=tuple(jnp.zeros((regions, kv, prompt_length, hd), dtype) for _ in range(layers)),
+        prompt_keys=per_layer((regions, kv, hd, prompt_length)),
+        prompt_values=per_layer((regions, kv, prompt_length, hd)),
         prompt_valid=jnp.zeros((regions, prompt_length), bool),
         prompt_lengths=jnp.zeros((regions,), jnp.int32),
-        slot_keys=tuple(jnp.zeros((slots, kv, hd, cache), dtype) for _ in range(layers)),
-        slot_values=tuple(jnp.zeros((slots, kv, cache, hd), dtype) for _ in range(layers)),
+        slot_keys=per_layer((slots, kv, hd, cache)),
+        slot_values=per_layer((slots, kv, cache, hd)),
         slot_row=jnp.full((slots,), rows, jnp.int32),
         slot_region=jnp.zeros((slots,), jnp.int32),
         slot_next=jnp.zeros((slots,), jnp.int32),
@@ -225,15 +240,105 @@ def slot_decode_step(
     return logits, tuple(keys), tuple(values)
 
 
+def layer_scan(layer_scan: bool | None) -> bool:
+    """Whether the engine's step scans the layers: ``layer_scan``, or by backend when None (a scan
+    on GPU and TPU, the unrolled loop on CPU)."""
+    return jax.default_backend() != "cpu" if layer_scan is None else bool(layer_scan)
+
+
+def scanned_slot_decode_step(
+    config: ModelConfig,
+    weights: DecodeWeights,
+    tokens: jax.Array,
+    positions: jax.Array,
+    write_at: jax.Array,
+    state: EngineState,
+) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """`slot_decode_step` with the layers in one ``jax.lax.scan``: the layer's program is compiled
+    once, not L times.
+
+    ``weights.layers`` is one `LayerWeights` whose arrays are stacked ``[L, ...]``
+    (`engine_weights(stacked=True)`) and the state's caches are ``[L, ...]`` arrays
+    (`init_state(stacked_layers=True)`). Inside the scan the caches are only read: a layer attends
+    over its prompt region, its slot's cache before ``write_at``, and the new token's own key and
+    value (one softmax over all three); the L new keys and values come out of the scan and are
+    written into the caches after it, one scatter each. Writing them inside would make each layer's
+    cache slice a value the loop carries and updates.
+
+    XLA:CPU copies each layer's slice of the caches out of the stacked array at every step (a
+    dynamic slice cannot feed its matrix-product kernels in place): the step ran 2x slower at 64
+    slots x 511 positions on the small model, so the CPU runs the unrolled loop (`layer_scan`).
+
+    Returns logits ``[V, S]`` float32 and the new stacked caches (1-tuples).
+    """
+    h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    groups = h_heads // kv_heads
+    s = tokens.shape[0]
+    slots = jnp.arange(s)
+    prompt_mask = state.prompt_valid[state.slot_region]  # [S, Lp]
+    slot_keys, slot_values = state.slot_keys[0], state.slot_values[0]  # [L, S, KV, hd, C], [L, S, KV, C, hd]
+    before = jnp.arange(slot_keys.shape[-1])[None, :] < write_at[:, None]  # [S, C]
+    angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    scale = hd**-0.5
+
+    def layer(h, xs):
+        lw, prompt_k, prompt_v, cache_k, cache_v = xs
+        q, k, v = layer_qkv(config, lw, h, cos, sin)
+        dtype = q.dtype
+        q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
+        k_rows = k.transpose(2, 0, 1).astype(cache_k.dtype)  # [S, KV, hd], as the cache will hold it
+        v_rows = v.transpose(2, 0, 1).astype(cache_v.dtype)
+
+        def scores(keys, mask):  # keys [S, KV, hd, L'] -> [S, KV, G, L']
+            raw = jnp.einsum("bkgd,bkds->bkgs", q_rows, keys.astype(dtype), preferred_element_type=jnp.float32)
+            return jnp.where(mask[:, None, None, :], raw * scale, MASK_VALUE)
+
+        own = jnp.einsum("bkgd,bkd->bkg", q_rows, k_rows.astype(dtype), preferred_element_type=jnp.float32)
+        lp, c = prompt_k.shape[-1], cache_k.shape[-1]
+        probs = jax.nn.softmax(
+            jnp.concatenate(
+                [scores(prompt_k[state.slot_region], prompt_mask), scores(cache_k, before), own[..., None] * scale],
+                axis=-1,
+            ),
+            axis=-1,
+        ).astype(dtype)
+        out = jnp.einsum(
+            "bkgs,bksd->bkgd",
+            probs[..., :lp],
+            prompt_v[state.slot_region].astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        out = out + jnp.einsum(
+            "bkgs,bksd->bkgd", probs[..., lp : lp + c], cache_v.astype(dtype), preferred_element_type=jnp.float32
+        )
+        out = (out + probs[..., -1:].astype(jnp.float32) * v_rows[:, :, None, :].astype(jnp.float32)).astype(dtype)
+        return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), (k_rows, v_rows)
+
+    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
+    xs = (weights.layers[0], state.prompt_keys[0], state.prompt_values[0], slot_keys, slot_values)
+    h, (new_keys, new_values) = jax.lax.scan(layer, h, xs)  # new_*: [L, S, KV, hd]
+    slot_keys = slot_keys.at[:, slots, :, :, write_at].set(new_keys.transpose(1, 0, 2, 3), mode="drop")
+    slot_values = slot_values.at[:, slots, :, write_at, :].set(new_values.transpose(1, 0, 2, 3), mode="drop")
+    h = rms_norm(h, weights.final_norm, config.rms_norm_eps, axis=0)
+    unembed = weights.embed if weights.unembed is None else weights.unembed
+    logits = jax.lax.optimization_barrier(jnp.matmul(unembed, h, preferred_element_type=jnp.float32))  # [V, S]
+    return logits, (slot_keys,), (slot_values,)
+
+
 # ----------------------------------------------------------------------------------------------
 # The device programs: admit prompts, run a chunk, compact the slots.
 # ----------------------------------------------------------------------------------------------
 
 
-def engine_weights(graphdef, params_state, merge_adapters: bool) -> DecodeWeights:
-    """The ``[out, in]`` decode weights of the model (once per engine run)."""
+def engine_weights(graphdef, params_state, merge_adapters: bool, stacked: bool = False) -> DecodeWeights:
+    """The ``[out, in]`` decode weights of the model (once per engine run); ``stacked``: the layers'
+    as one `LayerWeights` of ``[L, ...]`` arrays (`scanned_slot_decode_step`)."""
     model: Decoder = nnx.merge(graphdef, params_state)
-    return decode_weights(model, merge_adapters)
+    weights = decode_weights(model, merge_adapters)
+    if stacked:
+        weights = dataclasses.replace(weights, layers=(jax.tree.map(lambda *xs: jnp.stack(xs), *weights.layers),))
+    return weights
 
 
 def _record(state: EngineState, rows: jax.Array, index: jax.Array, tokens: jax.Array, logp: jax.Array, eos):
@@ -257,13 +362,16 @@ def admit_prompts(graphdef, params_state, state: EngineState, ids, mask, regions
     cache = init_cache(model.config, a, lp, activation_dtype(model))
     hidden, cache = model.hidden_states(ids, mask, cache=cache)
     logits = model.logits(hidden[:, -1:])[:, 0]  # [A, V]
+    keys, values = cache.keys, cache.values
+    if state.stacked_layers:
+        keys, values = (jnp.stack(keys),), (jnp.stack(values),)
+    at = (slice(None), regions) if state.stacked_layers else regions  # the regions' axis
     state = state.replace(
         prompt_keys=tuple(
-            table.at[regions].set(k.astype(table.dtype), mode="drop") for table, k in zip(state.prompt_keys, cache.keys)
+            table.at[at].set(k.astype(table.dtype), mode="drop") for table, k in zip(state.prompt_keys, keys)
         ),
         prompt_values=tuple(
-            table.at[regions].set(v.astype(table.dtype), mode="drop")
-            for table, v in zip(state.prompt_values, cache.values)
+            table.at[at].set(v.astype(table.dtype), mode="drop") for table, v in zip(state.prompt_values, values)
         ),
         prompt_valid=state.prompt_valid.at[regions].set(mask.astype(bool), mode="drop"),
         prompt_lengths=state.prompt_lengths.at[regions].set(jnp.sum(mask, axis=-1, dtype=jnp.int32), mode="drop"),
@@ -300,7 +408,8 @@ def run_chunk(
         written = s.slot_next - 1  # completion tokens whose keys are in the cache: the fed one goes there
         positions = s.prompt_lengths[s.slot_region] + written
         at = jnp.where(s.slot_active, written, s.slot_keys[0].shape[-1])  # out of range: written nowhere
-        logits, slot_keys, slot_values = slot_decode_step(config, weights, s.slot_last, positions, at, s)
+        step_fn = scanned_slot_decode_step if s.stacked_layers else slot_decode_step
+        logits, slot_keys, slot_values = step_fn(config, weights, s.slot_last, positions, at, s)
         rows = jnp.where(s.slot_active, s.slot_row, n)
         tokens, logp = sample_rows(logits.T, row_uniforms(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
         eos = is_eos(tokens, params.eos_token_ids)
@@ -317,9 +426,10 @@ def run_chunk(
 def compact(state: EngineState, keep: jax.Array) -> EngineState:
     """The state with only the slots ``keep [S']`` (in that order): a program of S' slots."""
     pick = lambda x, axis=0: jnp.take(x, keep, axis=axis)  # noqa: E731
+    cache_axis = 1 if state.stacked_layers else 0
     return state.replace(
-        slot_keys=tuple(map(pick, state.slot_keys)),
-        slot_values=tuple(map(pick, state.slot_values)),
+        slot_keys=tuple(pick(x, cache_axis) for x in state.slot_keys),
+        slot_values=tuple(pick(x, cache_axis) for x in state.slot_values),
         slot_row=pick(state.slot_row),
         slot_region=pick(state.slot_region),
         slot_next=pick(state.slot_next),
@@ -344,7 +454,7 @@ def group_rows(state: EngineState, rows: jax.Array) -> GroupOutput:
 
 
 group_rows_fn = jax.jit(group_rows)
-weights_fn = jax.jit(engine_weights, static_argnums=(0, 2))
+weights_fn = jax.jit(engine_weights, static_argnums=(0, 2, 3))
 admit_fn = jax.jit(admit_prompts, static_argnums=(0, 7, 8), donate_argnums=(2,))
 
 
@@ -624,6 +734,7 @@ def warm_up(
     slots: int = 0,
     min_slots: int = 4,
     chunk: int = 16,
+    scan_layers: bool | None = None,
 ) -> int:
     """Compiles every program `run_engine` can run for these shapes (the weights' copy, a prefill
     per power-of-two admission size, a chunk per slot count, a compaction per step down) by running
@@ -633,6 +744,7 @@ def warm_up(
     n, m = p * num_samples, params.max_new_tokens
     slots, max_prefill, regions, counts = engine_layout(n, num_samples, slots, min_slots)
     graphdef, params_state = nnx.split(model)
+    scanned = layer_scan(scan_layers)
     state = init_state(
         model.config,
         regions=regions,
@@ -643,8 +755,9 @@ def warm_up(
         dtype=activation_dtype(model),
         pad_token_id=params.pad_token_id,
         rng=jax.random.key(0),
+        stacked_layers=scanned,
     )
-    weights = weights_fn(graphdef, params_state, params.merge_adapters)
+    weights = weights_fn(graphdef, params_state, params.merge_adapters, scanned)
     programs = 1
     size = 1
     while size <= _power_of_two_at_least(max_prefill):
@@ -686,6 +799,7 @@ def run_engine(
     min_slots: int = 4,
     chunk: int = 16,
     on_group: Callable[[int, GroupOutput], None] | None = None,
+    scan_layers: bool | None = None,
 ) -> EngineRun:
     """Generates ``num_samples`` completions of each of the P left-padded prompts ``ids, mask``
     ``[P, Lp]`` through ``slots`` slots (0: one per row, P x G).
@@ -700,11 +814,14 @@ def run_engine(
         steps per host sync.
       on_group: ``on_group(prompt, group)`` with a prompt's index and its rows' `GroupOutput`
         (device arrays) when its G rows are all done, while the next chunk decodes (`drive`).
+      scan_layers: the step scans the layers (True) or runs them unrolled (False); None: by
+        backend (`layer_scan`).
     """
     p, lp = ids.shape
     n, m = p * num_samples, params.max_new_tokens
     slots, max_prefill, regions, counts = engine_layout(n, num_samples, slots, min_slots)
     graphdef, params_state = nnx.split(model)
+    scanned = layer_scan(scan_layers)
     holder = [
         init_state(
             model.config,
@@ -716,9 +833,10 @@ def run_engine(
             dtype=activation_dtype(model),
             pad_token_id=params.pad_token_id,
             rng=rng,
+            stacked_layers=scanned,
         )
     ]
-    weights = weights_fn(graphdef, params_state, params.merge_adapters)
+    weights = weights_fn(graphdef, params_state, params.merge_adapters, scanned)
     scheduler = Scheduler(p, num_samples, slots, regions, max_prefill)
     stats = EngineStats()
     prefill_size = _power_of_two_at_least(max_prefill)

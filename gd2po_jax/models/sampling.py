@@ -283,6 +283,7 @@ def generate(
     slots: int = 0,
     chunk: int = 16,
     static: bool = False,
+    scan_layers: bool | None = None,
 ) -> GenerateOutput:
     """Samples ``num_samples`` completions for each prompt; see the module docstring.
 
@@ -302,6 +303,8 @@ def generate(
         (default; `gd2po_jax.models.decode_step.decode_weights`); False applies them per token.
       slots, chunk: the rollout engine's slots (rows decoded at once; 0: one per row) and decode
         steps per host sync (`gd2po_jax.models.engine.run_engine`).
+      scan_layers: the engine's step scans the layers (True), unrolls them (False), or picks by
+        backend (None: a scan on GPU and TPU; `gd2po_jax.models.engine.layer_scan`).
       static: decode every row in lock-step until the longest stops (the one-shot path, kept for
         comparison); a model sharded over several devices or processes always decodes so.
     """
@@ -331,7 +334,17 @@ def generate(
     )
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
     if not (static or not engine_applies(mesh)):
-        run = run_engine(model, ids, mask, params, num_samples=num_samples, rng=rng, slots=slots, chunk=chunk)
+        run = run_engine(
+            model,
+            ids,
+            mask,
+            params,
+            num_samples=num_samples,
+            rng=rng,
+            slots=slots,
+            chunk=chunk,
+            scan_layers=scan_layers,
+        )
         return GenerateOutput(
             tokens=run.tokens,
             logprobs=run.logprobs,

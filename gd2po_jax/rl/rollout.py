@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gd2po_jax.config import RunConfig, SamplingConfig
+from gd2po_jax.config.train import ENGINE_LAYER_SCAN
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.models.logprobs import logprob_temperature
@@ -153,6 +154,7 @@ def collect_rollouts(
             logprob_temperature=settings.logprob_temperature,
             slots=sampling.engine_slots,
             chunk=sampling.engine_chunk,
+            scan_layers=ENGINE_LAYER_SCAN[sampling.engine_layers],
             static=not sampling.engine,
         )
         for i in range(0, num_prompts, chunk)

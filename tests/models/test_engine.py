@@ -48,9 +48,13 @@ def test_engine_equals_the_one_shot_path_for_any_slot_count(model, temperature, 
     one_shot = generate(model, prompts, static=True, **kwargs)
     lengths = np.asarray(one_shot.lengths)
     assert lengths.min() < new and len(set(lengths.tolist())) >= 3, "test needs rows stopping at different steps"
-    for slots, chunk in ((0, 16), (1, 4), (4, 3), (7, 5), (18, 1)):
-        out = generate(model, prompts, slots=slots, chunk=chunk, **kwargs)
-        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one_shot.tokens), err_msg=f"slots={slots}")
+    # The layers unrolled (the CPU's default) and in a scan (GPU and TPU), whose step attends to the
+    # new token's key apart from the cache's.
+    for slots, chunk, scan_layers in ((0, 16, False), (1, 4, False), (4, 3, False), (7, 5, False), (18, 1, False),
+                                      (0, 16, True), (1, 4, True), (7, 5, True)):
+        out = generate(model, prompts, slots=slots, chunk=chunk, scan_layers=scan_layers, **kwargs)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one_shot.tokens),
+                                      err_msg=f"slots={slots} scan_layers={scan_layers}")
         np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
         np.testing.assert_array_equal(np.asarray(out.finished), np.asarray(one_shot.finished))
         np.testing.assert_array_equal(np.asarray(out.prompt_tokens), np.asarray(one_shot.prompt_tokens))
@@ -166,3 +170,19 @@ def test_simulate_counts_what_the_engine_runs(model):
         run.stats.prefills,
         run.stats.slot_counts,
     )
+
+
+def test_layer_scan_is_picked_by_backend_and_keeps_the_layers_stacked(model):
+    from gd2po_jax.models.engine import compact, init_state, layer_scan
+
+    assert layer_scan(None) is (jax.default_backend() != "cpu")
+    assert layer_scan(True) is True and layer_scan(False) is False
+    config = model.config
+    state = init_state(config, regions=3, slots=4, rows=8, prompt_length=5, max_new_tokens=6, dtype=jnp.float32,
+                       pad_token_id=0, rng=jax.random.key(0), stacked_layers=True)
+    assert state.stacked_layers and len(state.slot_keys) == 1
+    assert state.slot_keys[0].shape == (config.num_layers, 4, config.num_kv_heads, config.head_dim, 5)
+    marked = state.replace(slot_keys=(state.slot_keys[0].at[:, 2].set(1.0),))
+    smaller = compact(marked, jnp.asarray([2, 0]))
+    assert smaller.slot_keys[0].shape[1] == 2 and smaller.num_slots == 2
+    assert float(smaller.slot_keys[0][:, 0].min()) == 1.0 and float(smaller.slot_keys[0][:, 1].max()) == 0.0
