@@ -22,8 +22,9 @@ rest. Here the N = P x G rows wait in a queue and flow through ``slots`` places:
 * **Keys per row**: token t of row r is drawn with ``fold_in(fold_in(rng, r), t)``
   (`row_uniforms`), as `gd2po_jax.models.sampling`'s one-shot path draws it, so a completion does not
   depend on which slot or chunk it ran in, nor on the number of slots.
-* **One loop**: a chunk is one ``fori_loop`` over an unrolled step (the static path compiles four
-  segment loops); the layers are not a ``scan`` (see `slot_decode_step`).
+* **One loop**: a chunk is one ``fori_loop`` over a step (the static path compiles four segment
+  loops) whose layers run in a ``scan`` on GPU and TPU (`scanned_slot_decode_step`) and unrolled
+  on CPU (`slot_decode_step`; `layer_scan`).
 
 Why slots and not pages: every row here has the same budget M, fixed for a run, so a slot of M - 1
 positions wastes no memory that pages would save (pages pay off when budgets differ per request or
@@ -40,6 +41,7 @@ computed (slot-steps) against the tokens it produced.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -184,11 +186,8 @@ def slot_decode_step(
     """Feeds one token per slot: its key and value go to position ``write_at`` of the slot's cache,
     and it attends over its prompt region and its cache up to that position.
 
-    The layers are a Python loop over per-layer caches, as `gd2po_jax.models.decode_step`: a
-    `jax.lax.scan` over stacked ``[L, ...]`` caches made XLA:CPU copy each layer's slice of the whole
-    cache at every step (0.4-0.7 s a step at 64 slots x 511 positions on the small model, against
-    the lock-step batch's 0.9 s at 256 rows: docs/rollout_engine.md), more than the compile time it
-    saves (one loop here, not the static path's four).
+    The layers are a Python loop over per-layer caches, as `gd2po_jax.models.decode_step`: the
+    CPU's step (`layer_scan`); `scanned_slot_decode_step` is the GPU's and TPU's.
 
     Args:
       config: the model's architecture.
@@ -460,10 +459,17 @@ admit_fn = jax.jit(admit_prompts, static_argnums=(0, 7, 8), donate_argnums=(2,))
 
 class JitByBackend:
     """``jax.jit(fn)`` compiled with extra XLA options on the backends named in ``options`` (the
-    default backend's when it is called), plainly elsewhere; ``lower`` and ``_cache_size`` as jit's."""
+    default backend's when it is called), plainly elsewhere; ``lower`` and ``_cache_size`` as jit's.
+    An option that the process's ``XLA_FLAGS`` sets is left to them (e.g. the test suite's level 0)."""
 
     def __init__(self, fn: Callable, options: dict[str, dict[str, Any]], **jit_kwargs: Any):
-        self._by_backend = {name: jax.jit(fn, compiler_options=opts, **jit_kwargs) for name, opts in options.items()}
+        flags = os.environ.get("XLA_FLAGS", "")
+        self.options = {
+            name: {k: v for k, v in opts.items() if f"--{k}=" not in flags} for name, opts in options.items()
+        }
+        self._by_backend = {
+            name: jax.jit(fn, compiler_options=opts, **jit_kwargs) for name, opts in self.options.items()
+        }
         self._plain = jax.jit(fn, **jit_kwargs)
 
     def _pick(self):

@@ -186,3 +186,31 @@ def test_layer_scan_is_picked_by_backend_and_keeps_the_layers_stacked(model):
     smaller = compact(marked, jnp.asarray([2, 0]))
     assert smaller.slot_keys[0].shape[1] == 2 and smaller.num_slots == 2
     assert float(smaller.slot_keys[0][:, 0].min()) == 1.0 and float(smaller.slot_keys[0][:, 1].max()) == 0.0
+
+
+def test_the_chunks_cpu_compile_options_keep_its_results_bit_for_bit(model, monkeypatch):
+    from gd2po_jax.models import engine
+
+    prompts = _prompts(4)
+    ids, mask = left_pad(prompts, bucket_length(max(map(len, prompts))), 0)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    runs = []
+    # Against XLA's default level, named: the suite's processes compile at level 0 (tests/xla_env.py),
+    # which JitByBackend leaves to them unless XLA_FLAGS is out of the way.
+    monkeypatch.setenv("XLA_FLAGS", "")
+    for options in (engine.CPU_CHUNK_OPTIONS, {"xla_backend_optimization_level": 2}):
+        chunk = engine.JitByBackend(engine.run_chunk, {"cpu": options}, static_argnums=(0, 5, 6), donate_argnums=(2,))
+        monkeypatch.setattr(engine, "chunk_fn", chunk)
+        run = run_engine(model, ids, mask, params, num_samples=2, rng=jax.random.key(3), slots=4, chunk=3)
+        runs.append((np.asarray(run.tokens), np.asarray(run.logprobs)))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+def test_an_option_the_xla_flags_set_is_left_to_them(monkeypatch):
+    from gd2po_jax.models.engine import JitByBackend
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8")
+    fn = JitByBackend(lambda x: x + 1, {"cpu": {"xla_backend_optimization_level": 1, "xla_cpu_enable_fast_math": False}})
+    assert fn.options == {"cpu": {"xla_cpu_enable_fast_math": False}}
+    assert int(fn(jnp.asarray(1))) == 2
