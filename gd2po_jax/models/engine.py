@@ -175,6 +175,22 @@ def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mas
     return out.astype(prompt_v.dtype)
 
 
+def row_logits(unembed: jax.Array, h: jax.Array, feature_major: bool | None = None) -> jax.Array:
+    """The output layer's logits ``[S, V]`` float32, one row per slot, of ``unembed [V, D]`` and the
+    feature-major stream ``h [D, S]``.
+
+    ``feature_major`` (None: on CPU) computes the product ``[V, S]``-shaped and transposes it: on
+    XLA:CPU that orientation is the fast one (`gd2po_jax.models.decode_step`), and the barrier stops
+    XLA from folding the transpose into the product. Elsewhere the product is ``[S, V]`` directly
+    (the device's matrix units take either operand transposed), with no transposing pass.
+    """
+    if feature_major is None:
+        feature_major = jax.default_backend() == "cpu"
+    if feature_major:
+        return jax.lax.optimization_barrier(jnp.matmul(unembed, h, preferred_element_type=jnp.float32)).T
+    return jnp.matmul(h.T, unembed.T, preferred_element_type=jnp.float32)
+
+
 def slot_decode_step(
     config: ModelConfig,
     weights: DecodeWeights,
@@ -198,7 +214,7 @@ def slot_decode_step(
       state: the slots' regions and caches (`EngineState`).
 
     Returns:
-      logits ``[V, S]`` float32 (feature-major, as `gd2po_jax.models.decode_step.decode_step`), and
+      logits ``[S, V]`` float32 (`row_logits`), and
       the slots' new keys and values (one array per layer each).
     """
     h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
@@ -233,9 +249,7 @@ def slot_decode_step(
         h = layer_output(config, lw, h, out.reshape(s, h_heads * hd).T)
     h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
-    logits = jnp.matmul(unembed, h, preferred_element_type=jnp.float32)  # [V, S]
-    # As in decode_step: keeps the product [V, S]-shaped (the fast orientation on XLA:CPU).
-    logits = jax.lax.optimization_barrier(logits)
+    logits = row_logits(unembed, h)
     return logits, tuple(keys), tuple(values)
 
 
@@ -268,7 +282,7 @@ def scanned_slot_decode_step(
     dynamic slice cannot feed its matrix-product kernels in place): the step ran 2x slower at 64
     slots x 511 positions on the small model, so the CPU runs the unrolled loop (`layer_scan`).
 
-    Returns logits ``[V, S]`` float32 and the new stacked caches (1-tuples).
+    Returns logits ``[S, V]`` float32 (`row_logits`) and the new stacked caches (1-tuples).
     """
     h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
     groups = h_heads // kv_heads
@@ -321,7 +335,7 @@ def scanned_slot_decode_step(
     slot_values = slot_values.at[:, slots, :, write_at, :].set(new_values.transpose(1, 0, 2, 3), mode="drop")
     h = rms_norm(h, weights.final_norm, config.rms_norm_eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
-    logits = jax.lax.optimization_barrier(jnp.matmul(unembed, h, preferred_element_type=jnp.float32))  # [V, S]
+    logits = row_logits(unembed, h)
     return logits, (slot_keys,), (slot_values,)
 
 
@@ -376,9 +390,9 @@ def admit_prompts(graphdef, params_state, state: EngineState, ids, mask, regions
         prompt_lengths=state.prompt_lengths.at[regions].set(jnp.sum(mask, axis=-1, dtype=jnp.int32), mode="drop"),
     )
     rows = (first_rows[:, None] + jnp.arange(num_samples, dtype=jnp.int32)[None, :]).reshape(-1)  # [A G]
-    row_logits = jnp.repeat(logits, num_samples, axis=0)
+    sample_logits = jnp.repeat(logits, num_samples, axis=0)
     zeros = jnp.zeros_like(rows)
-    tokens, logp = sample_rows(row_logits, row_uniforms(state.rng, rows, zeros), params)
+    tokens, logp = sample_rows(sample_logits, row_uniforms(state.rng, rows, zeros), params)
     return _record(state, rows, zeros, tokens, logp, is_eos(tokens, params.eos_token_ids))
 
 
@@ -410,7 +424,7 @@ def run_chunk(
         step_fn = scanned_slot_decode_step if s.stacked_layers else slot_decode_step
         logits, slot_keys, slot_values = step_fn(config, weights, s.slot_last, positions, at, s)
         rows = jnp.where(s.slot_active, s.slot_row, n)
-        tokens, logp = sample_rows(logits.T, row_uniforms(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
+        tokens, logp = sample_rows(logits, row_uniforms(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
         eos = is_eos(tokens, params.eos_token_ids)
         s = _record(s.replace(slot_keys=slot_keys, slot_values=slot_values), rows, s.slot_next, tokens, logp, eos)
         return s.replace(

@@ -214,3 +214,15 @@ def test_an_option_the_xla_flags_set_is_left_to_them(monkeypatch):
     fn = JitByBackend(lambda x: x + 1, {"cpu": {"xla_backend_optimization_level": 1, "xla_cpu_enable_fast_math": False}})
     assert fn.options == {"cpu": {"xla_cpu_enable_fast_math": False}}
     assert int(fn(jnp.asarray(1))) == 2
+
+
+def test_row_logits_are_the_same_in_either_orientation():
+    from gd2po_jax.models.engine import row_logits
+
+    rs = np.random.RandomState(0)
+    unembed, h = jnp.asarray(rs.randn(50, 16), jnp.float32), jnp.asarray(rs.randn(16, 7), jnp.float32)
+    expected = np.asarray(h).T @ np.asarray(unembed).T
+    for feature_major in (True, False, None):
+        got = np.asarray(jax.jit(row_logits, static_argnums=2)(unembed, h, feature_major))
+        assert got.shape == (7, 50) and got.dtype == np.float32
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
