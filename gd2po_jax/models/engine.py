@@ -253,10 +253,10 @@ def slot_decode_step(
     return logits, tuple(keys), tuple(values)
 
 
-def layer_scan(layer_scan: bool | None) -> bool:
-    """Whether the engine's step scans the layers: ``layer_scan``, or by backend when None (a scan
+def layer_scan(scan_layers: bool | None) -> bool:
+    """Whether the engine's step scans the layers: ``scan_layers``, or by backend when None (a scan
     on GPU and TPU, the unrolled loop on CPU)."""
-    return jax.default_backend() != "cpu" if layer_scan is None else bool(layer_scan)
+    return jax.default_backend() != "cpu" if scan_layers is None else bool(scan_layers)
 
 
 def scanned_slot_decode_step(
@@ -279,7 +279,7 @@ def scanned_slot_decode_step(
     cache slice a value the loop carries and updates.
 
     XLA:CPU copies each layer's slice of the caches out of the stacked array at every step (a
-    dynamic slice cannot feed its matrix-product kernels in place): the step ran 2x slower at 64
+    dynamic slice cannot feed its matrix-product kernels in place): a prototype step ran 2x slower at 64
     slots x 511 positions on the small model, so the CPU runs the unrolled loop (`layer_scan`).
 
     Returns logits ``[S, V]`` float32 (`row_logits`) and the new stacked caches (1-tuples).

@@ -94,6 +94,7 @@ INVALID = [
     ({"sampling.top_k": -1}, "sampling.top_k"),
     ({"sampling.prompts_per_call": -1}, "sampling.prompts_per_call"),
     ({"sampling.prompts_per_call": 3}, "sampling.prompts_per_call"),  # does not divide 8 prompts
+    ({"sampling.engine_layers": "fast"}, "sampling.engine_layers"),
     ({"train.num_steps": -1}, "train.num_steps"),
     ({"train.prompts_per_step": 0}, "train.prompts_per_step"),
     ({"train.seed": -1}, "train.seed"),

@@ -141,3 +141,25 @@ def test_scores_errors_and_workers():
         score_batch(CountReward(fail_on="7"), prompts, responses, columns, num_workers=2).rewards
     floored = score_batch(CountReward(fail_on="7"), prompts, responses, columns, on_error="min").rewards
     np.testing.assert_array_equal(floored, [[2, 1], [1, 0], [0, 0], [2, 1]])
+
+
+def test_the_engines_layers_setting_reaches_the_sampler(monkeypatch):
+    from gd2po_jax.rl import rollout
+
+    seen = []
+    real_generate = rollout.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["scan_layers"])
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(rollout, "generate", spy)
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    batches = {}
+    for layers in ("scan", "loop", "auto"):
+        sampling = dataclasses.replace(SAMPLING, engine_layers=layers)
+        batches[layers] = collect_rollouts(model, _prompts(2), DigitTokenizer(), CountReward(),
+                                           settings(num_generations=2, sampling=sampling), rng=jax.random.PRNGKey(2)).batch
+    assert seen == [True, False, None]
+    np.testing.assert_array_equal(batches["scan"].input_ids, batches["loop"].input_ids)
+    np.testing.assert_allclose(np.asarray(batches["scan"].old_logp), np.asarray(batches["loop"].old_logp), atol=1e-5)
