@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from bench import harness
+from gd2po_jax.config.train import ENGINE_LAYER_SCAN, ENGINE_LAYERS
 from gd2po_jax.models import Decoder, load_pretrained
 from gd2po_jax.models.engine import chunk_fn, init_state, layer_scan, run_engine, warm_up, weights_fn
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
@@ -207,7 +208,7 @@ def main(argv=None) -> None:
     parser.add_argument("--min_slots", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--layers", choices=("auto", "scan", "loop"), default="auto",
+    parser.add_argument("--layers", choices=ENGINE_LAYERS, default="auto",
                         help="the engine's decode step: layers in a scan, unrolled, or the backend's choice")
     parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
                         help="a tiny random model and workload: checks the script end to end in seconds")
@@ -224,7 +225,7 @@ def main(argv=None) -> None:
     eos_ids = stop_tokens(model, args.stop_probability)
     report = run(model, eos_ids=eos_ids, prompts=args.prompts, num_samples=args.num_samples, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, slots=args.slots, min_slots=args.min_slots, chunk=args.chunk,
-                 repeats=args.repeats, scan_layers={"auto": None, "scan": True, "loop": False}[args.layers])
+                 repeats=args.repeats, scan_layers=ENGINE_LAYER_SCAN[args.layers])
     report["config"] = vars(args) | {"eos_ids": len(eos_ids), "device": harness.device_description()}
     text = json.dumps(report, indent=2)
     print(text)

@@ -153,12 +153,13 @@ def init_state(
 # ----------------------------------------------------------------------------------------------
 
 
-def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mask):
-    """One softmax over a row's prompt region and its completion cache.
+def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mask, own_k=None, own_v=None):
+    """One softmax over a row's prompt region and its completion cache (and, when given, the new
+    token's own key and value, not in the cache yet: `scanned_slot_decode_step`).
 
     q: [S, KV, G, hd]; prompt_k: [S, KV, hd, Lp]; prompt_v: [S, KV, Lp, hd]; prompt_mask: [S, Lp];
-    slot_k: [S, KV, hd, C]; slot_v: [S, KV, C, hd]; slot_mask: [S, C]. Returns [S, KV, G, hd] in
-    the values' dtype (scores and softmax in float32).
+    slot_k: [S, KV, hd, C]; slot_v: [S, KV, C, hd]; slot_mask: [S, C]; own_k, own_v: [S, KV, hd].
+    Returns [S, KV, G, hd] in the values' dtype (scores and softmax in float32).
     """
     scale = q.shape[-1] ** -0.5
 
@@ -166,12 +167,15 @@ def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mas
         s = jnp.einsum("bkgd,bkds->bkgs", q, keys, preferred_element_type=jnp.float32) * scale
         return jnp.where(mask[:, None, None, :], s, MASK_VALUE)
 
-    lp = prompt_k.shape[-1]
-    probs = jax.nn.softmax(
-        jnp.concatenate([scores(prompt_k, prompt_mask), scores(slot_k, slot_mask)], axis=-1), axis=-1
-    ).astype(prompt_v.dtype)
+    parts = [scores(prompt_k, prompt_mask), scores(slot_k, slot_mask)]
+    if own_k is not None:
+        parts.append(jnp.einsum("bkgd,bkd->bkg", q, own_k, preferred_element_type=jnp.float32)[..., None] * scale)
+    lp, c = prompt_k.shape[-1], slot_k.shape[-1]
+    probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1).astype(prompt_v.dtype)
     out = jnp.einsum("bkgs,bksd->bkgd", probs[..., :lp], prompt_v, preferred_element_type=jnp.float32)
-    out = out + jnp.einsum("bkgs,bksd->bkgd", probs[..., lp:], slot_v, preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgs,bksd->bkgd", probs[..., lp : lp + c], slot_v, preferred_element_type=jnp.float32)
+    if own_v is not None:
+        out = out + probs[..., lp + c :].astype(jnp.float32) * own_v[:, :, None, :].astype(jnp.float32)
     return out.astype(prompt_v.dtype)
 
 
@@ -293,7 +297,6 @@ def scanned_slot_decode_step(
     before = jnp.arange(slot_keys.shape[-1])[None, :] < write_at[:, None]  # [S, C]
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
-    scale = hd**-0.5
 
     def layer(h, xs):
         lw, prompt_k, prompt_v, cache_k, cache_v = xs
@@ -303,29 +306,17 @@ def scanned_slot_decode_step(
         k_rows = k.transpose(2, 0, 1).astype(cache_k.dtype)  # [S, KV, hd], as the cache will hold it
         v_rows = v.transpose(2, 0, 1).astype(cache_v.dtype)
 
-        def scores(keys, mask):  # keys [S, KV, hd, L'] -> [S, KV, G, L']
-            raw = jnp.einsum("bkgd,bkds->bkgs", q_rows, keys.astype(dtype), preferred_element_type=jnp.float32)
-            return jnp.where(mask[:, None, None, :], raw * scale, MASK_VALUE)
-
-        own = jnp.einsum("bkgd,bkd->bkg", q_rows, k_rows.astype(dtype), preferred_element_type=jnp.float32)
-        lp, c = prompt_k.shape[-1], cache_k.shape[-1]
-        probs = jax.nn.softmax(
-            jnp.concatenate(
-                [scores(prompt_k[state.slot_region], prompt_mask), scores(cache_k, before), own[..., None] * scale],
-                axis=-1,
-            ),
-            axis=-1,
-        ).astype(dtype)
-        out = jnp.einsum(
-            "bkgs,bksd->bkgd",
-            probs[..., :lp],
+        out = _slot_attention(
+            q_rows,
+            prompt_k[state.slot_region].astype(dtype),
             prompt_v[state.slot_region].astype(dtype),
-            preferred_element_type=jnp.float32,
+            prompt_mask,
+            cache_k.astype(dtype),
+            cache_v.astype(dtype),
+            before,
+            k_rows.astype(dtype),
+            v_rows.astype(dtype),
         )
-        out = out + jnp.einsum(
-            "bkgs,bksd->bkgd", probs[..., lp : lp + c], cache_v.astype(dtype), preferred_element_type=jnp.float32
-        )
-        out = (out + probs[..., -1:].astype(jnp.float32) * v_rows[:, :, None, :].astype(jnp.float32)).astype(dtype)
         return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), (k_rows, v_rows)
 
     h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
