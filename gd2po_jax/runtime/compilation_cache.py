@@ -32,7 +32,9 @@ JAX_ENV = "JAX_COMPILATION_CACHE_DIR"
 OFF = ("off", "0", "false", "none", "no")
 MIN_COMPILE_SECONDS = 0.2
 """Programs that compile faster than this are not cached (JAX's default: 1 s; the step's small
-programs add up)."""
+programs add up), unless JAX's own ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` says otherwise."""
+JAX_MIN_COMPILE_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+"""JAX's own variable for the threshold: when set, JAX reads it and `enable` leaves it alone."""
 
 
 def user_cache_dir(env: Mapping[str, str] | None = None) -> pathlib.Path:
@@ -71,7 +73,8 @@ def enable(setting: str) -> pathlib.Path | None:
         jax.config.update("jax_compilation_cache_dir", wanted)
         _reset()
     if directory is not None:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+        if not os.environ.get(JAX_MIN_COMPILE_ENV):
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
         logger.info("JAX compilation cache: %s (config.logging.compilation_cache, %s=off turns it off)", directory, ENV)
     return directory
 
