@@ -72,8 +72,8 @@ def _train(workdir: pathlib.Path, cache: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'tiny.py'}",
                            f"--workdir={workdir}", "--config.train.num_steps=2", "--config.sft.num_steps=2",
                            "--config.eval.split=none"], cwd=workdir.parent, capture_output=True, text=True,
-                          env=subprocess_env(GD2PO_JAX_COMPILATION_CACHE=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"),
-                          timeout=900)
+                          env=subprocess_env(GD2PO_JAX_COMPILATION_CACHE=cache,
+                                             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
