@@ -115,9 +115,10 @@ class RewardsConfig(_Section):
     metrics.jsonl. An entry of ``functions`` may set its own."""
     num_workers: int
     """Reward calls in flight at once: the step's reward functions run side by side (threads for plain
-    functions, one event loop for ``async def`` ones), each function's rollouts cut into chunks (this many
-    for one function; dealt out among several), at most this many calls at a time
-    (`gd2po_jax.rewards.scoring`). 1: one call after another."""
+    functions, one event loop for ``async def`` ones), each group's rollouts (scored as the sampler
+    completes it, `gd2po_jax.rl.rollout.GroupScoring`) cut into chunks (this many for one function; dealt
+    out among several), at most this many calls at a time (`gd2po_jax.rewards.scoring`). 1: one call
+    after another."""
     timeout_s: float = 600.0
     """Seconds the scoring of one step's rollouts may take (and the trial call before compute); calls still
     running then fail (``on_error``), and their threads are abandoned (Python cannot stop them). 0: no

@@ -452,9 +452,10 @@ class GroupOutput:
     finished: jax.Array
 
 
-def group_rows(state: EngineState, rows: jax.Array) -> GroupOutput:
-    """The rows ``rows [R]`` of ``state``'s outputs (a copy: the state goes on to the next chunk)."""
-    return GroupOutput(state.tokens[rows], state.logprobs[rows], state.lengths[rows], state.finished[rows])
+def group_rows(outputs: EngineState | GroupOutput, rows: jax.Array) -> GroupOutput:
+    """The rows ``rows [R]`` of the outputs (tokens, logprobs, lengths, finished) of an `EngineState`
+    or of all rows (a copy: the state goes on to the next chunk)."""
+    return GroupOutput(outputs.tokens[rows], outputs.logprobs[rows], outputs.lengths[rows], outputs.finished[rows])
 
 
 group_rows_fn = jax.jit(group_rows)
@@ -877,11 +878,10 @@ def run_engine(
         return lambda: np.asarray(jax.device_get(state.slot_active)).tolist()
 
     def collect(prompts: list[int]) -> list[GroupOutput]:
-        rows = (np.asarray(prompts, np.int32)[:, None] * num_samples + np.arange(num_samples)).reshape(-1)
-        group = group_rows_fn(holder[0], rows)
-        return [
-            jax.tree.map(lambda x, i=i: x[i * num_samples : (i + 1) * num_samples], group) for i in range(len(prompts))
-        ]
+        # One program per group (rows [G]: one compiled shape), no slicing of a joint copy (a
+        # program per slice).
+        rows = np.asarray(prompts, np.int32)[:, None] * num_samples + np.arange(num_samples, dtype=np.int32)
+        return [group_rows_fn(holder[0], group) for group in rows]
 
     def shrink(keep: list[int]) -> None:
         holder[0] = compact_fn(holder[0], np.asarray(keep, np.int32))

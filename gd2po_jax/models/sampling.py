@@ -23,7 +23,7 @@ activations are computed in, that of the parameters (bf16 when the policy was me
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -43,7 +43,7 @@ from gd2po_jax.models.draws import (  # noqa: F401  (re-exported: the sampler's 
     row_uniforms,
     sample_rows,
 )
-from gd2po_jax.models.engine import run_engine
+from gd2po_jax.models.engine import GroupOutput, group_rows_fn, run_engine
 from gd2po_jax.runtime.distributed import batch_rows
 from gd2po_jax.runtime.sharding import BATCH_AXES, mesh_of, named_sharding
 
@@ -284,6 +284,7 @@ def generate(
     chunk: int = 16,
     static: bool = False,
     scan_layers: bool | None = None,
+    on_group: Callable[[int, GroupOutput], None] | None = None,
 ) -> GenerateOutput:
     """Samples ``num_samples`` completions for each prompt; see the module docstring.
 
@@ -307,6 +308,10 @@ def generate(
         backend (None: a scan on GPU and TPU; `gd2po_jax.models.engine.layer_scan`).
       static: decode every row in lock-step until the longest stops (the one-shot path, kept for
         comparison); a model sharded over several devices or processes always decodes so.
+      on_group: ``on_group(prompt, group)`` with a prompt's index and its G rows (`GroupOutput`,
+        device arrays) as soon as they are all done: with the engine, while it decodes the rest
+        (the caller's work on a group overlaps the decode); on the lock-step path, every prompt in
+        order after the decode. One process only (rows live on several otherwise).
     """
     if pad_token_id is None:
         pad_token_id = int(eos_token_ids[0]) if len(eos_token_ids) else 0
@@ -344,6 +349,7 @@ def generate(
             slots=slots,
             chunk=chunk,
             scan_layers=scan_layers,
+            on_group=on_group,
         )
         return GenerateOutput(
             tokens=run.tokens,
@@ -355,6 +361,13 @@ def generate(
         )
     dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, mesh)
     dstate = decode_fn(graphdef, state, dstate, params, mesh)
+    if on_group is not None:
+        if jax.process_count() > 1:
+            raise ValueError("generate's on_group takes one process's rows: it cannot run with several processes")
+        outputs = GroupOutput(dstate.tokens, dstate.logprobs, dstate.lengths, dstate.finished)
+        rows = np.arange(len(prompts) * num_samples, dtype=np.int32).reshape(len(prompts), num_samples)
+        for prompt, group in enumerate(rows):
+            on_group(prompt, group_rows_fn(outputs, group))
     return GenerateOutput(
         tokens=dstate.tokens,
         logprobs=dstate.logprobs,

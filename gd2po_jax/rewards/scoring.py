@@ -393,31 +393,43 @@ class _Scheduler:
         return True
 
     def __iter__(self) -> Iterator[_Call]:
+        """Every call, as each finishes or times out (waits for them)."""
         while self.waiting or self.running or self.skipped:
-            self._start_what_fits()
-            while self.skipped:
-                yield self.skipped.pop(0)
-            now = time.monotonic()
-            for call in list(self.running):
-                end = call.deadline(self.step_deadline)
-                if end is not None and now >= end and self._abandon(call):
-                    self.running.remove(call)
-                    yield call
-            if self.step_deadline is not None and now >= self.step_deadline:
-                while self.waiting:  # never started: failed by the step's deadline
-                    call = self.waiting.popleft()
-                    call.timed_out = True
-                    yield call
-            if not self.running:
-                continue
+            yield from self._round(wait=True)
+
+    def ready(self) -> Iterator[_Call]:
+        """The calls that have finished or timed out by now, without waiting (starts what fits)."""
+        yield from self._round(wait=False)
+
+    def _round(self, wait: bool) -> Iterator[_Call]:
+        self._start_what_fits()
+        while self.skipped:
+            yield self.skipped.pop(0)
+        now = time.monotonic()
+        for call in list(self.running):
+            end = call.deadline(self.step_deadline)
+            if end is not None and now >= end and self._abandon(call):
+                self.running.remove(call)
+                yield call
+        if self.step_deadline is not None and now >= self.step_deadline:
+            while self.waiting:  # never started: failed by the step's deadline
+                call = self.waiting.popleft()
+                call.timed_out = True
+                yield call
+        while self.running:
             ends = [e for e in (c.deadline(self.step_deadline) for c in self.running) if e is not None]
             try:
-                call = self.done.get(timeout=max(0.0, min(ends) - now) + 1e-3 if ends else None)
+                if wait:
+                    call = self.done.get(timeout=max(0.0, min(ends) - now) + 1e-3 if ends else None)
+                else:
+                    call = self.done.get_nowait()
             except queue.Empty:
-                continue
+                return
             if call in self.running and not call.abandoned:
                 self.running.remove(call)
                 yield call
+            if wait:
+                return
 
 
 # ---------------------------------------------------------------- what a failed call means
@@ -626,44 +638,100 @@ def score_batch(
       RewardOutputError: a reward function returned a value that is neither a finite number nor
         an abstention, or the wrong shape.
     """
-    functions = reward_functions(reward_fn)
-    step = _Policy(on_error, time.monotonic() + timeout_s if timeout_s else None, timeout_s)
-    policies = [step.of(fn) for fn in functions]
-    for fn, policy in zip(functions, policies):
-        if policy.on_error == "min":
-            reward_minimums(fn)  # fail early, not on the first bad rollout
-    n = len(responses)
-    outcomes: list[list[Any]] = [[None] * n for _ in functions]
-    scheduler = _Scheduler(num_workers, step.deadline)
-    for call in _chunk_calls(functions, prompts, responses, columns, first_rollout, num_workers):
-        scheduler.add(call)
-    for call in scheduler:
-        _settle(call, policies[call.index], outcomes[call.index], scheduler, first_rollout)
-    rewards, failed, first_errors = [], [], []
-    for fn, policy, rows in zip(functions, policies, outcomes):
-        errors = [row if isinstance(row, str) else None for row in rows]
-        values = np.empty((n, len(fn.names)), np.float32)  # K known now: a first call fixes components
-        for i, (row, error) in enumerate(zip(rows, errors)):
-            values[i] = row if error is None else policy.failed_values(fn)
-        rewards.append(values)
-        failed.append(np.repeat(np.array([e is not None for e in errors], bool)[:, None], values.shape[1], axis=1))
-        bad = [e for e in errors if e is not None]
-        if bad:
-            outcome = "left unscored" if policy.on_error == "abstain" else "scored as the minimum"
-            logger.warning(
-                "reward function %s failed on %d of %d rollouts (%s); first: %s",
-                function_label(fn),
-                len(bad),
-                n,
-                outcome,
-                bad[0],
-            )
-            first_errors.append((errors.index(bad[0]), bad[0]))
-    return Scores(
-        rewards=np.concatenate(rewards, axis=1).astype(np.float32),
-        failed=np.concatenate(failed, axis=1),
-        first_error=min(first_errors)[1] if first_errors else None,
+    scorer = StreamScorer(
+        reward_fn,
+        len(responses),
+        on_error=on_error,
+        num_workers=num_workers,
+        timeout_s=timeout_s,
+        first_rollout=first_rollout,
     )
+    scorer.add(0, prompts, responses, columns)
+    return scorer.result()
+
+
+class StreamScorer:
+    """`score_batch` fed a part at a time: the N responses arrive in parts (a prompt's group as the
+    rollout engine completes it) and each part's calls start at once on the worker threads while the
+    caller goes on (decoding the rest); `result` waits for what is still running and returns the
+    `Scores` of all N, the same as `score_batch` on the whole batch gives for functions that score
+    each rollout on its own (as they must: calls already see chunks of a batch). The deadline
+    ``timeout_s`` counts from the construction; the failures are logged once, by `result`.
+
+        scorer = StreamScorer(reward_fn, n, on_error="min")
+        scorer.add(first, prompts, responses, columns)  # rollouts first .. first + len(responses) - 1
+        scores = scorer.result()
+
+    Raises what `score_batch` raises, from `add` (a call that finished by then) or `result`.
+    """
+
+    def __init__(
+        self,
+        reward_fn: RewardFunction,
+        n: int,
+        *,
+        on_error: str = "raise",
+        num_workers: int = 1,
+        timeout_s: float = 0.0,
+        first_rollout: int = 0,
+    ):
+        self.functions = reward_functions(reward_fn)
+        step = _Policy(on_error, time.monotonic() + timeout_s if timeout_s else None, timeout_s)
+        self.policies = [step.of(fn) for fn in self.functions]
+        for fn, policy in zip(self.functions, self.policies):
+            if policy.on_error == "min":
+                reward_minimums(fn)  # fail early, not on the first bad rollout
+        self.n, self.num_workers, self.first_rollout = n, num_workers, first_rollout
+        self.outcomes: list[list[Any]] = [[None] * n for _ in self.functions]
+        self.added = np.zeros(n, bool)
+        self.scheduler = _Scheduler(num_workers, step.deadline)
+
+    def add(self, first: int, prompts: list[str], responses: list[str], columns: dict[str, list[Any]]) -> None:
+        """Start scoring responses ``first .. first + len(responses) - 1`` of the N (columns: per response)."""
+        stop = first + len(responses)
+        if first < 0 or stop > self.n or self.added[first:stop].any():
+            raise ValueError(f"responses {first}..{stop - 1} are outside the {self.n} or were added before")
+        self.added[first:stop] = True
+        calls = _chunk_calls(self.functions, prompts, responses, columns, self.first_rollout + first, self.num_workers)
+        for call in calls:
+            self.scheduler.add(call)
+        self._settle(self.scheduler.ready())
+
+    def result(self) -> Scores:
+        """The `Scores` of all N responses, once every call has finished or failed."""
+        if not self.added.all():
+            missing = int(np.argmin(self.added))
+            raise ValueError(f"response {missing} of the {self.n} was never added")
+        self._settle(iter(self.scheduler))
+        rewards, failed, first_errors = [], [], []
+        for fn, policy, rows in zip(self.functions, self.policies, self.outcomes):
+            errors = [row if isinstance(row, str) else None for row in rows]
+            values = np.empty((self.n, len(fn.names)), np.float32)  # K known now: a first call fixes components
+            for i, (row, error) in enumerate(zip(rows, errors)):
+                values[i] = row if error is None else policy.failed_values(fn)
+            rewards.append(values)
+            failed.append(np.repeat(np.array([e is not None for e in errors], bool)[:, None], values.shape[1], axis=1))
+            bad = [e for e in errors if e is not None]
+            if bad:
+                outcome = "left unscored" if policy.on_error == "abstain" else "scored as the minimum"
+                logger.warning(
+                    "reward function %s failed on %d of %d rollouts (%s); first: %s",
+                    function_label(fn),
+                    len(bad),
+                    self.n,
+                    outcome,
+                    bad[0],
+                )
+                first_errors.append((errors.index(bad[0]), bad[0]))
+        return Scores(
+            rewards=np.concatenate(rewards, axis=1).astype(np.float32),
+            failed=np.concatenate(failed, axis=1),
+            first_error=min(first_errors)[1] if first_errors else None,
+        )
+
+    def _settle(self, calls: Iterator[_Call]) -> None:
+        for call in calls:
+            _settle(call, self.policies[call.index], self.outcomes[call.index], self.scheduler, self.first_rollout)
 
 
 def call_reward(

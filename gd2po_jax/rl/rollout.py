@@ -1,7 +1,9 @@
 """From prompts to a `RolloutBatch`: sample on device, decode, score on the host.
 
 The sampled tokens, masks and log-probs never leave the device; only the token ids are copied to
-the host to be decoded into text for the reward functions, and the [P, G, K] rewards come back.
+the host to be decoded into text for the reward functions, and the [P, G, K] rewards come back. In
+one process, a group's rewards are computed while the sampler decodes the other groups
+(`GroupScoring`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from gd2po_jax.config.train import ENGINE_LAYER_SCAN
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.models.logprobs import logprob_temperature
-from gd2po_jax.models.sampling import GenerateOutput, completion_mask, generate
+from gd2po_jax.models.sampling import GenerateOutput, GroupOutput, completion_mask, generate
 from gd2po_jax.rewards.base import (
     RESPONSE_IDS,
     ROLLOUT_INDEX,
@@ -28,7 +30,7 @@ from gd2po_jax.rewards.base import (
     reward_step_metrics,
     scores_on_devices,
 )
-from gd2po_jax.rewards.scoring import abstained_fraction, failed_fraction, score_batch
+from gd2po_jax.rewards.scoring import Scores, StreamScorer, abstained_fraction, failed_fraction, score_batch
 from gd2po_jax.rl.micro_batches import verl_update_layout
 from gd2po_jax.runtime.distributed import addressable_rows, gather_rows, gather_texts, host_value, replicated
 from gd2po_jax.runtime.sharding import mesh_of
@@ -51,8 +53,8 @@ class Rollouts:
     first_failure: str | None  # what went wrong on the first failed rollout; None when none failed
     truncated: np.ndarray  # [P * G] bool, no EOS within max_new_tokens
     generated_tokens: int
-    sampling_seconds: float  # generation, until the tokens are on the host
-    reward_seconds: float  # decoding and scoring
+    sampling_seconds: float  # generation, until the tokens are on the host (with the groups scored meanwhile)
+    reward_seconds: float  # decoding and scoring after that (`GroupScoring`: what did not overlap the decode)
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the reward functions' own
     # What reward functions reported per rollout (TRL's log_extra): column -> {rollout index: value};
     # this process's rollouts only.
@@ -138,6 +140,10 @@ def collect_rollouts(
     chunk = min(settings.prompts_per_call, num_prompts) or num_prompts
     if num_prompts % chunk:
         raise ValueError(f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step")
+    # One process with host rewards: each group is scored as soon as its G rows are done, while the
+    # engine decodes the rest (`GroupScoring`). Several processes, or reward models (device programs
+    # over every process's rows): the whole step at once, after the decode.
+    streaming = GroupScoring(prompt_set, tokenizer, reward_fn, settings) if _scores_groups(reward_fn) else None
     parts = [
         generate(
             model,
@@ -156,6 +162,7 @@ def collect_rollouts(
             chunk=sampling.engine_chunk,
             scan_layers=ENGINE_LAYER_SCAN[sampling.engine_layers],
             static=not sampling.engine,
+            on_group=None if streaming is None else lambda prompt, group, i=i: streaming.add(i + prompt, group),
         )
         for i in range(0, num_prompts, chunk)
     ]
@@ -165,25 +172,24 @@ def collect_rollouts(
     rows, tokens = addressable_rows(out.tokens)
     lengths, finished, prompt_lengths = host_value((out.lengths, out.finished, jnp.sum(out.prompt_mask, axis=1)))
     sampled = time.perf_counter()
-    if scores_on_devices(reward_fn) and jax.process_count() > 1:
-        # Reward models run one program over every process's devices, fed the same rows by every
-        # process: each process scores all the rollouts.
-        rows, tokens = np.arange(len(lengths)), host_value(out.tokens)
-    responses = decode_completions(tokenizer, tokens, lengths[rows])
-    prompts = [prompt_set.texts[r // num_generations] for r in rows]
-    columns = {name: [values[r // num_generations] for r in rows] for name, values in prompt_set.columns.items()}
-    columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(np.asarray(tokens), lengths[rows])]
-    columns[ROLLOUT_INDEX] = [int(r) for r in rows]
-    scores = score_batch(
-        reward_fn,
-        prompts,
-        responses,
-        columns,
-        on_error=settings.on_error,
-        num_workers=settings.num_workers,
-        timeout_s=settings.timeout_s,
-        first_rollout=int(rows[0]),
-    )
+    if streaming is not None:
+        scores, responses = streaming.result()
+    else:
+        if scores_on_devices(reward_fn) and jax.process_count() > 1:
+            # Reward models run one program over every process's devices, fed the same rows by every
+            # process: each process scores all the rollouts.
+            rows, tokens = np.arange(len(lengths)), host_value(out.tokens)
+        prompts, responses, columns = score_inputs(prompt_set, tokenizer, num_generations, rows, tokens, lengths[rows])
+        scores = score_batch(
+            reward_fn,
+            prompts,
+            responses,
+            columns,
+            on_error=settings.on_error,
+            num_workers=settings.num_workers,
+            timeout_s=settings.timeout_s,
+            first_rollout=int(rows[0]),
+        )
     reward_metrics = reward_step_metrics(reward_fn)
     reward_extras = reward_step_extras(reward_fn)
     all_rewards, all_failed = gather_rows(rows, (scores.rewards, scores.failed), len(lengths))
@@ -216,6 +222,67 @@ def collect_rollouts(
         reward_metrics=reward_metrics,
         reward_extras=reward_extras,
     )
+
+
+def score_inputs(
+    prompt_set: PromptSet, tokenizer, num_generations: int, rows: np.ndarray, tokens, lengths
+) -> tuple[list[str], list[str], dict[str, list[Any]]]:
+    """What the reward functions get for rollouts ``rows [R]`` (row r: prompt r // G) whose tokens
+    ``[R, M]`` end at ``lengths [R]``: the prompts' texts, the decoded responses, and the columns (the
+    prompts' own, the response ids, the rollout index)."""
+    tokens = np.asarray(tokens)
+    responses = decode_completions(tokenizer, tokens, lengths)
+    prompts = [prompt_set.texts[r // num_generations] for r in rows]
+    columns = {name: [values[r // num_generations] for r in rows] for name, values in prompt_set.columns.items()}
+    columns[RESPONSE_IDS] = [row[:n].tolist() for row, n in zip(tokens, lengths)]
+    columns[ROLLOUT_INDEX] = [int(r) for r in rows]
+    return prompts, responses, columns
+
+
+def _scores_groups(reward_fn: RewardFunction) -> bool:
+    """Whether `collect_rollouts` scores each group as it completes: one process, host rewards."""
+    return jax.process_count() == 1 and not scores_on_devices(reward_fn)
+
+
+class GroupScoring:
+    """A step's rollouts scored a group at a time: `add` (the sampler's ``on_group``) decodes a
+    prompt's G completions and starts their reward calls on the worker threads
+    (`gd2po_jax.rewards.scoring.StreamScorer`), so the rewards of a group overlap the decode of the
+    rest; `result` waits for the last calls. The same scores as scoring the batch whole (reward
+    functions score each rollout on its own); the deadline ``timeout_s`` counts from the first group.
+    """
+
+    def __init__(self, prompt_set: PromptSet, tokenizer, reward_fn: RewardFunction, settings: RolloutSettings):
+        self.prompt_set, self.tokenizer, self.reward_fn, self.settings = prompt_set, tokenizer, reward_fn, settings
+        self.num_generations = settings.num_generations
+        self.responses: list[str | None] = [None] * (len(prompt_set) * self.num_generations)
+        self.scorer: StreamScorer | None = None
+
+    def add(self, prompt: int, group: GroupOutput) -> None:
+        """Score prompt ``prompt``'s G rollouts (its `GroupOutput`)."""
+        if self.scorer is None:
+            settings = self.settings
+            self.scorer = StreamScorer(
+                self.reward_fn,
+                len(self.responses),
+                on_error=settings.on_error,
+                num_workers=settings.num_workers,
+                timeout_s=settings.timeout_s,
+            )
+        tokens, lengths = jax.device_get((group.tokens, group.lengths))
+        first = prompt * self.num_generations
+        rows = np.arange(first, first + self.num_generations)
+        prompts, responses, columns = score_inputs(
+            self.prompt_set, self.tokenizer, self.num_generations, rows, tokens, lengths
+        )
+        self.responses[first : first + self.num_generations] = responses
+        self.scorer.add(first, prompts, responses, columns)
+
+    def result(self) -> tuple[Scores, list[str]]:
+        """The `Scores` of every rollout and the responses, in row order."""
+        if self.scorer is None or any(r is None for r in self.responses):
+            raise RuntimeError("the sampler did not hand over every group of the step")
+        return self.scorer.result(), [r for r in self.responses if r is not None]
 
 
 def rollout_batch(

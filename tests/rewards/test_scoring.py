@@ -23,6 +23,7 @@ from gd2po_jax.rewards.scoring import (
     RewardFailuresError,
     RewardMinimumError,
     RewardTimeoutError,
+    StreamScorer,
     abandoned_calls,
     abstained_fraction,
     check_failures,
@@ -99,6 +100,42 @@ def test_abstaining_is_not_crashing_on_error_min_floors_only_the_crash():
     floored = score_batch(judge, ["p"] * 4, responses, {}, on_error="min", num_workers=2).rewards
     np.testing.assert_array_equal(floored[[0, 2, 3], 0], [2.0, -1.0, 1.0])  # the crash gets the minimum
     assert np.isnan(floored[1, 0])  # the abstention stays missing
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_batch_scored_in_parts_as_they_arrive_equals_it_scored_whole(workers):
+    """`StreamScorer`: the groups of a step added as the engine completes them (in any order), each
+    part's calls started at once: the same rewards, failures and first error as `score_batch`."""
+    responses = ["1 2", "7", "5 5", "", "3 7 3", "4 4 4", "5", "9 9"]
+    combined = CombinedReward((ToolCallingReward(names=("correctness",)), Judge(fail_on="5")))
+    columns = {"ground_truth": [GT_CALL] * 8}
+    whole = score_batch(combined, ["p"] * 8, responses, columns, on_error="min", num_workers=workers)
+    scorer = StreamScorer(combined, 8, on_error="min", num_workers=workers)
+    for first in (6, 2, 0, 4):  # groups of 2, completed out of order
+        scorer.add(first, ["p"] * 2, responses[first : first + 2], {"ground_truth": [GT_CALL] * 2})
+    parts = scorer.result()
+    np.testing.assert_array_equal(parts.rewards, whole.rewards)
+    np.testing.assert_array_equal(parts.failed, whole.failed)
+    assert parts.first_error == whole.first_error and "rollout 2" in parts.first_error
+
+
+def test_a_part_starts_scoring_before_the_rest_arrives_and_every_row_must_arrive():
+    started = threading.Event()
+
+    def reward(prompts, responses, columns):
+        started.set()
+        return [[1.0] for _ in responses]
+
+    reward.names = ("r",)
+    scorer = StreamScorer(reward, 4)
+    scorer.add(0, ["p"] * 2, ["a", "b"], {})
+    assert started.wait(5)  # on a worker thread, while the caller goes on
+    with pytest.raises(ValueError, match="outside the 4 or were added before"):
+        scorer.add(1, ["p"] * 2, ["b", "c"], {})
+    with pytest.raises(ValueError, match="response 2 of the 4 was never added"):
+        scorer.result()
+    scorer.add(2, ["p"] * 2, ["c", "d"], {})
+    np.testing.assert_array_equal(scorer.result().rewards, [[1.0]] * 4)
 
 
 @pytest.mark.parametrize("bad, shown", [

@@ -10,6 +10,7 @@ from flax import nnx
 
 from gd2po_jax.config import SamplingConfig
 from gd2po_jax.data.prompts import PromptSet
+from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.models import Decoder
 from gd2po_jax.models.sampling import generate
 from gd2po_jax.rewards.base import RESPONSE_IDS
@@ -95,7 +96,31 @@ def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
                            rng=jax.random.PRNGKey(1))
     completions = np.asarray(out.batch.input_ids)[:, 16:] * np.asarray(out.batch.response_mask)  # EOS included
     np.testing.assert_array_equal(out.rewards.reshape(-1), completions.sum(axis=1))
-    assert out.reward_metrics == {"ids_reward/calls": 1.0}
+    assert out.reward_metrics == {"ids_reward/calls": 4.0}  # one call per group, as each completes
+
+
+def test_each_group_is_scored_while_the_engine_decodes_the_rest(monkeypatch):
+    """`GroupScoring`: a group's reward call starts as soon as its rows are done, before the engine's
+    last chunk; the rewards and responses equal those of the whole batch scored after the decode."""
+    from gd2po_jax.models import engine
+
+    dispatched = []
+    chunk_fn = engine.chunk_fn
+    monkeypatch.setattr(engine, "chunk_fn", lambda *a, **k: (dispatched.append(1), chunk_fn(*a, **k))[1])
+    chunks_at_call = []
+
+    def reward(prompts, responses, columns):
+        chunks_at_call.append(len(dispatched))
+        return [[float(len(r))] for r in responses]
+
+    reward.names = ("length",)
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+    step = settings(sampling=dataclasses.replace(SAMPLING, max_new_tokens=12, engine_slots=4, engine_chunk=2))
+    out = collect_rollouts(model, _prompts(6), DigitTokenizer(), reward, step, rng=jax.random.PRNGKey(3))
+    assert len(chunks_at_call) == 6 and min(chunks_at_call) < len(dispatched)  # scored while decoding
+    tokens, lengths = np.asarray(out.batch.input_ids)[:, 16:], np.asarray(out.batch.response_mask).sum(axis=1)
+    assert out.responses == decode_completions(DigitTokenizer(), tokens, lengths)  # in row order
+    np.testing.assert_array_equal(out.rewards.reshape(-1), [len(r) for r in out.responses])
 
 
 def test_old_logprobs_are_at_the_logprob_temperature():
