@@ -36,7 +36,15 @@ from flax import nnx
 from bench import harness
 from gd2po_jax.config.train import ENGINE_LAYER_SCAN, ENGINE_LAYERS
 from gd2po_jax.models import Decoder, load_pretrained
-from gd2po_jax.models.engine import chunk_fn, init_state, layer_scan, run_engine, warm_up, weights_fn
+from gd2po_jax.models.engine import (
+    chunk_fn,
+    decode_attention_kind,
+    init_state,
+    layer_scan,
+    run_engine,
+    warm_up,
+    weights_fn,
+)
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, decode_fn, generate, left_pad, prefill_fn
 
 EOS = 1
@@ -81,7 +89,9 @@ def compile_seconds(model: Decoder, ids: np.ndarray, mask: np.ndarray, params: S
         weights = weights_fn(graphdef, state, params.merge_adapters, scanned)
         assign = np.full(slots, rows, np.int32)
         start = time.perf_counter()
-        chunk_fn.lower(model.config, weights, engine_state, assign, np.zeros(slots, np.int32), params, chunk).compile()
+        attention = decode_attention_kind(None, model.config, model.embed[...].dtype, scanned)
+        chunk_fn.lower(model.config, weights, engine_state, assign, np.zeros(slots, np.int32), params, chunk,
+                       attention).compile()
         seconds[scanned] = time.perf_counter() - start
     engine_s = seconds[layer_scan(None)]
     return {"static_decode_s": static_s, "engine_chunk_s": engine_s, "static_over_engine": static_s / engine_s,

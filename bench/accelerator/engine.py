@@ -9,7 +9,9 @@ the same process, with the decode row-steps per generated token.
 
 Targets (issue 58): >= 60% of the bound at 0.5B x 64, >= 80% at 1.5B x 256; W-tail engine >= 3x
 static; < 10 s of compile per program. The first case runs a second time with the layers the other
-way (unrolled where the backend scans them: ``other_layers``), to see what the scan costs per step.
+way (unrolled where the backend scans them: ``other_layers``), to see what the scan costs per step,
+and, where the backend attends with the Pallas kernel (GPU), a third time with XLA's attention
+(``xla_attention``), to see what the kernel gains.
 """
 
 from __future__ import annotations
@@ -22,15 +24,16 @@ import jax.numpy as jnp
 from bench import harness
 from bench.accelerator.common import MODELS, Context, check, param_bytes, random_model
 from bench.accelerator.speed import kv_cache_bytes, measure_bandwidth
-from gd2po_jax.models.engine import layer_scan, run_engine
+from gd2po_jax.models.engine import decode_attention_kind, layer_scan, run_engine
 from gd2po_jax.models.sampling import SamplingParams, bucket_length, left_pad
 
 TARGET_OF_BOUND = {("qwen2.5-0.5b", 64): 0.6, ("qwen2.5-1.5b", 256): 0.8}
 
 
-def engine_case(ctx: Context, model_name: str, rows: int, bandwidth: float, scan_layers: bool | None = None) -> dict:
+def engine_case(ctx: Context, model_name: str, rows: int, bandwidth: float, scan_layers: bool | None = None,
+                attention: str | None = None) -> dict:
     """The engine's decode step of ``rows`` rows (one slot each) against its bandwidth bound;
-    ``scan_layers`` as `gd2po_jax.models.engine.run_engine`'s (None: the backend's choice)."""
+    ``scan_layers`` and ``attention`` as `gd2po_jax.models.engine.run_engine`'s (None: the backend's choice)."""
     profile, device, counter = ctx.profile, ctx.device, ctx.compiles
     config = MODELS[model_name]
     model = random_model(config, jnp.bfloat16, device)
@@ -42,7 +45,7 @@ def engine_case(ctx: Context, model_name: str, rows: int, bandwidth: float, scan
     def run(seed: int):
         _, seconds = harness.time_call(
             lambda: run_engine(model, ids, mask, params, num_samples=1, rng=jax.random.key(seed),
-                               scan_layers=scan_layers).tokens)
+                               scan_layers=scan_layers, attention=attention).tokens)
         return seconds
 
     before = counter.snapshot()
@@ -61,6 +64,7 @@ def engine_case(ctx: Context, model_name: str, rows: int, bandwidth: float, scan
     bound_s = (weights + kv_filled) / bandwidth
     return {"model": model_name, "rows": rows, "slots": rows, "new_tokens": profile.sampling_new,
             "layer_scan": layer_scan(scan_layers),
+            "attention": decode_attention_kind(attention, config, jnp.bfloat16, layer_scan(scan_layers)),
             "first_call_s": first_s, "compiles": compiles, "compile_s": compile_s,
             "compile_s_per_program": compile_s / max(compiles, 1), "timed_compiles": timed_compiles,
             "call_s": seconds, "decode_step_ms": 1e3 * step_s, "bound_step_ms": 1e3 * bound_s,
@@ -86,8 +90,15 @@ def part_engine(ctx: Context) -> dict:
             # (a scan on GPU/TPU) pays for its per-layer cache slices in step time.
             other = engine_case(ctx, model_name, rows, bandwidth, scan_layers=not case["layer_scan"])
             gc.collect()
-            case["other_layers"] = {key: other[key] for key in ("layer_scan", "decode_step_ms", "of_bound",
-                                                               "compile_s_per_program", "compiles", "compile_s")}
+            keys = ("layer_scan", "attention", "decode_step_ms", "of_bound", "compile_s_per_program", "compiles",
+                    "compile_s")
+            case["other_layers"] = {key: other[key] for key in keys}
+            if case["attention"] == "pallas" and ctx.remaining() > 120:
+                # The scan with XLA's attention (every allocated position, the regions gathered):
+                # what the Pallas kernel gains per step.
+                plain = engine_case(ctx, model_name, rows, bandwidth, attention="xla")
+                gc.collect()
+                case["xla_attention"] = {key: plain[key] for key in keys}
         cases.append(case)
         checks.append(check(f"engine {model_name} x {rows}: no compile in the timed calls",
                             case["timed_compiles"], 0, case["timed_compiles"] == 0))

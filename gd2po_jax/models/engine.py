@@ -52,6 +52,7 @@ import numpy as np
 from flax import nnx, struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
+from gd2po_jax.models.decode_attention import pallas_attention_supported, slot_decode_attention
 from gd2po_jax.models.decode_step import DecodeWeights, decode_weights, layer_output, layer_qkv
 from gd2po_jax.models.decoder import MASK_VALUE, Decoder, init_cache, rms_norm
 from gd2po_jax.models.draws import activation_dtype, is_eos, row_uniforms, sample_rows
@@ -263,6 +264,34 @@ def layer_scan(scan_layers: bool | None) -> bool:
     return jax.default_backend() != "cpu" if scan_layers is None else bool(scan_layers)
 
 
+ATTENTION_KINDS = ("xla", "pallas", "interpret")
+"""How the scanned step attends: XLA's products over every allocated position (``xla``), or the
+Pallas kernel that reads the filled ones (`gd2po_jax.models.decode_attention`), compiled for the GPU
+(``pallas``) or run in Pallas's interpreter (``interpret``: tests on CPU)."""
+
+
+def decode_attention_kind(attention: str | None, config: ModelConfig, dtype, scanned: bool) -> str:
+    """The attention the chunk's step runs (`ATTENTION_KINDS`): ``attention``, or by backend when
+    None: the Pallas kernel on GPU where it applies (the layer scan, a head dim and dtype it takes:
+    `pallas_attention_supported`), XLA's products elsewhere.
+
+    Raises:
+      ValueError: an unknown kind, or the kernel asked for where it does not apply.
+    """
+    groups = config.num_heads // config.num_kv_heads
+    applies = scanned and pallas_attention_supported(config.head_dim, groups, dtype)
+    if attention is None:
+        return "pallas" if applies and jax.default_backend() == "gpu" else "xla"
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS} or None (by backend), got {attention!r}")
+    if attention != "xla" and not applies:
+        raise ValueError(
+            f"attention={attention!r} needs the layer scan and a head dim and dtype the kernel takes "
+            f"(head_dim={config.head_dim}, {groups} query heads per kv head, {jnp.dtype(dtype).name})"
+        )
+    return attention
+
+
 def scanned_slot_decode_step(
     config: ModelConfig,
     weights: DecodeWeights,
@@ -270,6 +299,7 @@ def scanned_slot_decode_step(
     positions: jax.Array,
     write_at: jax.Array,
     state: EngineState,
+    attention: str = "xla",
 ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
     """`slot_decode_step` with the layers in one ``jax.lax.scan``: the layer's program is compiled
     once, not L times.
@@ -286,6 +316,11 @@ def scanned_slot_decode_step(
     dynamic slice cannot feed its matrix-product kernels in place): a prototype step ran 2x slower at 64
     slots x 511 positions on the small model, so the CPU runs the unrolled loop (`layer_scan`).
 
+    ``attention`` (`decode_attention_kind`): ``pallas``/``interpret``: each layer attends with
+    `gd2po_jax.models.decode_attention.slot_decode_attention`, which reads that layer of the stacked
+    region table and caches in place (the scan carries only the layer index: no per-layer slice), the
+    region by index (no gathered copy) and each cache up to ``write_at`` (a slot with no row reads none).
+
     Returns logits ``[S, V]`` float32 (`row_logits`) and the new stacked caches (1-tuples).
     """
     h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
@@ -297,6 +332,29 @@ def scanned_slot_decode_step(
     before = jnp.arange(slot_keys.shape[-1])[None, :] < write_at[:, None]  # [S, C]
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
+
+    def kernel_layer(h, xs):
+        lw, index = xs
+        q, k, v = layer_qkv(config, lw, h, cos, sin)
+        dtype = q.dtype
+        q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
+        k_rows = k.transpose(2, 0, 1).astype(slot_keys.dtype)  # [S, KV, hd], as the cache will hold it
+        v_rows = v.transpose(2, 0, 1).astype(slot_values.dtype)
+        out = slot_decode_attention(
+            q_rows,
+            state.prompt_keys[0],
+            state.prompt_values[0],
+            state.prompt_valid,
+            state.slot_region,
+            slot_keys,
+            slot_values,
+            filled,
+            k_rows.astype(dtype),
+            v_rows.astype(dtype),
+            layer=index,
+            interpret=attention == "interpret",
+        ).astype(dtype)
+        return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), (k_rows, v_rows)
 
     def layer(h, xs):
         lw, prompt_k, prompt_v, cache_k, cache_v = xs
@@ -320,8 +378,13 @@ def scanned_slot_decode_step(
         return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), (k_rows, v_rows)
 
     h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
-    xs = (weights.layers[0], state.prompt_keys[0], state.prompt_values[0], slot_keys, slot_values)
-    h, (new_keys, new_values) = jax.lax.scan(layer, h, xs)  # new_*: [L, S, KV, hd]
+    if attention == "xla":
+        xs = (weights.layers[0], state.prompt_keys[0], state.prompt_values[0], slot_keys, slot_values)
+        h, (new_keys, new_values) = jax.lax.scan(layer, h, xs)  # new_*: [L, S, KV, hd]
+    else:
+        filled = jnp.where(write_at < slot_keys.shape[-1], write_at, 0)  # a slot with no row: nothing to read
+        layers = jnp.arange(slot_keys.shape[0], dtype=jnp.int32)
+        h, (new_keys, new_values) = jax.lax.scan(kernel_layer, h, (weights.layers[0], layers))
     slot_keys = slot_keys.at[:, slots, :, :, write_at].set(new_keys.transpose(1, 0, 2, 3), mode="drop")
     slot_values = slot_values.at[:, slots, :, write_at, :].set(new_values.transpose(1, 0, 2, 3), mode="drop")
     h = rms_norm(h, weights.final_norm, config.rms_norm_eps, axis=0)
@@ -388,9 +451,17 @@ def admit_prompts(graphdef, params_state, state: EngineState, ids, mask, regions
 
 
 def run_chunk(
-    config: ModelConfig, weights: DecodeWeights, state: EngineState, assign_rows, assign_regions, params, steps
+    config: ModelConfig,
+    weights: DecodeWeights,
+    state: EngineState,
+    assign_rows,
+    assign_regions,
+    params,
+    steps,
+    attention: str = "xla",
 ):
-    """Places waiting rows into slots, then runs ``steps`` decode steps over every slot.
+    """Places waiting rows into slots, then runs ``steps`` decode steps over every slot (the layer
+    scan's attention: ``attention``, `decode_attention_kind`).
 
     assign_rows: [S] int32 the row each slot takes now (N: the slot keeps what it has);
     assign_regions: [S] int32 that row's prompt region. A row placed here feeds its token 0 (from
@@ -412,8 +483,12 @@ def run_chunk(
         written = s.slot_next - 1  # completion tokens whose keys are in the cache: the fed one goes there
         positions = s.prompt_lengths[s.slot_region] + written
         at = jnp.where(s.slot_active, written, s.slot_keys[0].shape[-1])  # out of range: written nowhere
-        step_fn = scanned_slot_decode_step if s.stacked_layers else slot_decode_step
-        logits, slot_keys, slot_values = step_fn(config, weights, s.slot_last, positions, at, s)
+        if s.stacked_layers:
+            logits, slot_keys, slot_values = scanned_slot_decode_step(
+                config, weights, s.slot_last, positions, at, s, attention
+            )
+        else:
+            logits, slot_keys, slot_values = slot_decode_step(config, weights, s.slot_last, positions, at, s)
         rows = jnp.where(s.slot_active, s.slot_row, n)
         tokens, logp = sample_rows(logits, row_uniforms(s.rng, jnp.minimum(rows, n - 1), s.slot_next), params)
         eos = is_eos(tokens, params.eos_token_ids)
@@ -495,7 +570,7 @@ class JitByBackend:
 # LLVM's optimization of the fused loops: at LLVM level 1 instead of 2 the chunk program compiles
 # 20% faster and runs as fast (docs/speed.md#the-rollout-engine-issue-58).
 CPU_CHUNK_OPTIONS = {"xla_backend_optimization_level": 1}
-chunk_fn = JitByBackend(run_chunk, {"cpu": CPU_CHUNK_OPTIONS}, static_argnums=(0, 5, 6), donate_argnums=(2,))
+chunk_fn = JitByBackend(run_chunk, {"cpu": CPU_CHUNK_OPTIONS}, static_argnums=(0, 5, 6, 7), donate_argnums=(2,))
 compact_fn = jax.jit(compact)
 
 
@@ -747,6 +822,7 @@ def warm_up(
     min_slots: int = 4,
     chunk: int = 16,
     scan_layers: bool | None = None,
+    attention: str | None = None,
 ) -> int:
     """Compiles every program `run_engine` can run for these shapes (the weights' copy, a prefill
     per power-of-two admission size, a chunk per slot count, a compaction per step down) by running
@@ -770,6 +846,7 @@ def warm_up(
         stacked_layers=scanned,
     )
     weights = weights_fn(graphdef, params_state, params.merge_adapters, scanned)
+    attention = decode_attention_kind(attention, model.config, activation_dtype(model), scanned)
     programs = 1
     size = 1
     while size <= _power_of_two_at_least(max_prefill):
@@ -789,7 +866,14 @@ def warm_up(
     if m > 1:
         for count, smaller in zip(counts, (*counts[1:], None)):
             state = chunk_fn(
-                model.config, weights, state, np.full(count, n, np.int32), np.zeros(count, np.int32), params, chunk
+                model.config,
+                weights,
+                state,
+                np.full(count, n, np.int32),
+                np.zeros(count, np.int32),
+                params,
+                chunk,
+                attention,
             )
             programs += 1
             if smaller is not None:
@@ -812,6 +896,7 @@ def run_engine(
     chunk: int = 16,
     on_group: Callable[[int, GroupOutput], None] | None = None,
     scan_layers: bool | None = None,
+    attention: str | None = None,
 ) -> EngineRun:
     """Generates ``num_samples`` completions of each of the P left-padded prompts ``ids, mask``
     ``[P, Lp]`` through ``slots`` slots (0: one per row, P x G).
@@ -828,6 +913,8 @@ def run_engine(
         (device arrays) when its G rows are all done, while the next chunk decodes (`drive`).
       scan_layers: the step scans the layers (True) or runs them unrolled (False); None: by
         backend (`layer_scan`).
+      attention: the scanned step's attention, ``xla``, ``pallas`` or ``interpret``; None: by backend
+        (`decode_attention_kind`: the Pallas kernel on GPU).
     """
     p, lp = ids.shape
     n, m = p * num_samples, params.max_new_tokens
@@ -849,6 +936,7 @@ def run_engine(
         )
     ]
     weights = weights_fn(graphdef, params_state, params.merge_adapters, scanned)
+    attention = decode_attention_kind(attention, model.config, activation_dtype(model), scanned)
     scheduler = Scheduler(p, num_samples, slots, regions, max_prefill)
     stats = EngineStats()
     prefill_size = _power_of_two_at_least(max_prefill)
@@ -870,7 +958,9 @@ def run_engine(
         assign_regions = np.zeros(state.num_slots, np.int32)
         for slot, row, region in placed:
             assign_rows[slot], assign_regions[slot] = row, region
-        state = holder[0] = chunk_fn(model.config, weights, state, assign_rows, assign_regions, params, chunk)
+        state = holder[0] = chunk_fn(
+            model.config, weights, state, assign_rows, assign_regions, params, chunk, attention
+        )
         stats.chunks += 1
         stats.slot_steps += state.num_slots * chunk
         if state.num_slots not in stats.slot_counts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -162,7 +163,7 @@ def collect_rollouts(
             chunk=sampling.engine_chunk,
             scan_layers=ENGINE_LAYER_SCAN[sampling.engine_layers],
             static=not sampling.engine,
-            on_group=None if streaming is None else lambda prompt, group, i=i: streaming.add(i + prompt, group),
+            on_group=None if streaming is None else streaming.handler(first_prompt=i),
         )
         for i in range(0, num_prompts, chunk)
     ]
@@ -257,6 +258,10 @@ class GroupScoring:
         self.num_generations = settings.num_generations
         self.responses: list[str | None] = [None] * (len(prompt_set) * self.num_generations)
         self.scorer: StreamScorer | None = None
+
+    def handler(self, first_prompt: int = 0) -> Callable[[int, GroupOutput], None]:
+        """The sampler's ``on_group`` for a call whose prompt 0 is the step's ``first_prompt``."""
+        return lambda prompt, group: self.add(first_prompt + prompt, group)
 
     def add(self, prompt: int, group: GroupOutput) -> None:
         """Score prompt ``prompt``'s G rollouts (its `GroupOutput`)."""

@@ -172,6 +172,65 @@ def test_simulate_counts_what_the_engine_runs(model):
     )
 
 
+def test_the_kernels_attention_in_the_scanned_step_equals_the_one_shot_path():
+    """The scanned step attending with the Pallas kernel (`gd2po_jax.models.decode_attention`, run in
+    Pallas's interpreter here; compiled on a GPU, where it is the default) gives the one-shot path's
+    completions, for one slot and several (a 16-wide head: the kernel's smallest)."""
+    from gd2po_jax.models import Decoder
+    from gd2po_jax.models.engine import decode_attention_kind
+    from tests.fakes import tiny_model_config
+
+    config = tiny_model_config(head_dim=16, num_heads=4, num_kv_heads=2, vocab_size=VOCAB)
+    model = Decoder(config, rngs=nnx.Rngs(3))
+    prompts, new = _prompts(lengths=(3, 7, 5, 9)), 10
+    kwargs = dict(max_new_tokens=new, temperature=1.0, pad_token_id=0, rng=jax.random.key(2), num_samples=2,
+                  prompt_length=bucket_length(9), static=True)
+    free = np.asarray(generate(model, prompts, **kwargs).tokens)
+    eos = sorted({int(free[0, 3]), int(free[3, 6])})  # rows stop at different steps
+    one_shot = generate(model, prompts, eos_token_ids=eos, **kwargs)
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, eos_token_ids=tuple(eos), pad_token_id=0)
+    ids, mask = left_pad(prompts, bucket_length(9), 0)
+    assert len(set(np.asarray(one_shot.lengths).tolist())) >= 3, "test needs rows stopping at different steps"
+    for slots, chunk in ((1, 4), (3, 3), (0, 16)):
+        run = run_engine(model, ids, mask, params, num_samples=2, rng=jax.random.key(2), slots=slots, chunk=chunk,
+                         scan_layers=True, attention="interpret")
+        np.testing.assert_array_equal(np.asarray(run.tokens), np.asarray(one_shot.tokens), err_msg=f"slots={slots}")
+        np.testing.assert_array_equal(np.asarray(run.lengths), np.asarray(one_shot.lengths))
+        np.testing.assert_allclose(np.asarray(run.logprobs), np.asarray(one_shot.logprobs), atol=1e-5, rtol=0)
+    assert decode_attention_kind(None, config, jnp.float32, True) == ("pallas" if jax.default_backend() == "gpu"
+                                                                     else "xla")
+    assert decode_attention_kind(None, config, jnp.float32, False) == "xla"  # the kernel is the scan's
+    with pytest.raises(ValueError, match="needs the layer scan"):
+        decode_attention_kind("pallas", config, jnp.float32, False)
+    with pytest.raises(ValueError, match="head_dim=8"):
+        decode_attention_kind("interpret", tiny_model_config(), jnp.float32, True)
+    with pytest.raises(ValueError, match="must be one of"):
+        decode_attention_kind("triton", config, jnp.float32, True)
+
+
+def test_the_chunk_with_the_kernel_lowers_for_a_gpu():
+    """The whole chunk program (fori_loop over steps, scan over layers, the kernel per layer) lowers
+    for CUDA on this CPU machine: the Pallas kernel becomes a Triton call, so what the GPU run would
+    reject at the Pallas level (shapes, ops) fails here. Triton's own compile needs a GPU."""
+    from gd2po_jax.models import Decoder
+    from gd2po_jax.models.engine import engine_weights, init_state, run_chunk
+    from tests.fakes import tiny_model_config
+
+    config = tiny_model_config(head_dim=64, num_heads=14, num_kv_heads=2, hidden_size=128)
+    model = Decoder(config, rngs=nnx.Rngs(0))
+    graphdef, params_state = nnx.split(model)
+    weights = engine_weights(graphdef, params_state, True, stacked=True)
+    state = init_state(config, regions=6, slots=4, rows=8, prompt_length=16, max_new_tokens=12, dtype=jnp.bfloat16,
+                       pad_token_id=0, rng=jax.random.key(0), stacked_layers=True)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, eos_token_ids=(1,), pad_token_id=0)
+    chunk = jax.jit(run_chunk, static_argnums=(0, 5, 6, 7))
+    rows, regions = np.full(4, 8, np.int32), np.zeros(4, np.int32)
+    text = chunk.trace(config, weights, state, rows, regions, params, 4, "pallas").lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count('name = "slot_decode_attention"') == 1  # once, in the scanned layer
+    assert "__gpu$xla.gpu.triton" in text
+
+
 def test_layer_scan_is_picked_by_backend_and_keeps_the_layers_stacked(model):
     from gd2po_jax.models.engine import compact, init_state, layer_scan
 
@@ -199,7 +258,8 @@ def test_the_chunks_cpu_compile_options_keep_its_results_bit_for_bit(model, monk
     # which JitByBackend leaves to them unless XLA_FLAGS is out of the way.
     monkeypatch.setenv("XLA_FLAGS", "")
     for options in (engine.CPU_CHUNK_OPTIONS, {"xla_backend_optimization_level": 2}):
-        chunk = engine.JitByBackend(engine.run_chunk, {"cpu": options}, static_argnums=(0, 5, 6), donate_argnums=(2,))
+        chunk = engine.JitByBackend(engine.run_chunk, {"cpu": options}, static_argnums=(0, 5, 6, 7),
+                                    donate_argnums=(2,))
         monkeypatch.setattr(engine, "chunk_fn", chunk)
         run = run_engine(model, ids, mask, params, num_samples=2, rng=jax.random.key(3), slots=4, chunk=3)
         runs.append((np.asarray(run.tokens), np.asarray(run.logprobs)))
