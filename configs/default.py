@@ -63,6 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rewards.weights = ()  # w_k, one per reward; empty: all ones (official)
     config.rewards.on_error = "raise"  # raise | min (score a failing rollout as the minimum)
     config.rewards.num_workers = 1  # threads scoring rollouts in parallel
+    config.rewards.score_groups = True  # score a group as soon as its rollouts are done, while the rest decode
     config.rewards.timeout_s = 600.0  # a step's scoring may take this long; later calls fail; 0: no limit
     config.rewards.max_failed_fraction = 0.1  # on_error=min: stop when a reward fails on more of a step
     # kind reward_model only (configs/safety.py): a score model per reward name, and whether they wait

@@ -66,6 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rewards.reward_models = ml_collections.ConfigDict({name: reward_model() for name in REWARD_NAMES})
     config.rewards.offload = False  # policy + both reward models fit 8 x 80 GB (docs/safety.md, "Memory")
     config.rewards.num_workers = 1  # the reward models score a step's rollouts in fixed batches
+    config.rewards.score_groups = True  # reward models score the whole step after the decode, whatever this says
     config.rewards.timeout_s = 0.0  # no limit: a step's 2,048 conversations take what they take
 
     config.rl.micro_batch_size = 16  # rollouts per forward / backward pass, over all devices

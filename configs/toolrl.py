@@ -72,6 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rewards.max_think_words = 512  # Lmax of the length reward
     config.rewards.conditional_length = False  # official: length is not conditioned on correctness
     config.rewards.num_workers = 4  # threads scoring rollouts in parallel
+    config.rewards.score_groups = True  # score a group as soon as its rollouts are done, while the rest decode
 
     config.rl.micro_batch_size = micro_batch_size  # rollouts per forward / backward pass (MODELS)
     # verl's dynamic batches: ppo_max_token_len_per_gpu = 16384 tokens (verl's default; the scripts keep it).

@@ -119,6 +119,10 @@ class RewardsConfig(_Section):
     completes it, `gd2po_jax.rl.rollout.GroupScoring`) cut into chunks (this many for one function; dealt
     out among several), at most this many calls at a time (`gd2po_jax.rewards.scoring`). 1: one call
     after another."""
+    score_groups: bool = True
+    """Score each prompt's G rollouts as soon as the rollout engine completes them, while it decodes the
+    rest (one process, host rewards: `gd2po_jax.rl.rollout.GroupScoring`); a call then sees one group's
+    rollouts. False: score the whole step after the decode (for functions that need the whole batch)."""
     timeout_s: float = 600.0
     """Seconds the scoring of one step's rollouts may take (and the trial call before compute); calls still
     running then fail (``on_error``), and their threads are abandoned (Python cannot stop them). 0: no
@@ -191,6 +195,7 @@ class RewardsConfig(_Section):
         )
         _one_of(self.on_error, "rewards.on_error", ("raise", "min", "abstain"))
         _int_at_least(self.num_workers, "rewards.num_workers")
+        _flag(self.score_groups, "rewards.score_groups")
         _number(self.timeout_s, "rewards.timeout_s")
         _require(self.timeout_s >= 0, "rewards.timeout_s", f"must be >= 0 (0: no limit), got {self.timeout_s}")
         _in_range(self.max_failed_fraction, "rewards.max_failed_fraction", 0.0, 1.0)

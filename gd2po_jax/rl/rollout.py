@@ -75,6 +75,8 @@ class RolloutSettings:
     logprob_temperature: T of the old log-probs, ``log_softmax(logits / T)``: the update's
       (`gd2po_jax.models.logprobs.logprob_temperature`).
     on_error, num_workers, timeout_s: how rewards are scored (`gd2po_jax.rewards.scoring.score_batch`).
+    score_groups: score each group as the sampler completes it (`GroupScoring`, where it applies:
+      `scores_groups`); False: the whole step after the decode.
     micro_batch_max_tokens, micro_batch_ranks, num_minibatches: > 0: the batch carries verl's
       minibatch order and micro-batches of the update (``rl.micro_batch_max_tokens``,
       `gd2po_jax.rl.micro_batches.verl_update_layout`), laid out from the rows' lengths; 0: none.
@@ -90,6 +92,7 @@ class RolloutSettings:
     on_error: str = "raise"
     num_workers: int = 1
     timeout_s: float = 0.0
+    score_groups: bool = True
     micro_batch_max_tokens: int = 0
     micro_batch_ranks: int = 1
     num_minibatches: int = 1
@@ -108,6 +111,7 @@ class RolloutSettings:
             on_error=config.rewards.on_error,
             num_workers=config.rewards.num_workers,
             timeout_s=config.rewards.timeout_s,
+            score_groups=config.rewards.score_groups,
             micro_batch_max_tokens=config.rl.micro_batch_max_tokens,
             micro_batch_ranks=config.rl.micro_batch_ranks,
             num_minibatches=config.rl.num_minibatches,
@@ -144,7 +148,7 @@ def collect_rollouts(
     # One process with host rewards: each group is scored as soon as its G rows are done, while the
     # engine decodes the rest (`GroupScoring`). Several processes, or reward models (device programs
     # over every process's rows): the whole step at once, after the decode.
-    streaming = GroupScoring(prompt_set, tokenizer, reward_fn, settings) if _scores_groups(reward_fn) else None
+    streaming = GroupScoring(prompt_set, tokenizer, reward_fn, settings) if scores_groups(reward_fn, settings) else None
     parts = [
         generate(
             model,
@@ -240,9 +244,10 @@ def score_inputs(
     return prompts, responses, columns
 
 
-def _scores_groups(reward_fn: RewardFunction) -> bool:
-    """Whether `collect_rollouts` scores each group as it completes: one process, host rewards."""
-    return jax.process_count() == 1 and not scores_on_devices(reward_fn)
+def scores_groups(reward_fn: RewardFunction, settings: RolloutSettings) -> bool:
+    """Whether `collect_rollouts` scores each group as it completes: asked for (``score_groups``), one
+    process, host rewards (reward models score the whole step: their programs run over the devices)."""
+    return settings.score_groups and jax.process_count() == 1 and not scores_on_devices(reward_fn)
 
 
 class GroupScoring:

@@ -518,7 +518,8 @@ def config_changes(
 # The fields a rerun may change when it resumes a run: how the run is executed, recorded and
 # guarded, not what it computes (memory and device layout change float rounding at most; the
 # stopping rules and the reward timeout only decide whether to stop, or to count a hung reward
-# call as failed; runs made before the timeout existed load it as 0, no limit; where reward models
+# call as failed; runs made before the timeout existed load it as 0, no limit; scoring a step a
+# group at a time or whole calls the reward functions on other chunks of it; where reward models
 # wait between steps changes nothing they compute; the distributed settings say how the processes
 # of a multi-host run find each other, and differ between them; export.dtype is how the policy is
 # stored at the end, and a finished run reruns its export in the new dtype; the preemption signals and
@@ -533,6 +534,7 @@ RESUMABLE_FIELDS = (
     "eval.every_steps",
     "eval.batch_size",
     "rewards.num_workers",
+    "rewards.score_groups",
     "sft.cache_dir",
     "model.remat",
     "rl.micro_batch_size",

@@ -40,6 +40,7 @@ INVALID = [
     ({"rewards.names": ["correctness", 2]}, "rewards.names"),
     ({"rewards.max_think_words": 0}, "rewards.max_think_words"),
     ({"rewards.conditional_length": "no"}, "rewards.conditional_length"),
+    ({"rewards.score_groups": "yes"}, "rewards.score_groups"),
     ({"rewards.weights": [1.0]}, "rewards.weights"),  # 1 weight for 3 rewards
     ({"rewards.weights": ["a", "b", "c"]}, "rewards.weights"),
     ({"rewards.on_error": "skip"}, "rewards.on_error"),

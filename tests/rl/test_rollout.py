@@ -97,6 +97,10 @@ def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
     completions = np.asarray(out.batch.input_ids)[:, 16:] * np.asarray(out.batch.response_mask)  # EOS included
     np.testing.assert_array_equal(out.rewards.reshape(-1), completions.sum(axis=1))
     assert out.reward_metrics == {"ids_reward/calls": 4.0}  # one call per group, as each completes
+    whole = collect_rollouts(model, _prompts(4), DigitTokenizer(), SampledIdsReward(), settings(score_groups=False),
+                             rng=jax.random.PRNGKey(1))
+    assert whole.reward_metrics == {"ids_reward/calls": 1.0}  # rewards.score_groups=False: the batch at once
+    np.testing.assert_array_equal(whole.rewards, out.rewards)
 
 
 def test_each_group_is_scored_while_the_engine_decodes_the_rest(monkeypatch):
