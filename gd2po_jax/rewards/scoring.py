@@ -344,6 +344,10 @@ class _Call:
         return min(ends) if ends else None
 
 
+_WAKE: Any = object()
+"""Put in a scheduler's queue of finished calls to end its wait (`_Scheduler.wake`)."""
+
+
 class _Scheduler:
     """Runs calls at most ``limit`` at a time, yielding each when it has finished or timed out."""
 
@@ -392,16 +396,23 @@ class _Scheduler:
             _workers(self.limit).abandon(call)
         return True
 
+    @property
+    def idle(self) -> bool:
+        """No call waits, runs or is to be reported."""
+        return not (self.waiting or self.running or self.skipped)
+
+    def wake(self) -> None:
+        """Ends a `next_calls` that is waiting for a call to finish (another thread added calls)."""
+        self.done.put(_WAKE)
+
     def __iter__(self) -> Iterator[_Call]:
         """Every call, as each finishes or times out (waits for them)."""
-        while self.waiting or self.running or self.skipped:
-            yield from self._round(wait=True)
+        while not self.idle:
+            yield from self.next_calls()
 
-    def ready(self) -> Iterator[_Call]:
-        """The calls that have finished or timed out by now, without waiting (starts what fits)."""
-        yield from self._round(wait=False)
-
-    def _round(self, wait: bool) -> Iterator[_Call]:
+    def next_calls(self) -> Iterator[_Call]:
+        """Starts what fits, then the calls that have finished or timed out, waiting for one (or
+        for `wake`) when none has."""
         self._start_what_fits()
         while self.skipped:
             yield self.skipped.pop(0)
@@ -416,20 +427,16 @@ class _Scheduler:
                 call = self.waiting.popleft()
                 call.timed_out = True
                 yield call
-        while self.running:
-            ends = [e for e in (c.deadline(self.step_deadline) for c in self.running) if e is not None]
-            try:
-                if wait:
-                    call = self.done.get(timeout=max(0.0, min(ends) - now) + 1e-3 if ends else None)
-                else:
-                    call = self.done.get_nowait()
-            except queue.Empty:
-                return
-            if call in self.running and not call.abandoned:
-                self.running.remove(call)
-                yield call
-            if wait:
-                return
+        if not self.running:
+            return
+        ends = [e for e in (c.deadline(self.step_deadline) for c in self.running) if e is not None]
+        try:
+            call = self.done.get(timeout=max(0.0, min(ends) - now) + 1e-3 if ends else None)
+        except queue.Empty:
+            return
+        if call is not _WAKE and call in self.running and not call.abandoned:
+            self.running.remove(call)
+            yield call
 
 
 # ---------------------------------------------------------------- what a failed call means
@@ -645,6 +652,7 @@ def score_batch(
         num_workers=num_workers,
         timeout_s=timeout_s,
         first_rollout=first_rollout,
+        background=False,
     )
     scorer.add(0, prompts, responses, columns)
     return scorer.result()
@@ -652,17 +660,19 @@ def score_batch(
 
 class StreamScorer:
     """`score_batch` fed a part at a time: the N responses arrive in parts (a prompt's group as the
-    rollout engine completes it) and each part's calls start at once on the worker threads while the
-    caller goes on (decoding the rest); `result` waits for what is still running and returns the
-    `Scores` of all N, the same as `score_batch` on the whole batch gives for functions that score
-    each rollout on its own (as they must: calls already see chunks of a batch). The deadline
-    ``timeout_s`` counts from the construction; the failures are logged once, by `result`.
+    rollout engine completes it) and the caller goes on (decoding the rest) while a thread of the
+    scorer's own makes their calls (at most ``num_workers`` at once, the next one as soon as one
+    ends); `result` waits for what is still to come and returns the `Scores` of all N, the same as
+    `score_batch` on the whole batch gives for functions that score each rollout on its own (as they
+    must: calls already see chunks of a batch). The deadline ``timeout_s`` counts from the
+    construction; the failures are logged once, by `result`.
 
         scorer = StreamScorer(reward_fn, n, on_error="min")
         scorer.add(first, prompts, responses, columns)  # rollouts first .. first + len(responses) - 1
         scores = scorer.result()
 
-    Raises what `score_batch` raises, from `add` (a call that finished by then) or `result`.
+    Raises what `score_batch` raises: from `result`, or from an `add` after the scoring has failed.
+    ``background=False`` makes the calls in `result`, in the caller's thread (`score_batch`).
     """
 
     def __init__(
@@ -674,6 +684,7 @@ class StreamScorer:
         num_workers: int = 1,
         timeout_s: float = 0.0,
         first_rollout: int = 0,
+        background: bool = True,
     ):
         self.functions = reward_functions(reward_fn)
         step = _Policy(on_error, time.monotonic() + timeout_s if timeout_s else None, timeout_s)
@@ -685,24 +696,41 @@ class StreamScorer:
         self.outcomes: list[list[Any]] = [[None] * n for _ in self.functions]
         self.added = np.zeros(n, bool)
         self.scheduler = _Scheduler(num_workers, step.deadline)
+        self._parts: queue.SimpleQueue[list[_Call] | None] = queue.SimpleQueue()  # None: no more parts
+        self._driver = threading.Thread(target=self._drive, name="reward-scoring", daemon=True) if background else None
+        self._error: BaseException | None = None
 
     def add(self, first: int, prompts: list[str], responses: list[str], columns: dict[str, list[Any]]) -> None:
         """Start scoring responses ``first .. first + len(responses) - 1`` of the N (columns: per response)."""
         stop = first + len(responses)
         if first < 0 or stop > self.n or self.added[first:stop].any():
             raise ValueError(f"responses {first}..{stop - 1} are outside the {self.n} or were added before")
+        if self._error is not None:
+            raise self._error
         self.added[first:stop] = True
-        calls = _chunk_calls(self.functions, prompts, responses, columns, self.first_rollout + first, self.num_workers)
-        for call in calls:
-            self.scheduler.add(call)
-        self._settle(self.scheduler.ready())
+        self._parts.put(
+            _chunk_calls(self.functions, prompts, responses, columns, self.first_rollout + first, self.num_workers)
+        )
+        if self._driver is not None:
+            if self._driver.ident is None:
+                self._driver.start()
+            self.scheduler.wake()
 
     def result(self) -> Scores:
         """The `Scores` of all N responses, once every call has finished or failed."""
+        if self._error is not None:
+            raise self._error
         if not self.added.all():
             missing = int(np.argmin(self.added))
             raise ValueError(f"response {missing} of the {self.n} was never added")
-        self._settle(iter(self.scheduler))
+        self._parts.put(None)
+        if self._driver is None or self._driver.ident is None:
+            self._drive()
+        else:
+            self.scheduler.wake()
+            self._driver.join()
+        if self._error is not None:
+            raise self._error
         rewards, failed, first_errors = [], [], []
         for fn, policy, rows in zip(self.functions, self.policies, self.outcomes):
             errors = [row if isinstance(row, str) else None for row in rows]
@@ -729,9 +757,39 @@ class StreamScorer:
             first_error=min(first_errors)[1] if first_errors else None,
         )
 
-    def _settle(self, calls: Iterator[_Call]) -> None:
-        for call in calls:
-            _settle(call, self.policies[call.index], self.outcomes[call.index], self.scheduler, self.first_rollout)
+    def _take_parts(self, block: bool) -> bool:
+        """Hands the parts added so far to the scheduler (waiting for one when ``block``); False once
+        `result` has said that no more will come."""
+        more = True
+        while True:
+            try:
+                part = self._parts.get(block=block)
+            except queue.Empty:
+                return more
+            block = False
+            if part is None:
+                more = False
+            else:
+                for call in part:
+                    self.scheduler.add(call)
+
+    def _drive(self) -> None:
+        """Makes the calls of every part and settles them, until `result` says the parts are all in."""
+        try:
+            more = True
+            while True:
+                more = self._take_parts(block=False) and more
+                if self.scheduler.idle:
+                    if not more:
+                        return
+                    more = self._take_parts(block=True)
+                    continue
+                for call in self.scheduler.next_calls():
+                    _settle(
+                        call, self.policies[call.index], self.outcomes[call.index], self.scheduler, self.first_rollout
+                    )
+        except BaseException as err:  # noqa: BLE001 - handed to the caller by add and result
+            self._error = err
 
 
 def call_reward(

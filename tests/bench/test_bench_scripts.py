@@ -1,5 +1,5 @@
 """The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
-bench_lora.py, bench_sft.py, update_memory.py) run as ``python -m bench.<name>`` in their seconds-long
+bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py) run as ``python -m bench.<name>`` in their seconds-long
 settings and print their numbers (the scripts are not imported by anything else, so they would rot
 unnoticed)."""
 
@@ -335,3 +335,28 @@ def test_update_memory_prints_the_programs_bytes_and_names_a_bad_micro_batch():
     assert proc.returncode != 0 and "--remat: ['some'] are not policies" in proc.stderr
     proc = run_bench_process("update_memory", *args[:-1], "--micro_batch=3")
     assert proc.returncode != 0 and "--micro_batch: 3 does not divide the 4 rows" in proc.stderr
+
+
+@pytest.mark.slow
+def test_group_scoring_scores_while_decoding_and_gets_the_same_rewards(tmp_path):
+    """bench/group_scoring.py --cpu-smoke: both ways of scoring ran (their rewards are checked equal
+    inside), and scoring a group at a time left less of the reward's time after the decode."""
+    path = tmp_path / "gs.json"
+    run_bench("group_scoring", "--cpu-smoke", f"--json={path}")
+    report = json.loads(path.read_text())
+    assert report["tokens"] > 0 and report["scoring_s"] > 0
+    assert report["groups"]["reward_s"] < report["whole"]["reward_s"]
+    assert report["whole"]["reward_s"] >= 0.9 * report["scoring_s"]  # whole: all of it after the decode
+
+
+@pytest.mark.slow
+def test_rollout_engine_compares_engine_and_static(tmp_path):
+    """bench/rollout_engine.py --cpu-smoke: the JSON's names (the engine's speed-up, its work per
+    token, its compiles after warm-up, both programs' compile times)."""
+    path = tmp_path / "re.json"
+    run_bench("rollout_engine", "--cpu-smoke", f"--json={path}")
+    report = json.loads(path.read_text())
+    assert report["engine_over_static"] > 0 and report["compiles_after_warmup"] == 0
+    assert report["engine"]["row_steps_per_token"] < report["static"]["row_steps_per_token"]
+    assert {"static_decode_s", "engine_chunk_s", "engine_chunk_loop_s", "engine_chunk_scan_s"} <= set(
+        report["compile_seconds"])

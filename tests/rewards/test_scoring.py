@@ -138,6 +138,37 @@ def test_a_part_starts_scoring_before_the_rest_arrives_and_every_row_must_arrive
     np.testing.assert_array_equal(scorer.result().rewards, [[1.0]] * 4)
 
 
+def test_parts_are_scored_one_after_another_without_the_caller_and_failures_reach_it():
+    """One worker: the second part's call starts when the first ends, not at the caller's next `add`
+    (the scorer's own thread drives the calls); a failure with on_error='raise' reaches `result`, and
+    an `add` after it."""
+    started = []
+
+    def reward(prompts, responses, columns):
+        started.append(responses[0])
+        time.sleep(0.1)
+        if "bad" in responses:
+            raise RuntimeError("cannot score")
+        return [[1.0] for _ in responses]
+
+    reward.names = ("r",)
+    scorer = StreamScorer(reward, 4)
+    scorer.add(0, ["p"] * 2, ["a", "b"], {})
+    scorer.add(2, ["p"] * 2, ["c", "d"], {})
+    deadline = time.monotonic() + 5
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started == ["a", "c"]  # both ran while the caller only waited
+    np.testing.assert_array_equal(scorer.result().rewards, [[1.0]] * 4)
+    failing = StreamScorer(reward, 6)
+    failing.add(0, ["p"] * 2, ["bad", "x"], {})
+    failing._driver.join(timeout=30)  # the row-by-row retry fails the scoring: the thread stops
+    with pytest.raises(RewardError, match="cannot score"):
+        failing.add(2, ["p"] * 2, ["c", "d"], {})
+    with pytest.raises(RewardError, match=r"rollout 0 \(response 'bad'\)"):
+        failing.result()
+
+
 @pytest.mark.parametrize("bad, shown", [
     (float("inf"), "inf"), (-np.inf, "-inf"), ("2.5", "'2.5' (str)"), (True, "True (bool)"),
     (np.bool_(False), "(bool)"), ([1.0], "[1.0] (list)"), (1e39, "not finite in float32"),
