@@ -1,6 +1,6 @@
 """The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
-bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py) run as ``python -m bench.<name>`` in their seconds-long
-settings and print their numbers (the scripts are not imported by anything else, so they would rot
+bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py) run as
+``python -m bench.<name>`` in their seconds-long settings and print their numbers (the scripts are not imported by anything else, so they would rot
 unnoticed)."""
 
 import json
