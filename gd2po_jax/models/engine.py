@@ -57,6 +57,11 @@ from gd2po_jax.models.decode_step import DecodeWeights, decode_weights, layer_ou
 from gd2po_jax.models.decoder import MASK_VALUE, Decoder, init_cache, rms_norm
 from gd2po_jax.models.draws import activation_dtype, is_eos, row_uniforms, sample_rows
 
+CACHE_ALIGN = 8
+"""A slot's cache positions C are rounded up to a multiple of this (M - 1 = 511 -> 512): a key
+cache ``[.., hd, C]`` then starts each row of C on a 16-byte boundary (8 bf16 or 4 fp32 values),
+which the GPU kernel's vector loads need (`gd2po_jax.models.decode_attention`)."""
+
 
 @struct.dataclass
 class EngineState:
@@ -66,7 +71,8 @@ class EngineState:
     for the layer scan, one array each with the layers stacked first: [L, Q, ...]; the same for the
     slots' caches, `stacked_layers`);
     prompt_valid: [Q, Lp] the regions' real (non-pad) prompt tokens; prompt_lengths: [Q] int32 their count.
-    slot_keys: one [S, KV, hd, C] per layer; slot_values: one [S, KV, C, hd] per layer, C = max(M - 1, 1): position j
+    slot_keys: one [S, KV, hd, C] per layer; slot_values: one [S, KV, C, hd] per layer, C = max(M - 1, 1)
+    rounded up to a multiple of `CACHE_ALIGN`: position j
     holds the key/value of completion token j; slot_row: [S] int32 the row a slot decodes (N: none);
     slot_region: [S] int32 its prompt's region; slot_next: [S] int32 the next token index it samples;
     slot_last: [S] int32 the token it feeds next; slot_active: [S] bool still decoding.
@@ -121,7 +127,7 @@ def init_state(
     """An empty `EngineState` (every slot free, every row unsampled); ``stacked_layers``: the caches
     as one ``[L, ...]`` array each, for the layer scan (`layer_scan`)."""
     layers, kv, hd = config.num_layers, config.num_kv_heads, config.head_dim
-    cache = max(max_new_tokens - 1, 1)
+    cache = -(-max(max_new_tokens - 1, 1) // CACHE_ALIGN) * CACHE_ALIGN
 
     def per_layer(shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
         if stacked_layers:

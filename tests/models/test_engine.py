@@ -240,7 +240,7 @@ def test_layer_scan_is_picked_by_backend_and_keeps_the_layers_stacked(model):
     state = init_state(config, regions=3, slots=4, rows=8, prompt_length=5, max_new_tokens=6, dtype=jnp.float32,
                        pad_token_id=0, rng=jax.random.key(0), stacked_layers=True)
     assert state.stacked_layers and len(state.slot_keys) == 1
-    assert state.slot_keys[0].shape == (config.num_layers, 4, config.num_kv_heads, config.head_dim, 5)
+    assert state.slot_keys[0].shape == (config.num_layers, 4, config.num_kv_heads, config.head_dim, 8)  # 5, aligned
     marked = state.replace(slot_keys=(state.slot_keys[0].at[:, 2].set(1.0),))
     smaller = compact(marked, jnp.asarray([2, 0]))
     assert smaller.slot_keys[0].shape[1] == 2 and smaller.num_slots == 2
