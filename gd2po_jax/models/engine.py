@@ -41,6 +41,8 @@ computed (slot-steps) against the tokens it produced.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -56,6 +58,8 @@ from gd2po_jax.models.decode_attention import pallas_attention_supported, slot_d
 from gd2po_jax.models.decode_step import DecodeWeights, decode_weights, layer_output, layer_qkv
 from gd2po_jax.models.decoder import MASK_VALUE, Decoder, init_cache, rms_norm
 from gd2po_jax.models.draws import activation_dtype, is_eos, row_uniforms, sample_rows
+
+logger = logging.getLogger(__name__)
 
 CACHE_ALIGN = 8
 """A slot's cache positions C are rounded up to a multiple of this (M - 1 = 511 -> 512): a key
@@ -287,7 +291,8 @@ def decode_attention_kind(attention: str | None, config: ModelConfig, dtype, sca
     groups = config.num_heads // config.num_kv_heads
     applies = scanned and pallas_attention_supported(config.head_dim, groups, dtype)
     if attention is None:
-        return "pallas" if applies and jax.default_backend() == "gpu" else "xla"
+        on_gpu = applies and jax.default_backend() == "gpu"
+        return "pallas" if on_gpu and kernel_works(config.head_dim, groups, jnp.dtype(dtype).name) else "xla"
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {ATTENTION_KINDS} or None (by backend), got {attention!r}")
     if attention != "xla" and not applies:
@@ -296,6 +301,58 @@ def decode_attention_kind(attention: str | None, config: ModelConfig, dtype, sca
             f"(head_dim={config.head_dim}, {groups} query heads per kv head, {jnp.dtype(dtype).name})"
         )
     return attention
+
+
+@functools.cache
+def kernel_works(head_dim: int, groups: int, dtype: str, interpret: bool = False) -> bool:
+    """Whether the Pallas kernel compiles and runs on this device for these tile shapes and gives
+    XLA's attention (`_slot_attention`) on a small random case, once per process and shape; when it
+    does not, a warning says why and the engine attends with XLA's products (the kernel is chosen
+    by default on GPU, where a Triton compile can fail on a GPU or a jax this code never ran on)."""
+    keys = iter(jax.random.split(jax.random.key(0), 8))
+    kv, slots, regions, length = 2, 3, 2, 80  # 80: a full block of 64 and a masked tail
+
+    def normal(*shape):
+        return jax.random.normal(next(keys), shape, jnp.float32).astype(dtype)
+
+    q = normal(slots, kv, groups, head_dim)
+    prompt_k, prompt_v = normal(regions, kv, head_dim, length), normal(regions, kv, length, head_dim)
+    cache_k, cache_v = normal(slots, kv, head_dim, length), normal(slots, kv, length, head_dim)
+    own_k, own_v = normal(slots, kv, head_dim), normal(slots, kv, head_dim)
+    valid = jnp.arange(length)[None, :] >= jnp.asarray([[3], [70]])
+    region, write_at = jnp.asarray([0, 1, 1], jnp.int32), jnp.asarray([0, 33, 80], jnp.int32)
+    try:
+        kernel = functools.partial(slot_decode_attention, interpret=interpret)
+        got = jax.jit(kernel)(q, prompt_k, prompt_v, valid, region, cache_k, cache_v, write_at, own_k, own_v)
+        want = _slot_attention(
+            q,
+            prompt_k[region],
+            prompt_v[region],
+            valid[region],
+            cache_k,
+            cache_v,
+            jnp.arange(length)[None, :] < write_at[:, None],
+            own_k,
+            own_v,
+        )
+        error = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
+    except Exception as err:  # noqa: BLE001 - any failure of the kernel means: do not use it
+        logger.warning(
+            "the Pallas decode attention does not run here (%s: %s); the engine attends with XLA's products",
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "",
+        )
+        return False
+    tolerance = 1e-3 if dtype == "float32" else 5e-2
+    if not error <= tolerance:
+        logger.warning(
+            "the Pallas decode attention differs from XLA's by %.3g (> %g) here; the engine attends "
+            "with XLA's products",
+            error,
+            tolerance,
+        )
+        return False
+    return True
 
 
 def scanned_slot_decode_step(

@@ -208,6 +208,30 @@ def test_the_kernels_attention_in_the_scanned_step_equals_the_one_shot_path():
         decode_attention_kind("triton", config, jnp.float32, True)
 
 
+def test_the_default_kernel_is_checked_once_and_a_failing_one_is_left_for_xla(monkeypatch, caplog):
+    """`kernel_works`: the GPU's default kernel runs a small case against XLA's attention first; a
+    kernel that raises (a Triton compile failing) or computes something else is not used, with a
+    warning. (Here in Pallas's interpreter.)"""
+    from gd2po_jax.models import engine
+
+    engine.kernel_works.cache_clear()
+    assert engine.kernel_works(16, 7, "float32", interpret=True)
+    assert engine.kernel_works(64, 2, "bfloat16", interpret=True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: out of shared memory\nmore")
+
+    monkeypatch.setattr(engine, "slot_decode_attention", broken)
+    with caplog.at_level("WARNING"):
+        assert not engine.kernel_works(32, 2, "float32", interpret=True)
+    assert "does not run here (RuntimeError: triton: out of shared memory)" in caplog.text
+    monkeypatch.setattr(engine, "slot_decode_attention", lambda q, *a, **k: jnp.zeros_like(q))
+    with caplog.at_level("WARNING"):
+        assert not engine.kernel_works(32, 4, "float32", interpret=True)
+    assert "differs from XLA's by" in caplog.text
+    engine.kernel_works.cache_clear()
+
+
 def test_the_chunk_with_the_kernel_lowers_for_a_gpu():
     """The whole chunk program (fori_loop over steps, scan over layers, the kernel per layer) lowers
     for CUDA on this CPU machine: the Pallas kernel becomes a Triton call, so what the GPU run would
