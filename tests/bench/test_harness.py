@@ -156,7 +156,7 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
                              rl=SimpleNamespace(num_generations=2, tempered_logprobs=True, micro_batch_max_tokens=0,
                                                 micro_batch_ranks=1, num_minibatches=1),
                              sampling=SimpleNamespace(temperature=0.7, prompts_per_call=3),
-                             rewards=SimpleNamespace(on_error="min", num_workers=2, timeout_s=5.0))
+                             rewards=SimpleNamespace(on_error="min", num_workers=2, timeout_s=5.0, score_groups=False))
     setup = SimpleNamespace(train=Prompts(["a", "b", "c", "d", "e"]), tokenizer="tok", reward_fn="reward",
                             eos_ids=(1,), pad_id=0, prompt_length=16)
     calls = []
@@ -171,7 +171,8 @@ def test_step_rollouts_takes_the_steps_prompts_in_order_and_the_trainers_setting
     assert kwargs == {}
     assert settings == gd2po_jax.rl.rollout.RolloutSettings(
         num_generations=2, sampling=config.sampling, eos_token_ids=(1,), pad_token_id=0, prompt_length=16,
-        prompts_per_call=3, logprob_temperature=0.7, on_error="min", num_workers=2, timeout_s=5.0)
+        prompts_per_call=3, logprob_temperature=0.7, on_error="min", num_workers=2, timeout_s=5.0,
+        score_groups=False)
 
 
 def test_step_config_is_the_defaults_with_the_changes():
