@@ -24,17 +24,20 @@ rest. Here the N = P x G rows wait in a queue and flow through ``slots`` places:
   depend on which slot or chunk it ran in, nor on the number of slots.
 * **One loop**: a chunk is one ``fori_loop`` over a step (the static path compiles four segment
   loops) whose layers run in a ``scan`` on GPU and TPU (`scanned_slot_decode_step`) and unrolled
-  on CPU (`slot_decode_step`; `layer_scan`).
+  on CPU (`slot_decode_step`; `layer_scan`); on GPU each layer attends with a Pallas kernel that
+  reads only the cache positions a slot has written (`gd2po_jax.models.decode_attention`).
 
 Why slots and not pages: every row here has the same budget M, fixed for a run, so a slot of M - 1
 positions wastes no memory that pages would save (pages pay off when budgets differ per request or
 prompts share prefixes across requests), while a slot's cache is a plain dense array that the
 batched products read without a gather; the prompt, which G rows share, lives once in the region
-table (gathered per step, ``[slots, KV, hd, Lp]``).
+table (gathered per step, ``[slots, KV, hd, Lp]``, by XLA's attention; the GPU's Pallas kernel
+reads it by index: `decode_attention_kind`).
 
 Rows finish in any order; a group (the G rows of one prompt) is complete when its last row is:
 ``on_group(prompt_index, group)`` gets the group's rows (`GroupOutput`) while the next chunk decodes
-(`drive`; `EngineRun.completed_groups` keeps the order). `EngineStats` counts what the decode
+(`drive`; `EngineRun.completed_groups` keeps the order): the trainer scores it then
+(`gd2po_jax.rl.rollout.GroupScoring`). `EngineStats` counts what the decode
 computed (slot-steps) against the tokens it produced.
 """
 
