@@ -179,6 +179,11 @@ def _decode_kernel(
     # One indexer per load: the Triton lowering does not chain ``.at`` views.
     layer, region = layer_ref[0], slot_region_ref[slot]
 
+    def fold(carry, keys, values, valid):
+        """One block's keys [hd, B] and values [B, hd] (valid [B]) into the running softmax."""
+        scores = _matmul(q, keys.astype(compute_dtype)) * scale  # [R, B]
+        return _online_update(carry, scores, valid[None, :], values.astype(compute_dtype), compute_dtype)
+
     def prompt_block(i, carry):
         start = i * block_k
         in_range = start + offsets < prompt_length  # [B]
@@ -190,8 +195,7 @@ def _decode_kernel(
         values = pltriton.load(
             prompt_v_ref.at[layer, region, head, pl.ds(start, block_k), :], mask=valid[:, None], other=0
         )  # [B, hd]
-        scores = _matmul(q, keys.astype(compute_dtype)) * scale  # [R, B]
-        return _online_update(carry, scores, valid[None, :], values.astype(compute_dtype), compute_dtype)
+        return fold(carry, keys, values, valid)
 
     carry = jax.lax.fori_loop(0, pl.cdiv(prompt_length, block_k), prompt_block, (acc, row_max, row_sum))
 
@@ -206,8 +210,7 @@ def _decode_kernel(
         values = pltriton.load(
             cache_v_ref.at[layer, slot, head, pl.ds(start, block_k), :], mask=written[:, None], other=0
         )  # [B, hd]
-        scores = _matmul(q, keys.astype(compute_dtype)) * scale
-        return _online_update(carry, scores, written[None, :], values.astype(compute_dtype), compute_dtype)
+        return fold(carry, keys, values, written)
 
     acc, _, row_sum = jax.lax.fori_loop(0, cache_blocks(filled, cache_length, block_k), cache_block, carry)
     out = acc / row_sum[:, None]

@@ -399,14 +399,24 @@ def scanned_slot_decode_step(
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
 
-    def kernel_layer(h, xs):
-        lw, index = xs
-        q, k, v = layer_qkv(config, lw, h, cos, sin)
-        dtype = q.dtype
-        q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
-        k_rows = k.transpose(2, 0, 1).astype(slot_keys.dtype)  # [S, KV, hd], as the cache will hold it
-        v_rows = v.transpose(2, 0, 1).astype(slot_values.dtype)
-        out = slot_decode_attention(
+    def xla_attention(q_rows, own_k, own_v, per_layer):
+        prompt_k, prompt_v, cache_k, cache_v = per_layer  # this layer's slices (the scan's xs)
+        dtype = q_rows.dtype
+        return _slot_attention(
+            q_rows,
+            prompt_k[state.slot_region].astype(dtype),
+            prompt_v[state.slot_region].astype(dtype),
+            prompt_mask,
+            cache_k.astype(dtype),
+            cache_v.astype(dtype),
+            before,
+            own_k,
+            own_v,
+        )
+
+    def kernel_attention(q_rows, own_k, own_v, index):
+        # The stacked arrays whole, the layer by index: the kernel reads that layer where it lies.
+        return slot_decode_attention(
             q_rows,
             state.prompt_keys[0],
             state.prompt_values[0],
@@ -415,42 +425,31 @@ def scanned_slot_decode_step(
             slot_keys,
             slot_values,
             filled,
-            k_rows.astype(dtype),
-            v_rows.astype(dtype),
+            own_k,
+            own_v,
             layer=index,
             interpret=attention == "interpret",
-        ).astype(dtype)
-        return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), (k_rows, v_rows)
+        ).astype(q_rows.dtype)
+
+    attend = xla_attention if attention == "xla" else kernel_attention
 
     def layer(h, xs):
-        lw, prompt_k, prompt_v, cache_k, cache_v = xs
+        lw, per_layer = xs
         q, k, v = layer_qkv(config, lw, h, cos, sin)
         dtype = q.dtype
         q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
-        k_rows = k.transpose(2, 0, 1).astype(cache_k.dtype)  # [S, KV, hd], as the cache will hold it
-        v_rows = v.transpose(2, 0, 1).astype(cache_v.dtype)
-
-        out = _slot_attention(
-            q_rows,
-            prompt_k[state.slot_region].astype(dtype),
-            prompt_v[state.slot_region].astype(dtype),
-            prompt_mask,
-            cache_k.astype(dtype),
-            cache_v.astype(dtype),
-            before,
-            k_rows.astype(dtype),
-            v_rows.astype(dtype),
-        )
+        k_rows = k.transpose(2, 0, 1).astype(slot_keys.dtype)  # [S, KV, hd], as the cache will hold it
+        v_rows = v.transpose(2, 0, 1).astype(slot_values.dtype)
+        out = attend(q_rows, k_rows.astype(dtype), v_rows.astype(dtype), per_layer)
         return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), (k_rows, v_rows)
 
-    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
+    filled = jnp.where(write_at < slot_keys.shape[-1], write_at, 0)  # the kernel's: a slot with no row reads none
     if attention == "xla":
-        xs = (weights.layers[0], state.prompt_keys[0], state.prompt_values[0], slot_keys, slot_values)
-        h, (new_keys, new_values) = jax.lax.scan(layer, h, xs)  # new_*: [L, S, KV, hd]
+        per_layer: Any = (state.prompt_keys[0], state.prompt_values[0], slot_keys, slot_values)
     else:
-        filled = jnp.where(write_at < slot_keys.shape[-1], write_at, 0)  # a slot with no row: nothing to read
-        layers = jnp.arange(slot_keys.shape[0], dtype=jnp.int32)
-        h, (new_keys, new_values) = jax.lax.scan(kernel_layer, h, (weights.layers[0], layers))
+        per_layer = jnp.arange(slot_keys.shape[0], dtype=jnp.int32)
+    h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
+    h, (new_keys, new_values) = jax.lax.scan(layer, h, (weights.layers[0], per_layer))  # new_*: [L, S, KV, hd]
     slot_keys = slot_keys.at[:, slots, :, :, write_at].set(new_keys.transpose(1, 0, 2, 3), mode="drop")
     slot_values = slot_values.at[:, slots, :, write_at, :].set(new_values.transpose(1, 0, 2, 3), mode="drop")
     h = rms_norm(h, weights.final_norm, config.rms_norm_eps, axis=0)
