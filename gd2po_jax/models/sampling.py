@@ -43,7 +43,7 @@ from gd2po_jax.models.draws import (  # noqa: F401  (re-exported: the sampler's 
     row_uniforms,
     sample_rows,
 )
-from gd2po_jax.models.engine import GroupOutput, group_rows_fn, run_engine
+from gd2po_jax.models.engine import GroupOutput, run_engine
 from gd2po_jax.runtime.distributed import batch_rows
 from gd2po_jax.runtime.sharding import BATCH_AXES, mesh_of, named_sharding
 
@@ -308,10 +308,10 @@ def generate(
         backend (None: a scan on GPU and TPU; `gd2po_jax.models.engine.layer_scan`).
       static: decode every row in lock-step until the longest stops (the one-shot path, kept for
         comparison); a model sharded over several devices or processes always decodes so.
-      on_group: ``on_group(prompt, group)`` with a prompt's index and its G rows (`GroupOutput`,
-        device arrays) as soon as they are all done: with the engine, while it decodes the rest
-        (the caller's work on a group overlaps the decode); on the lock-step path, every prompt in
-        order after the decode. One process only (rows live on several otherwise).
+      on_group: ``on_group(prompt, group)`` with a prompt's index and its G rows (`GroupOutput`)
+        as soon as they are all done: with the engine, device arrays, while it decodes the rest
+        (the caller's work on a group overlaps the decode); on the lock-step path, host arrays,
+        every prompt in order after the decode. One process only (rows live on several otherwise).
     """
     if pad_token_id is None:
         pad_token_id = int(eos_token_ids[0]) if len(eos_token_ids) else 0
@@ -364,10 +364,11 @@ def generate(
     if on_group is not None:
         if jax.process_count() > 1:
             raise ValueError("generate's on_group takes one process's rows: it cannot run with several processes")
-        outputs = GroupOutput(dstate.tokens, dstate.logprobs, dstate.lengths, dstate.finished)
-        rows = np.arange(len(prompts) * num_samples, dtype=np.int32).reshape(len(prompts), num_samples)
-        for prompt, group in enumerate(rows):
-            on_group(prompt, group_rows_fn(outputs, group))
+        # Every row is done: one copy to the host, then each group is a slice of it.
+        outputs = jax.device_get(GroupOutput(dstate.tokens, dstate.logprobs, dstate.lengths, dstate.finished))
+        for prompt in range(len(prompts)):
+            rows = slice(prompt * num_samples, (prompt + 1) * num_samples)
+            on_group(prompt, jax.tree.map(lambda x, rows=rows: x[rows], outputs))
     return GenerateOutput(
         tokens=dstate.tokens,
         logprobs=dstate.logprobs,

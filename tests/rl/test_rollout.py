@@ -101,6 +101,12 @@ def test_rewards_get_the_sampled_ids_and_their_step_metrics_come_back():
                              rng=jax.random.PRNGKey(1))
     assert whole.reward_metrics == {"ids_reward/calls": 1.0}  # rewards.score_groups=False: the batch at once
     np.testing.assert_array_equal(whole.rewards, out.rewards)
+    lock_step = dataclasses.replace(SAMPLING, engine=False)  # groups handed over after the decode
+    static = collect_rollouts(model, _prompts(4), DigitTokenizer(), SampledIdsReward(), settings(sampling=lock_step),
+                              rng=jax.random.PRNGKey(1))
+    assert static.reward_metrics == {"ids_reward/calls": 4.0}
+    completions = np.asarray(static.batch.input_ids)[:, 16:] * np.asarray(static.batch.response_mask)
+    np.testing.assert_array_equal(static.rewards.reshape(-1), completions.sum(axis=1))
 
 
 def test_each_group_is_scored_while_the_engine_decodes_the_rest(monkeypatch):
