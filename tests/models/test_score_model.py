@@ -46,9 +46,12 @@ def _batch(side: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def _perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every weight (norms too) moved by 0.2 * normal, so a forgotten bias, norm or transpose shows."""
+def _seeded_random(build, seed: int) -> torch.nn.Module:
+    """``build()``'s model drawn from torch's RNG seeded with ``seed`` (the same model in every run and
+    test order), then every weight (norms too) moved by 0.2 * normal, so a forgotten bias, norm or
+    transpose shows."""
     torch.manual_seed(seed)
+    model = build()
     with torch.no_grad():
         for param in model.parameters():
             param.add_(0.2 * torch.randn_like(param))
@@ -105,7 +108,7 @@ class Body:
     def __init__(self, family: str, seed: int):
         self.config = hf_config(family, tie=False)
         self.config.pad_token_id = PAD
-        self.model = _perturb(AutoModel.from_config(self.config), seed)
+        self.model = _seeded_random(lambda: AutoModel.from_config(self.config), seed)
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The body's weights under ``model.*`` names, float32 numpy."""
@@ -134,7 +137,7 @@ def _sequence_classification(directory: pathlib.Path, family: str, num_labels: i
     config = hf_config(family, tie=family == "qwen2")
     config.num_labels = num_labels
     config.pad_token_id = PAD
-    model = _perturb(AutoModelForSequenceClassification.from_config(config), seed)
+    model = _seeded_random(lambda: AutoModelForSequenceClassification.from_config(config), seed)
     model.save_pretrained(directory)
     return directory, model
 
