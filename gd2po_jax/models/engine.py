@@ -568,17 +568,20 @@ def run_chunk(
 
 
 def compact(state: EngineState, keep: jax.Array) -> EngineState:
-    """The state with only the slots ``keep [S']`` (in that order): a program of S' slots."""
-    pick = lambda x, axis=0: jnp.take(x, keep, axis=axis)  # noqa: E731
+    """The state with the slots ``keep [S']`` (in that order): a program of S' slots. An entry >= S
+    is a new free slot (no row, inactive: the slots grow back when rows arrive after a drain)."""
+    s = state.num_slots
+    new = keep >= s
+    pick = lambda x, axis=0: jnp.take(x, jnp.minimum(keep, s - 1), axis=axis)  # noqa: E731
     cache_axis = 1 if state.stacked_layers else 0
     return state.replace(
-        slot_keys=tuple(pick(x, cache_axis) for x in state.slot_keys),
+        slot_keys=tuple(pick(x, cache_axis) for x in state.slot_keys),  # a free slot's cache is never read
         slot_values=tuple(pick(x, cache_axis) for x in state.slot_values),
-        slot_row=pick(state.slot_row),
+        slot_row=jnp.where(new, state.tokens.shape[0], pick(state.slot_row)),
         slot_region=pick(state.slot_region),
         slot_next=pick(state.slot_next),
         slot_last=pick(state.slot_last),
-        slot_active=pick(state.slot_active),
+        slot_active=jnp.where(new, False, pick(state.slot_active)),
     )
 
 
@@ -650,7 +653,8 @@ class EngineStats:
 
     slot_steps: decode steps x slots computed (busy or idle: the work paid for); tokens: tokens
     generated (EOS included); chunks: decode chunks run (one host sync each); prefills: prefill
-    calls; slot_counts: the slot counts the chunks ran with, in order of first use.
+    calls; slot_counts: the slot counts the chunks ran with, in order of first use; grown: times
+    the slots grew back after a drain (prompts allowed late, `run_engine`'s ``allowed``).
     """
 
     slot_steps: int = 0
@@ -658,6 +662,7 @@ class EngineStats:
     chunks: int = 0
     prefills: int = 0
     slot_counts: list[int] = dataclasses.field(default_factory=list)
+    grown: int = 0
 
     @property
     def slot_steps_per_token(self) -> float:
@@ -684,11 +689,13 @@ class Scheduler:
     region is in use, which groups are complete. Pure Python over small integers (no device):
     `run_engine` feeds it what each chunk reports; tests and simulations drive it directly.
 
-    Rows are prompt-major (row ``p * G + g``); prompts are admitted in order.
+    Rows are prompt-major (row ``p * G + g``); prompts are admitted in order, up to ``limit`` (the
+    prompts the caller allows so far: all P unless `run_engine`'s ``allowed`` says fewer).
     """
 
     def __init__(self, num_prompts: int, num_samples: int, slots: int, regions: int, max_prefill: int):
         self.num_prompts, self.num_samples = num_prompts, num_samples
+        self.limit = num_prompts
         self.rows = num_prompts * num_samples
         self.slot_rows: list[int] = [self.rows] * slots  # self.rows: free
         self.free_regions = deque(range(regions))
@@ -705,8 +712,8 @@ class Scheduler:
 
     @property
     def drained(self) -> bool:
-        """No row waits and no prompt is left to admit: only the slots' rows remain."""
-        return not self.waiting and self.next_prompt == self.num_prompts
+        """No row waits and no allowed prompt is left to admit: only the slots' rows remain."""
+        return not self.waiting and self.next_prompt >= self.limit
 
     @property
     def done(self) -> bool:
@@ -716,7 +723,7 @@ class Scheduler:
         """The prompts to prefill now: enough that every free slot gets a row, as regions allow."""
         free = len(self.slot_rows) - self.busy
         want = -(-max(free - len(self.waiting), 0) // self.num_samples)
-        count = min(want, self.num_prompts - self.next_prompt, len(self.free_regions), self.max_prefill)
+        count = min(want, self.limit - self.next_prompt, len(self.free_regions), self.max_prefill)
         prompts = list(range(self.next_prompt, self.next_prompt + count))
         for p in prompts:
             self.region_of_prompt[p] = self.free_regions.popleft()
@@ -763,6 +770,16 @@ class Scheduler:
         self.slot_rows = [self.slot_rows[s] for s in keep]
         return keep
 
+    def grow_to(self, slots: int) -> list[int] | None:
+        """When rows are to come again (the caller allowed more prompts after the drain shrank the
+        slots): the slots to keep, every current one and free ones up to ``slots`` (`compact`'s
+        entries >= S); None while drained or when the slots are all there."""
+        current = len(self.slot_rows)
+        if self.drained or current >= slots:
+            return None
+        self.slot_rows += [self.rows] * (slots - current)
+        return list(range(slots))
+
 
 @dataclasses.dataclass
 class EngineRun:
@@ -787,6 +804,7 @@ def drive(
     single_token: bool = False,
     collect: Callable[[list[int]], list[Any]] | None = None,
     on_group: Callable[[int, Any], None] | None = None,
+    allowed: Callable[[bool], int] | None = None,
 ) -> None:
     """The engine's host loop, over the device through callbacks (`run_engine` runs the programs;
     `simulate` counts): until every row is done, admit prompts for the free slots
@@ -798,6 +816,12 @@ def drive(
     the state), and ``on_group(prompt, collected)`` hands it over while the next chunk runs on the
     device (the host's work on a group overlaps the decode of the rest); the last ones after the loop.
     ``single_token``: M = 1, the prefill samples every row's only token (no chunk runs).
+
+    ``allowed(wait)``: how many prompts (the first, in order) may be admitted so far, asked before each
+    chunk with ``wait=False`` (answer at once) and, once every allowed row is done and every completed
+    group reported, with ``wait=True`` (the caller may first wait for what it decides on, e.g. the
+    groups' rewards): the loop ends when that answer admits nothing new. A run whose slots shrank in
+    the drain grows them back to the most (``compact`` with new slots) when new rows wait.
     """
     pending: list[tuple[int, Any]] = []
 
@@ -810,7 +834,22 @@ def drive(
             for prompt, payload in groups:
                 on_group(prompt, payload)
 
-    while not scheduler.done:
+    def allow(wait: bool) -> None:
+        if allowed is not None:
+            scheduler.limit = min(max(scheduler.limit, int(allowed(wait))), scheduler.num_prompts)
+
+    if allowed is not None:
+        scheduler.limit = 0  # what the first answer allows
+    while True:
+        allow(False)
+        if scheduler.done:
+            report(pending)
+            pending = []
+            allow(True)
+            if scheduler.done:
+                break
+        if (keep := scheduler.grow_to(slot_counts[0])) is not None:
+            compact(keep)
         admitted = scheduler.prompts_to_admit()
         if admitted:
             admit(admitted)
@@ -827,7 +866,6 @@ def drive(
         pending = completed(scheduler.finish(wait()))
         while (keep := scheduler.shrink_to(slot_counts)) is not None:
             compact(keep)
-    report(pending)
 
 
 def engine_layout(rows: int, num_samples: int, slots: int, min_slots: int) -> tuple[int, int, int, tuple[int, ...]]:
@@ -962,6 +1000,7 @@ def run_engine(
     on_group: Callable[[int, GroupOutput], None] | None = None,
     scan_layers: bool | None = None,
     attention: str | None = None,
+    allowed: Callable[[bool], int] | None = None,
 ) -> EngineRun:
     """Generates ``num_samples`` completions of each of the P left-padded prompts ``ids, mask``
     ``[P, Lp]`` through ``slots`` slots (0: one per row, P x G).
@@ -980,6 +1019,11 @@ def run_engine(
         backend (`layer_scan`).
       attention: the scanned step's attention, ``xla``, ``pallas`` or ``interpret``; None: by backend
         (`decode_attention_kind`: the Pallas kernel on GPU).
+      allowed: ``allowed(wait)``, how many of the P prompts (the first ones) may be admitted so far
+        (None: all): the caller grows it while the engine runs, e.g. one more prompt for each group
+        that dynamic sampling drops, and is asked with ``wait=True`` before the run ends (`drive`).
+        A prompt's ``ids``/``mask`` rows are read when it is admitted, so the caller may write them
+        until it allows the prompt. Rows of prompts never allowed stay empty (length 0).
     """
     p, lp = ids.shape
     n, m = p * num_samples, params.max_new_tokens
@@ -1038,18 +1082,20 @@ def run_engine(
         rows = np.asarray(prompts, np.int32)[:, None] * num_samples + np.arange(num_samples, dtype=np.int32)
         return [group_rows_fn(holder[0], group) for group in rows]
 
-    def shrink(keep: list[int]) -> None:
+    def resize(keep: list[int]) -> None:
+        stats.grown += len(keep) > holder[0].num_slots
         holder[0] = compact_fn(holder[0], np.asarray(keep, np.int32))
 
     drive(
         scheduler,
         admit=admit,
         chunk=run,
-        compact=shrink,
+        compact=resize,
         slot_counts=counts,
         single_token=m == 1,
         collect=collect if on_group is not None else None,
         on_group=on_group,
+        allowed=allowed,
     )
     state = holder[0]
     stats.tokens = int(np.sum(jax.device_get(state.lengths)))

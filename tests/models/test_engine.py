@@ -145,6 +145,53 @@ def test_drain_halves_the_slots_while_the_busy_ones_fit():
     assert scheduler.slot_rows == [1]
 
 
+def test_the_scheduler_admits_up_to_the_limit_and_grows_the_slots_back():
+    scheduler = Scheduler(num_prompts=4, num_samples=2, slots=4, regions=6, max_prefill=2)
+    scheduler.limit = 1
+    assert scheduler.prompts_to_admit() == [0]  # 4 free slots would take 2 prompts; 1 is allowed
+    scheduler.place()
+    assert scheduler.drained and not scheduler.done
+    assert scheduler.finish([False, False, False, False]) == [0]
+    assert scheduler.done
+    assert scheduler.shrink_to((4, 2, 1)) == [0, 1] and scheduler.shrink_to((4, 2, 1)) == [0]
+    assert scheduler.grow_to(4) is None  # drained: nothing to grow for
+    scheduler.limit = 3
+    assert not scheduler.done and scheduler.grow_to(4) == [0, 1, 2, 3] and len(scheduler.slot_rows) == 4
+    assert scheduler.prompts_to_admit() == [1, 2]
+
+
+def test_prompts_allowed_while_the_engine_runs_sample_as_in_one_run(model):
+    """The caller allows prompts as groups complete (dynamic sampling's refill): each admitted prompt's
+    rows are those of a run that had them all from the start (per-row draws); prompts never allowed
+    stay empty; the slots shrink in the drain and grow back for the late ones."""
+    prompts = _prompts(6)
+    eos = _eos_ids(model, prompts, 12)
+    ids, mask = left_pad(prompts, bucket_length(max(map(len, prompts))), 0)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, eos_token_ids=tuple(eos), pad_token_id=0)
+    kwargs = dict(num_samples=2, rng=jax.random.key(4), slots=4, min_slots=1, chunk=2)
+    whole = run_engine(model, ids, mask, params, **kwargs)
+    late = ids.copy()
+    late[3:] = 0  # written only when allowed: the engine reads a prompt's row when it admits it
+    asked, seen = [], []
+
+    def allowed(wait):
+        asked.append(wait)
+        if wait and len(seen) >= 3:  # the engine is idle and asks: one more, then no further
+            late[3] = ids[3]
+            return 4
+        return 2 if len(seen) < 2 else 3  # one more once both first groups are in
+
+    run = run_engine(model, late, mask, params, on_group=lambda prompt, _: seen.append(prompt), allowed=allowed, **kwargs)
+    assert sorted(seen) == [0, 1, 2, 3] and True in asked
+    rows = slice(0, 8)
+    for name in ("tokens", "lengths", "finished"):
+        np.testing.assert_array_equal(np.asarray(getattr(run, name))[rows], np.asarray(getattr(whole, name))[rows])
+    np.testing.assert_allclose(np.asarray(run.logprobs)[rows], np.asarray(whole.logprobs)[rows], atol=1e-5, rtol=0)
+    assert np.all(np.asarray(run.lengths)[8:] == 0)  # prompts 4 and 5 were never allowed
+    assert run.completed_groups == seen
+    assert run.stats.slot_counts[0] == 4 and min(run.stats.slot_counts) < 4 and run.stats.grown >= 1
+
+
 def test_work_is_proportional_to_tokens_on_a_long_tail():
     # W-tail's lengths: geometric with mean 128, cut at 512 tokens; 64 prompts x 4.
     lengths = np.minimum(np.random.default_rng(0).geometric(1 / 128, 256), 512)
