@@ -181,7 +181,8 @@ def test_prompts_allowed_while_the_engine_runs_sample_as_in_one_run(model):
             return 4
         return 2 if len(seen) < 2 else 3  # one more once both first groups are in
 
-    run = run_engine(model, late, mask, params, on_group=lambda prompt, _: seen.append(prompt), allowed=allowed, **kwargs)
+    run = run_engine(model, late, mask, params, on_group=lambda prompt, _: seen.append(prompt), allowed=allowed,
+                     **kwargs)
     assert sorted(seen) == [0, 1, 2, 3] and True in asked
     rows = slice(0, 8)
     for name in ("tokens", "lengths", "finished"):
