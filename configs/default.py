@@ -105,6 +105,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.dynamic_sampling = "off"  # off | signal | kept: refill the batch with groups that count (DAPO's)
     config.rl.dynamic_sampling_min_kept = 2  # kept: rollouts of a group kept with a signal for it to count
     config.rl.dynamic_sampling_max_rounds = 4  # rounds of sampling per step at most; then filler groups
+    config.rl.dynamic_sampling_refill = "engine"  # engine: a new prompt per dropped group, mid-decode | rounds
 
     config.sampling = ml_collections.ConfigDict()
     config.sampling.max_new_tokens = 96  # longest response (also evaluation's budget)

@@ -69,6 +69,9 @@ KL_ESTIMATORS = ("k1", "k3")
 OLD_LOGPROBS = ("recompute", "sampler")
 """The values of ``config.rl.old_logprobs``: where the update's old log-probs come from
 (`gd2po_jax.rl.train_step`)."""
+DYNAMIC_SAMPLING_REFILLS = ("engine", "rounds")
+"""The values of ``config.rl.dynamic_sampling_refill``: where dynamic sampling draws its new prompts
+(`gd2po_jax.rl.dynamic_sampling`)."""
 DYNAMIC_SAMPLING_MODES = ("off", "signal", "kept")
 """The values of ``config.rl.dynamic_sampling`` (`gd2po_jax.rl.dynamic_sampling`): off | a prompt group counts
 when a reward varies in it (signal) | when enough of its rollouts carry a signal and are kept (kept)."""
@@ -204,7 +207,14 @@ class RLConfig(_Section):
     dynamic_sampling_max_rounds: int = 4
     """With dynamic_sampling on: at most this many rounds of sampling per step (the first included); when
     they run out the step updates on the groups it counted, the rest of the batch filler (``valid`` False:
-    no statistic, no loss), and says so (``dynamic_sampling/filler_groups``, a warning)."""
+    no statistic, no loss), and says so (``dynamic_sampling/filler_groups``, a warning). Refilled inside
+    the engine: at most this many times ``train.prompts_per_step`` prompts per step."""
+    dynamic_sampling_refill: str = "engine"
+    """With dynamic_sampling on, where the new prompts are sampled: engine (each group that does not
+    count is replaced by the next prompt while the rollout engine decodes the rest: one run, no
+    surplus; where it applies: the engine samples on one device in one process, groups are scored as
+    they complete, one sampler call per step; rounds elsewhere) | rounds (rounds of prompts, each
+    sampled whole after the last)."""
 
     def __post_init__(self):
         if isinstance(self.algorithm, str) and ":" in self.algorithm:  # an aggregator of your own
@@ -280,6 +290,7 @@ class RLConfig(_Section):
             f"got {self.dynamic_sampling_min_kept}",
         )
         _int_at_least(self.dynamic_sampling_max_rounds, "rl.dynamic_sampling_max_rounds")
+        _one_of(self.dynamic_sampling_refill, "rl.dynamic_sampling_refill", DYNAMIC_SAMPLING_REFILLS)
 
     @classmethod
     def from_dict(cls, values, path: str | None = None):

@@ -10,7 +10,8 @@ with the values it computed with. `gd2po_jax.runtime.run_dir.load_run_config` ca
 config.json it reads.
 
 Version 2 (issue 57): the dataclass defaults became the recommended values of configs/default.py
-(`OLD_DEFAULTS` [2] lists what they were).
+(`OLD_DEFAULTS` [2] lists what they were). Version 3 (issue 58): dynamic sampling refills inside the
+rollout engine (``rl.dynamic_sampling_refill``; before, rounds).
 
 May import: gd2po_jax.config.base.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from gd2po_jax.config.base import ConfigError, _is_int
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 """The version of the config format this code writes (`RunConfig.config_version`)."""
 
 OLD_DEFAULTS: dict[int, dict[str, Any]] = {
@@ -34,6 +35,7 @@ OLD_DEFAULTS: dict[int, dict[str, Any]] = {
         "rewards.max_failed_fraction": 1.0,
         "sft.length_bucket": 0,
     },
+    3: {"rl.dynamic_sampling_refill": "rounds"},
 }
 """For each version, the defaults (dotted name -> value) the fields whose default it changed had
 before it: what `upgrade` fills into an older config.json that lacks them."""

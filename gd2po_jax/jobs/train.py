@@ -43,7 +43,7 @@ from gd2po_jax.rewards.base import begin_step
 from gd2po_jax.rewards.scoring import check_failures, failure_modes
 from gd2po_jax.rl.advantages import MagnitudeWatch, advantage_method
 from gd2po_jax.rl.dynamic_sampling import RefilledRollouts, collect_counted, warn_short_step
-from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
+from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts, refill_applies
 from gd2po_jax.rl.rollout_log import is_logged_step, remove_later_rollouts, save_step_rollouts
 from gd2po_jax.rl.train_step import (
     StepConfig,
@@ -56,6 +56,7 @@ from gd2po_jax.runtime import distributed, preemption, run_dir
 from gd2po_jax.runtime.checkpoints import Checkpoints, CorruptCheckpointError, check_finite
 from gd2po_jax.runtime.metrics_logging import MetricsWriter, completions_table, reward_sum_metrics
 from gd2po_jax.runtime.run_dir import RunDir
+from gd2po_jax.runtime.sharding import mesh_of
 from gd2po_jax.runtime.wandb_logging import WandbLogger
 from gd2po_jax.sft.warm_start import warm_start
 from gd2po_jax.tasks import task_named, task_of
@@ -468,8 +469,10 @@ def _rl_step(
     begin_step(setup.reward_fn, step, config.train.num_steps)  # TRL's trainer_state.global_step
     policy = loop.policy(state.params)
 
-    def collect(prompt_set, rng, settings=loop.rollout_settings):
-        rollouts = collect_rollouts(policy, prompt_set, setup.tokenizer, setup.reward_fn, settings, rng=rng)
+    def collect(prompt_set, rng, settings=loop.rollout_settings, refill=None):
+        rollouts = collect_rollouts(
+            policy, prompt_set, setup.tokenizer, setup.reward_fn, settings, rng=rng, refill=refill
+        )
         check_failures(
             rollouts.failed,
             reward_names,
@@ -485,6 +488,9 @@ def _rl_step(
         rollouts = collect(prompts, jax.random.fold_in(loop.sample_key, step))
     else:  # rounds until train.prompts_per_step groups count (docs/dynamic_sampling.md)
         round_settings = dataclasses.replace(loop.rollout_settings, micro_batch_max_tokens=0)  # laid out at the end
+        in_engine = rl.dynamic_sampling_refill == "engine" and refill_applies(
+            setup.reward_fn, round_settings, len(prompts), mesh_of(policy)
+        )
         rollouts = collect_counted(
             prompts,
             draw,
@@ -500,6 +506,9 @@ def _rl_step(
             settings=loop.rollout_settings,
             tokenizer=setup.tokenizer,
             reward_names=reward_names,
+            collect_refilled=(lambda prompt_set, rng, refill: collect(prompt_set, rng, round_settings, refill))
+            if in_engine
+            else None,
         )
         warn_short_step(rollouts.sampling_metrics, step + 1, rl.dynamic_sampling_max_rounds)
     batch = rollouts.batch

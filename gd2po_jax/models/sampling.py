@@ -285,6 +285,8 @@ def generate(
     static: bool = False,
     scan_layers: bool | None = None,
     on_group: Callable[[int, GroupOutput], None] | None = None,
+    more_prompts: Callable[[bool], Sequence[Sequence[int]]] | None = None,
+    max_prompts: int = 0,
 ) -> GenerateOutput:
     """Samples ``num_samples`` completions for each prompt; see the module docstring.
 
@@ -312,6 +314,11 @@ def generate(
         as soon as they are all done: with the engine, device arrays, while it decodes the rest
         (the caller's work on a group overlaps the decode); on the lock-step path, host arrays,
         every prompt in order after the decode. One process only (rows live on several otherwise).
+      more_prompts: prompts added while the engine runs (dynamic sampling's refill):
+        ``more_prompts(wait)`` gives the token-id lists to append after those given so far (prompt
+        indices go on from P), asked as `gd2po_jax.models.engine.run_engine` asks ``allowed``; the
+        output has rows for ``max_prompts`` prompts, those of prompts never added empty (length 0,
+        pad). The engine's slots default to the first P prompts' rows. Not with ``static``.
     """
     if pad_token_id is None:
         pad_token_id = int(eos_token_ids[0]) if len(eos_token_ids) else 0
@@ -338,6 +345,14 @@ def generate(
         lambda rows: left_pad([prompts[i] for i in rows], length, params.pad_token_id), len(prompts), mesh
     )
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
+    allowed = None
+    if more_prompts is not None:
+        if static or not engine_applies(mesh):
+            raise ValueError("generate's more_prompts needs the rollout engine: one process, one device, static=False")
+        if max_prompts < len(prompts):
+            raise ValueError(f"max_prompts={max_prompts} is less than the {len(prompts)} prompts given")
+        ids, mask, allowed = _growing_prompts(ids, mask, max_prompts, length, params.pad_token_id, more_prompts)
+        slots = slots or len(prompts) * num_samples
     if not (static or not engine_applies(mesh)):
         run = run_engine(
             model,
@@ -350,6 +365,7 @@ def generate(
             chunk=chunk,
             scan_layers=scan_layers,
             on_group=on_group,
+            allowed=allowed,
         )
         return GenerateOutput(
             tokens=run.tokens,
@@ -377,6 +393,31 @@ def generate(
         prompt_tokens=repeat(ids),
         prompt_mask=repeat(mask),
     )
+
+
+def _growing_prompts(ids, mask, capacity: int, length: int, pad_token_id: int, more_prompts):
+    """Host buffers ``[capacity, length]`` holding ``ids, mask`` [P, length] first, and the engine's
+    ``allowed(wait)`` that pads what ``more_prompts(wait)`` adds into the next rows and returns how
+    many prompts the buffers hold."""
+    p = ids.shape[0]
+    all_ids = np.full((capacity, length), pad_token_id, np.int32)
+    all_mask = np.zeros((capacity, length), np.int32)
+    all_ids[:p], all_mask[:p] = np.asarray(ids), np.asarray(mask)
+    count = [p]
+
+    def allowed(wait: bool) -> int:
+        new = list(more_prompts(wait))
+        if new:
+            start = count[0]
+            if start + len(new) > capacity:
+                raise ValueError(
+                    f"more_prompts added {start + len(new)} prompts in all, more than max_prompts={capacity}"
+                )
+            all_ids[start : start + len(new)], all_mask[start : start + len(new)] = left_pad(new, length, pad_token_id)
+            count[0] += len(new)
+        return count[0]
+
+    return all_ids, all_mask, allowed
 
 
 def engine_applies(mesh: Mesh | None) -> bool:

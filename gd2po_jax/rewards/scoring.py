@@ -699,6 +699,7 @@ class StreamScorer:
         self._parts: queue.SimpleQueue[list[_Call] | None] = queue.SimpleQueue()  # None: no more parts
         self._driver = threading.Thread(target=self._drive, name="reward-scoring", daemon=True) if background else None
         self._error: BaseException | None = None
+        self._progress = threading.Condition()  # notified when calls settle (`rewards_of` waits on it)
 
     def add(self, first: int, prompts: list[str], responses: list[str], columns: dict[str, list[Any]]) -> None:
         """Start scoring responses ``first .. first + len(responses) - 1`` of the N (columns: per response)."""
@@ -716,13 +717,47 @@ class StreamScorer:
                 self._driver.start()
             self.scheduler.wake()
 
-    def result(self) -> Scores:
-        """The `Scores` of all N responses, once every call has finished or failed."""
+    def rewards_of(self, first: int, stop: int) -> np.ndarray:
+        """The [stop - first, K] rewards of responses ``first .. stop - 1`` (added before), as `result`
+        will give them (a failure: NaN or the minimum, per ``on_error``), once their calls have all
+        settled: waits for them while the scorer's thread goes on with the others. Raises what
+        `result` would."""
+        if not self.added[first:stop].all():
+            raise ValueError(f"responses {first}..{stop - 1} of the {self.n} were not all added")
+        if self._driver is None:
+            raise ValueError("rewards_of needs the scorer's own thread (background=True)")
+        with self._progress:
+            while self._error is None and any(row is None for rows in self.outcomes for row in rows[first:stop]):
+                self._progress.wait()
         if self._error is not None:
             raise self._error
-        if not self.added.all():
-            missing = int(np.argmin(self.added))
-            raise ValueError(f"response {missing} of the {self.n} was never added")
+        return np.concatenate(
+            [
+                self._values(fn, policy, rows[first:stop])[0]
+                for fn, policy, rows in zip(self.functions, self.policies, self.outcomes)
+            ],
+            axis=1,
+        )
+
+    @staticmethod
+    def _values(fn, policy: _Policy, rows: list[Any]) -> tuple[np.ndarray, list[str | None]]:
+        """The [n, K] values of one function's settled outcomes (a failure's per ``on_error``) and
+        the failure messages (None where it scored)."""
+        errors = [row if isinstance(row, str) else None for row in rows]
+        values = np.empty((len(rows), len(fn.names)), np.float32)  # K known now: a first call fixes components
+        for i, (row, error) in enumerate(zip(rows, errors)):
+            values[i] = row if error is None else policy.failed_values(fn)
+        return values, errors
+
+    def result(self, count: int | None = None) -> Scores:
+        """The `Scores` of all N responses (``count``: of the first ``count``, the ones added, when the
+        caller added no more: a refilled engine run's), once every call has finished or failed."""
+        if self._error is not None:
+            raise self._error
+        count = self.n if count is None else count
+        if not self.added[:count].all() or self.added[count:].any():
+            missing = int(np.argmin(self.added[:count])) if not self.added[:count].all() else count
+            raise ValueError(f"response {missing} of the {count} was never added, or one after them was")
         self._parts.put(None)
         if self._driver is None or self._driver.ident is None:
             self._drive()
@@ -732,11 +767,9 @@ class StreamScorer:
         if self._error is not None:
             raise self._error
         rewards, failed, first_errors = [], [], []
-        for fn, policy, rows in zip(self.functions, self.policies, self.outcomes):
-            errors = [row if isinstance(row, str) else None for row in rows]
-            values = np.empty((self.n, len(fn.names)), np.float32)  # K known now: a first call fixes components
-            for i, (row, error) in enumerate(zip(rows, errors)):
-                values[i] = row if error is None else policy.failed_values(fn)
+        for fn, policy, all_rows in zip(self.functions, self.policies, self.outcomes):
+            rows = all_rows[:count]
+            values, errors = self._values(fn, policy, rows)
             rewards.append(values)
             failed.append(np.repeat(np.array([e is not None for e in errors], bool)[:, None], values.shape[1], axis=1))
             bad = [e for e in errors if e is not None]
@@ -746,7 +779,7 @@ class StreamScorer:
                     "reward function %s failed on %d of %d rollouts (%s); first: %s",
                     function_label(fn),
                     len(bad),
-                    self.n,
+                    count,
                     outcome,
                     bad[0],
                 )
@@ -788,8 +821,12 @@ class StreamScorer:
                     _settle(
                         call, self.policies[call.index], self.outcomes[call.index], self.scheduler, self.first_rollout
                     )
-        except BaseException as err:  # noqa: BLE001 - handed to the caller by add and result
+                with self._progress:
+                    self._progress.notify_all()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller by add, result and rewards_of
             self._error = err
+            with self._progress:
+                self._progress.notify_all()
 
 
 def call_reward(

@@ -28,6 +28,13 @@ position the checkpoint holds, so a resume is exact). When the rounds run out sh
 batch is filler: groups that did not count, marked ``valid=False`` (no statistic, no loss, as a partly
 filled batch's padding), and the step's metrics and a warning say so. The final batch has the shape of
 a plain step's, so it goes through the same jitted update.
+
+Inside the engine (``rl.dynamic_sampling_refill = "engine"``, where `gd2po_jax.rl.rollout.refill_applies`):
+one run of the rollout engine samples the step, and each group that does not count is replaced by
+the sampler's next prompt while the engine decodes the others (`gd2po_jax.rl.rollout.Refill`), up to
+P x ``rl.dynamic_sampling_max_rounds`` prompts in all. The prompts sampled are the shortest prefix of
+the sampler's order in which P groups count, so there is no surplus, and the sampler moves on by
+exactly those prompts. Every row is sampled with the step's key under its own row id.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from gd2po_jax.config.rl import DYNAMIC_SAMPLING_MODES
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.rl.micro_batches import verl_update_layout
-from gd2po_jax.rl.rollout import Rollouts, RolloutSettings
+from gd2po_jax.rl.rollout import Refill, Rollouts, RolloutSettings
 from gd2po_jax.rl.train_step import StepConfig, host_advantages
 from gd2po_jax.runtime.distributed import addressable_rows, host_value, replicated
 from gd2po_jax.training.records import RolloutBatch
@@ -215,6 +222,7 @@ def collect_counted(
     settings: RolloutSettings | None = None,
     tokenizer=None,
     reward_names: Sequence[str] = (),
+    collect_refilled: Callable[[PromptSet, jax.Array, Refill], Rollouts] | None = None,
 ) -> RefilledRollouts:
     """Sample rounds until ``len(first)`` = P groups count (`counted_groups`) or ``max_rounds`` ran, and
     assemble the final batch (`assemble`).
@@ -230,10 +238,28 @@ def collect_counted(
       mesh, settings, tokenizer: the final batch's placement, update layout and (several processes)
         the decoding of its completions.
       reward_names: the K names of the ``no_signal_fraction`` metrics.
+      collect_refilled: (prompts, rng, refill) -> their `Rollouts` refilled inside the engine
+        (`gd2po_jax.rl.rollout.collect_rollouts` with ``refill``, failures checked): one engine run
+        replaces the rounds, up to P x ``max_rounds`` prompts (module docstring); None: rounds.
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
     num_prompts = len(first)
+    if collect_refilled is not None:
+        counts = functools.partial(
+            _group_counts, mode=mode, step_config=step_config, min_kept=min_kept, mask_truncated=mask_truncated
+        )
+        refill = Refill(max_prompts=num_prompts * max_rounds, draw=draw, counts=counts)
+        rollouts = collect_refilled(first, rng, refill)
+        round_ = _round_of(refill.prompts or first, rollouts, mode, step_config, min_kept, mask_truncated)
+        if len(refill.counted) != len(round_.prompts):
+            raise RuntimeError(
+                f"the engine decided {len(refill.counted)} of the {len(round_.prompts)} groups it sampled"
+            )
+        round_.counted = np.asarray(refill.counted, bool)  # what drove the refill (a group's own decision)
+        return assemble(
+            [round_], num_prompts, mesh=mesh, settings=settings, tokenizer=tokenizer, reward_names=reward_names
+        )
     rounds: list[Round] = []
     picks: list[tuple[int, int]] = []
     prompts = first
@@ -241,20 +267,50 @@ def collect_counted(
         if r:
             prompts = draw(round_sizes(num_prompts - len(picks), num_prompts, prompts_per_call))
         rollouts = collect(prompts, round_key(rng, r))
-        lengths, prompt_lengths = host_value(
-            (jnp.sum(rollouts.batch.response_mask, axis=-1), jnp.sum(rollouts.batch.attention_mask, axis=-1))
-        )
-        # attention_mask is the prompt's mask then ones over the M completion slots
-        prompt_lengths = np.asarray(prompt_lengths) - rollouts.batch.response_mask.shape[1]
-        lengths = np.asarray(lengths).reshape(len(prompts), -1)
-        update_lengths = np.where(rollouts.truncated.reshape(lengths.shape), 0, lengths) if mask_truncated else lengths
-        valid = np.ones(len(prompts), bool)
-        counted, varies = counted_groups(mode, rollouts.rewards, update_lengths, valid, step_config, min_kept)
-        rounds.append(Round(prompts, rollouts, lengths, prompt_lengths, counted, varies))
-        picks.extend((r, int(p)) for p in np.flatnonzero(counted))
+        rounds.append(_round_of(prompts, rollouts, mode, step_config, min_kept, mask_truncated))
+        picks.extend((r, int(p)) for p in np.flatnonzero(rounds[-1].counted))
         if len(picks) >= num_prompts:
             break
     return assemble(rounds, num_prompts, mesh=mesh, settings=settings, tokenizer=tokenizer, reward_names=reward_names)
+
+
+def _round_of(
+    prompts: PromptSet, rollouts: Rollouts, mode: str, step_config: StepConfig, min_kept: int, mask_truncated: bool
+) -> Round:
+    """The `Round` of ``prompts`` (A of them) and their rollouts, whose device batch may hold more
+    rows than the A x G (a refilled engine run's room: the rows past them are never used)."""
+    used = len(prompts) * rollouts.rewards.shape[1]
+    lengths, prompt_lengths = host_value(
+        (jnp.sum(rollouts.batch.response_mask, axis=-1), jnp.sum(rollouts.batch.attention_mask, axis=-1))
+    )
+    # attention_mask is the prompt's mask then ones over the M completion slots
+    prompt_lengths = np.asarray(prompt_lengths)[:used] - rollouts.batch.response_mask.shape[1]
+    lengths = np.asarray(lengths)[:used].reshape(len(prompts), -1)
+    counted, varies = counted_groups(
+        mode,
+        rollouts.rewards,
+        _update_lengths(lengths, rollouts.truncated, mask_truncated),
+        np.ones(len(prompts), bool),
+        step_config,
+        min_kept,
+    )
+    return Round(prompts, rollouts, lengths, prompt_lengths, counted, varies)
+
+
+def _update_lengths(lengths: np.ndarray, truncated: np.ndarray, mask_truncated: bool) -> np.ndarray:
+    """[P, G] the update's response tokens: ``lengths``, 0 for a truncated rollout when masked."""
+    return np.where(np.reshape(truncated, lengths.shape), 0, lengths) if mask_truncated else lengths
+
+
+def _group_counts(
+    rewards, lengths, finished, *, mode: str, step_config: StepConfig, min_kept: int, mask_truncated: bool
+) -> bool:
+    """Whether one group counts (`counted_groups` of it alone): rewards [G, K], lengths [G] its
+    response tokens, finished [G] (EOS emitted). The rule is a group's own (its rewards, its
+    normalization, the filter's keep of its rollouts), so it decides as the whole batch would."""
+    update = _update_lengths(np.asarray(lengths)[None], ~np.asarray(finished, bool)[None], mask_truncated)
+    counted, _ = counted_groups(mode, np.asarray(rewards)[None], update, np.ones(1, bool), step_config, min_kept)
+    return bool(counted[0])
 
 
 def sampling_metrics(rounds: Sequence[Round], num_prompts: int, reward_names: Sequence[str]) -> dict[str, float]:
@@ -427,13 +483,14 @@ def warn_short_step(metrics: dict[str, float], step: int, max_rounds: int) -> bo
     filler = int(metrics.get("dynamic_sampling/filler_groups", 0))
     if filler:
         logger.warning(
-            "step %d: rl.dynamic_sampling found %d of %d groups that count in %d round(s) "
+            "step %d: rl.dynamic_sampling found %d of %d groups that count in %d round(s), %d prompts drawn "
             "(rl.dynamic_sampling_max_rounds=%d); the update uses those, the other %d groups are filler "
             "(no statistic, no loss)%s",
             step,
             int(metrics["dynamic_sampling/groups_counted"]),
             int(metrics["dynamic_sampling/groups_counted"]) + filler,
             int(metrics["dynamic_sampling/rounds"]),
+            int(metrics.get("dynamic_sampling/prompts_drawn", 0)),
             max_rounds,
             filler,
             ": no group counted, so the update has no advantage at all"

@@ -22,7 +22,7 @@ from gd2po_jax.config.train import ENGINE_LAYER_SCAN
 from gd2po_jax.data.prompts import PromptSet
 from gd2po_jax.data.tokenization import decode_completions
 from gd2po_jax.models.logprobs import logprob_temperature
-from gd2po_jax.models.sampling import GenerateOutput, GroupOutput, completion_mask, generate
+from gd2po_jax.models.sampling import GenerateOutput, GroupOutput, completion_mask, engine_applies, generate
 from gd2po_jax.rewards.base import (
     RESPONSE_IDS,
     ROLLOUT_INDEX,
@@ -118,6 +118,43 @@ class RolloutSettings:
         )
 
 
+@dataclasses.dataclass
+class Refill:
+    """Dynamic sampling inside the rollout engine (`collect_rollouts`' ``refill``): each group that
+    does not count is replaced by the data's next prompt, admitted while the engine decodes the rest.
+
+    Before each decode chunk the engine asks for prompts; the groups it has handed over by then are
+    decided (their rewards waited for: they were scored while the previous chunk ran) and one prompt
+    is drawn for each that does not count, until ``max_prompts`` are drawn in all. The prompts sampled
+    are therefore the shortest prefix of the data's order in which P groups count (or ``max_prompts``),
+    whatever the timing of the rewards, and each row's completion is that of its row id
+    (`gd2po_jax.models.engine`): a step whose first P groups all count samples exactly what it
+    samples without refill.
+
+    max_prompts: at most this many prompts sampled in all (the first P included).
+    draw: n -> the data's next n prompts (a `PromptSet`).
+    counts: (rewards [G, K], response lengths [G], finished [G] bool) -> whether the group counts.
+
+    Filled in by the call: ``prompts``, the A prompts sampled (the first P, then those drawn, in
+    order); ``counted`` [A], whether each group counts.
+    """
+
+    max_prompts: int
+    draw: Callable[[int], PromptSet]
+    counts: Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
+    prompts: PromptSet | None = None
+    counted: list[bool] = dataclasses.field(default_factory=list)
+
+
+def refill_applies(reward_fn: RewardFunction, settings: RolloutSettings, num_prompts: int, mesh=None) -> bool:
+    """Whether `collect_rollouts` can refill inside the engine for a policy on ``mesh``: the engine
+    samples (``sampling.engine``; one process, one device: `engine_applies`), groups are scored as
+    they complete (`scores_groups`), and the step is one sampler call (``sampling.prompts_per_call``
+    0 or >= P)."""
+    one_call = not settings.prompts_per_call or settings.prompts_per_call >= num_prompts
+    return bool(settings.sampling.engine) and one_call and scores_groups(reward_fn, settings) and engine_applies(mesh)
+
+
 def collect_rollouts(
     model,
     prompt_set: PromptSet,
@@ -127,6 +164,7 @@ def collect_rollouts(
     *,
     rng: jax.Array,
     valid: np.ndarray | None = None,
+    refill: Refill | None = None,
 ) -> Rollouts:
     """Sample ``settings.num_generations`` completions of every prompt, decode and score them.
 
@@ -138,6 +176,9 @@ def collect_rollouts(
       settings: `RolloutSettings`.
       rng: the step's sampling key.
       valid: [P] bool, False for filler prompts of a partly filled batch.
+      refill: dynamic sampling inside the engine (`Refill`; where `refill_applies`). The Rollouts'
+        host arrays are then of the A prompts sampled (``refill.prompts``), its device batch of
+        ``refill.max_prompts`` groups (the rows of prompts never drawn: empty, ``valid`` False).
     """
     num_prompts = len(prompt_set)
     start = time.perf_counter()
@@ -145,10 +186,29 @@ def collect_rollouts(
     chunk = min(settings.prompts_per_call, num_prompts) or num_prompts
     if num_prompts % chunk:
         raise ValueError(f"config.sampling.prompts_per_call={chunk} must divide the {num_prompts} prompts of a step")
+    more_prompts = None
+    if refill is not None:
+        if not refill_applies(reward_fn, settings, num_prompts, mesh_of(model)):
+            raise ValueError(
+                "refilling inside the engine needs sampling.engine, one process and device, groups scored as "
+                "they complete (rewards.score_groups, host rewards) and one sampler call per step"
+            )
+        prompt_set = PromptSet(
+            list(prompt_set.texts),
+            list(prompt_set.token_ids),
+            {name: list(values) for name, values in prompt_set.columns.items()},
+        )
+        refill.prompts, refill.counted = prompt_set, []
     # One process with host rewards: each group is scored as soon as its G rows are done, while the
     # engine decodes the rest (`GroupScoring`). Several processes, or reward models (device programs
     # over every process's rows): the whole step at once, after the decode.
-    streaming = GroupScoring(prompt_set, tokenizer, reward_fn, settings) if scores_groups(reward_fn, settings) else None
+    streaming = (
+        GroupScoring(prompt_set, tokenizer, reward_fn, settings, max_prompts=refill.max_prompts if refill else 0)
+        if scores_groups(reward_fn, settings)
+        else None
+    )
+    if refill is not None and streaming is not None:
+        more_prompts = streaming.refiller(refill, num_prompts)
     parts = [
         generate(
             model,
@@ -168,6 +228,8 @@ def collect_rollouts(
             scan_layers=ENGINE_LAYER_SCAN[sampling.engine_layers],
             static=not sampling.engine,
             on_group=None if streaming is None else streaming.handler(first_prompt=i),
+            more_prompts=more_prompts,
+            max_prompts=refill.max_prompts if refill is not None else 0,
         )
         for i in range(0, num_prompts, chunk)
     ]
@@ -176,9 +238,19 @@ def collect_rollouts(
     # gathered (`gd2po_jax.runtime.distributed`); one process holds every row.
     rows, tokens = addressable_rows(out.tokens)
     lengths, finished, prompt_lengths = host_value((out.lengths, out.finished, jnp.sum(out.prompt_mask, axis=1)))
+    capacity = len(lengths) // num_generations  # P, or a refilled run's max_prompts
+    num_prompts = len(prompt_set)  # a refilled run's A prompts sampled
+    used = num_prompts * num_generations
+    rows, tokens, lengths, finished, prompt_lengths = (
+        rows[:used],
+        tokens[:used],
+        lengths[:used],
+        finished[:used],
+        prompt_lengths[:used],
+    )
     sampled = time.perf_counter()
     if streaming is not None:
-        scores, responses = streaming.result()
+        scores, responses = streaming.result(num_prompts)
     else:
         if scores_on_devices(reward_fn) and jax.process_count() > 1:
             # Reward models run one program over every process's devices, fed the same rows by every
@@ -202,6 +274,12 @@ def collect_rollouts(
     rewards = all_rewards.reshape(num_prompts, num_generations, -1)
     scored = time.perf_counter()
     valid = np.ones(num_prompts, bool) if valid is None else np.asarray(valid, bool)
+    batch_rewards, batch_valid = rewards, valid
+    if capacity > num_prompts:  # the rows of prompts never drawn: no reward, not valid
+        batch_rewards = np.concatenate(
+            [rewards, np.full((capacity - num_prompts, *rewards.shape[1:]), np.nan, np.float32)]
+        )
+        batch_valid = np.concatenate([valid, np.zeros(capacity - num_prompts, bool)])
     mesh = mesh_of(model)
     layout = {}
     if settings.micro_batch_max_tokens:  # verl's minibatches and micro-batches, from the rows' tokens
@@ -212,7 +290,7 @@ def collect_rollouts(
             ranks=settings.micro_batch_ranks,
         )
         layout = {"row_order": replicated(plan.row_order, mesh), "segment_ids": replicated(plan.segment_ids, mesh)}
-    batch = rollout_batch(out, replicated(rewards, mesh), replicated(valid, mesh), **layout)
+    batch = rollout_batch(out, replicated(batch_rewards, mesh), replicated(batch_valid, mesh), **layout)
     return Rollouts(
         batch=batch,
         responses=responses,
@@ -258,11 +336,20 @@ class GroupScoring:
     functions score each rollout on its own); the deadline ``timeout_s`` counts from the first group.
     """
 
-    def __init__(self, prompt_set: PromptSet, tokenizer, reward_fn: RewardFunction, settings: RolloutSettings):
+    def __init__(
+        self,
+        prompt_set: PromptSet,
+        tokenizer,
+        reward_fn: RewardFunction,
+        settings: RolloutSettings,
+        max_prompts: int = 0,
+    ):
+        """``max_prompts``: room for that many prompts, ``prompt_set`` growing meanwhile (`refiller`)."""
         self.prompt_set, self.tokenizer, self.reward_fn, self.settings = prompt_set, tokenizer, reward_fn, settings
         self.num_generations = settings.num_generations
-        self.responses: list[str | None] = [None] * (len(prompt_set) * self.num_generations)
+        self.responses: list[str | None] = [None] * (max(max_prompts, len(prompt_set)) * self.num_generations)
         self.scorer: StreamScorer | None = None
+        self.groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # prompt -> (lengths [G], finished [G])
 
     def handler(self, first_prompt: int = 0) -> Callable[[int, GroupOutput], None]:
         """The sampler's ``on_group`` for a call whose prompt 0 is the step's ``first_prompt``."""
@@ -279,7 +366,8 @@ class GroupScoring:
                 num_workers=settings.num_workers,
                 timeout_s=settings.timeout_s,
             )
-        tokens, lengths = jax.device_get((group.tokens, group.lengths))
+        tokens, lengths, finished = jax.device_get((group.tokens, group.lengths, group.finished))
+        self.groups[prompt] = (np.asarray(lengths), np.asarray(finished))
         first = prompt * self.num_generations
         rows = np.arange(first, first + self.num_generations)
         prompts, responses, columns = score_inputs(
@@ -288,11 +376,40 @@ class GroupScoring:
         self.responses[first : first + self.num_generations] = responses
         self.scorer.add(first, prompts, responses, columns)
 
-    def result(self) -> tuple[Scores, list[str]]:
-        """The `Scores` of every rollout and the responses, in row order."""
-        if self.scorer is None or any(r is None for r in self.responses):
+    def refiller(self, refill: Refill, num_prompts: int) -> Callable[[bool], list[list[int]]]:
+        """The sampler's ``more_prompts`` for ``refill`` (`Refill`), whose first ``num_prompts`` are
+        ``self.prompt_set``'s: decides every group handed over so far, then draws one prompt for each
+        that does not count (up to ``refill.max_prompts`` in all) into ``self.prompt_set``."""
+        g = self.num_generations
+        decided: dict[int, bool] = {}
+
+        def more_prompts(wait: bool) -> list[list[int]]:
+            for prompt, (lengths, finished) in list(self.groups.items()):
+                if prompt not in decided:
+                    assert self.scorer is not None  # set by the group's add
+                    rewards = self.scorer.rewards_of(prompt * g, (prompt + 1) * g)
+                    decided[prompt] = bool(refill.counts(rewards, lengths, finished))
+            refill.counted = [decided[p] for p in range(len(self.prompt_set)) if p in decided]
+            failing = sum(not c for c in decided.values())
+            wanted = min(num_prompts + failing, refill.max_prompts)
+            if wanted <= len(self.prompt_set):
+                return []
+            drawn = refill.draw(wanted - len(self.prompt_set))
+            self.prompt_set.texts.extend(drawn.texts)
+            self.prompt_set.token_ids.extend(drawn.token_ids)
+            for name, values in self.prompt_set.columns.items():
+                values.extend(drawn.columns[name])
+            return [list(ids) for ids in drawn.token_ids]
+
+        return more_prompts
+
+    def result(self, num_prompts: int | None = None) -> tuple[Scores, list[str]]:
+        """The `Scores` of every rollout and the responses, in row order (of the first ``num_prompts``
+        prompts: a refilled run's)."""
+        count = len(self.responses) if num_prompts is None else num_prompts * self.num_generations
+        if self.scorer is None or any(r is None for r in self.responses[:count]):
             raise RuntimeError("the sampler did not hand over every group of the step")
-        return self.scorer.result(), [r for r in self.responses if r is not None]
+        return self.scorer.result(count), [r for r in self.responses[:count] if r is not None]
 
 
 def rollout_batch(

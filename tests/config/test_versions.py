@@ -21,6 +21,8 @@ CHANGED = {"rl.old_logprobs": ("sampler", "recompute"), "rl.skip_zero_advantage_
            "rewards.timeout_s": (0.0, 600.0), "rewards.max_failed_fraction": (1.0, 0.1),
            "sft.length_bucket": (0, 16)}
 """The defaults version 2 changed: dotted name -> (old default, new default)."""
+CHANGED_3 = {"rl.dynamic_sampling_refill": ("rounds", "engine")}
+"""Version 3's (issue 58): dynamic sampling refills inside the engine."""
 SECTIONS = {"rl": RLConfig, "rewards": RewardsConfig, "sft": SFTConfig}
 
 
@@ -44,13 +46,15 @@ def version_1_json() -> dict:
         del old["rl"][name]  # issue 36's fields
     del old["rl"]["skip_zero_advantage_rows"]
     del old["sft"]["length_bucket"]
+    del old["rl"]["dynamic_sampling_refill"]  # issue 58's
     return old
 
 
-def test_the_changed_defaults_are_configs_default_values_and_version_2_records_the_old_ones():
-    assert CONFIG_VERSION == 2 and {name: old for name, (old, _) in CHANGED.items()} == OLD_DEFAULTS[2]
+def test_the_changed_defaults_are_configs_default_values_and_versions_2_and_3_record_the_old_ones():
+    assert CONFIG_VERSION == 3 and {name: old for name, (old, _) in CHANGED.items()} == OLD_DEFAULTS[2]
+    assert {name: old for name, (old, _) in CHANGED_3.items()} == OLD_DEFAULTS[3]
     values = current_json()
-    for dotted, (old, new) in CHANGED.items():
+    for dotted, (old, new) in (CHANGED | CHANGED_3).items():
         section, name = dotted.split(".")
         assert values[section][name] == new != old, dotted  # what configs/default.py sets
         assert getattr(SECTIONS[section], name) == new, dotted  # the dataclass default
@@ -87,6 +91,7 @@ def test_an_older_config_json_loads_with_the_values_its_run_used(tmp_path):
     assert (config.sft.seed, config.sft.cache_dir, config.sampling.prompts_per_call) == (0, "", 0)
     assert config.sft.length_bucket == 0  # every batch at the longest example, as then
     assert (config.rewards.timeout_s, config.rewards.max_failed_fraction) == (0.0, 1.0)  # no limits then
+    assert config.rl.dynamic_sampling_refill == "rounds"  # refilled by rounds then
     # Synthetic-task fields it lacks take the task's defaults and stay out of its dict (and its
     # warm-start key), as before.
     assert config.data.synthetic.num_candidates is None
@@ -103,7 +108,8 @@ def test_upgrade_keeps_what_a_version_1_file_has_and_does_not_change_its_argumen
     before = json.dumps(old, sort_keys=True)
     new = upgrade(old)
     assert json.dumps(old, sort_keys=True) == before  # a copy
-    assert (new["config_version"], new["rl"]["old_logprobs"], new["sft"]["length_bucket"]) == (2, "recompute", 32)
+    assert (new["config_version"], new["rl"]["old_logprobs"], new["sft"]["length_bucket"]) == (3, "recompute", 32)
+    assert new["rl"]["dynamic_sampling_refill"] == "rounds"  # version 3's old default
     assert (new["rl"]["skip_zero_advantage_rows"], new["rewards"]["timeout_s"]) == (False, 0.0)
     assert "seed" not in new["sft"]  # a field whose default did not change keeps taking it
     del old["rewards"]
@@ -121,7 +127,7 @@ def test_a_current_config_json_round_trips(tmp_path):
     assert run_dir.load_run_config(tmp_path) == config
 
 
-@pytest.mark.parametrize("version", [0, 3, "2", 2.0, None])
+@pytest.mark.parametrize("version", [0, 4, "2", 2.0, None])
 def test_a_version_this_code_does_not_read_is_refused(tmp_path, version):
     values = current_json()
     values["config_version"] = version

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import write_config_file
+from tests.xla_env import xla_flags
 from tests.jobs.test_train import (  # noqa: F401  (train_env: the session fixture of those runs)
     copy_warm_start,
     kill_twice_then_finish,
@@ -25,7 +26,9 @@ from tests.jobs.test_train import (  # noqa: F401  (train_env: the session fixtu
     train_env,
 )
 
-REFILL = dict(rl__algorithm="gd2po_hard", rl__dynamic_sampling="kept", rl__dynamic_sampling_max_rounds=4)
+REFILL = dict(rl__algorithm="gd2po_hard", rl__dynamic_sampling="kept", rl__dynamic_sampling_max_rounds=4,
+              rl__dynamic_sampling_refill="rounds")
+ENGINE_REFILL = REFILL | dict(rl__dynamic_sampling_refill="engine")
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +82,58 @@ def test_killed_and_resumed_refill_run_equals_the_uninterrupted_one(refill_refer
     for step in range(1, 7):  # the same prompts drawn, sampled and dropped
         assert (workdir / "rollouts" / f"step_{step}.jsonl").read_text() == \
             (refill_reference / "rollouts" / f"step_{step}.jsonl").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# Refilled inside the rollout engine (one device: the engine samples; the default).
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_device_env(train_env):  # noqa: F811
+    return {**train_env, "XLA_FLAGS": xla_flags(1)}
+
+
+@pytest.fixture(scope="module")
+def engine_refill_reference(tmp_path_factory, one_device_env):
+    root = tmp_path_factory.mktemp("engine_refill_reference")
+    workdir = root / "run"
+    config = write_config_file(root, logging__rollouts_every=1, **ENGINE_REFILL)
+    assert not run_train(workdir, config, one_device_env)
+    return workdir
+
+
+@pytest.mark.slow
+def test_refilled_in_the_engine_every_step_draws_what_it_needs(engine_refill_reference):
+    """One engine run per step draws a prompt per group that does not count: no surplus, never more
+    than P x max_rounds prompts, the batch full unless that limit was reached."""
+    records = step_records(engine_refill_reference)
+    assert len(records) == 6
+    for r in records:
+        counted, drawn = r["dynamic_sampling/groups_counted"], r["dynamic_sampling/prompts_drawn"]
+        assert r["dynamic_sampling/rounds"] == 1 and r["dynamic_sampling/surplus_groups"] == 0
+        assert 8 <= drawn <= 32 and (counted == 8 or drawn == 32), r["step"]
+        assert r["dynamic_sampling/filler_groups"] == 8 - counted
+        lines = [json.loads(x) for x in (engine_refill_reference / "rollouts" / f"step_{r['step']}.jsonl").open()]
+        assert len(lines) == 4 * drawn
+        assert [x["dynamic_sampling"] for x in lines[32:]].count("no_signal") == 4 * (drawn - 8)
+    assert any(8 < r["dynamic_sampling/prompts_drawn"] < 32 and r["dynamic_sampling/prompts_drawn"] % 8
+               for r in records), "the tiny run should refill by single prompts"
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_engine_refill_run_equals_the_uninterrupted_one(engine_refill_reference, tmp_path,
+                                                                             one_device_env):
+    """The refill's decisions wait for the groups' rewards at fixed points of the engine's loop, so a
+    resumed step draws, samples and drops the same prompts, bit for bit."""
+    workdir = tmp_path / "run"
+    copy_warm_start(engine_refill_reference, workdir)
+    config = write_config_file(tmp_path, logging__rollouts_every=1, **ENGINE_REFILL)
+    seen_first = kill_twice_then_finish(workdir, config, one_device_env)
+    assert stable_metrics(workdir) == stable_metrics(engine_refill_reference), f"first kill saw {seen_first}"
+    expected, got = policy_tensors(engine_refill_reference), policy_tensors(workdir)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    for step in range(1, 7):
+        assert (workdir / "rollouts" / f"step_{step}.jsonl").read_text() == \
+            (engine_refill_reference / "rollouts" / f"step_{step}.jsonl").read_text()

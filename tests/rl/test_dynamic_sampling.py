@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import jax
 import numpy as np
@@ -81,18 +82,20 @@ class Sampler:
 
 
 def run_rounds(model, first_kinds, later_kinds, *, mode="kept", max_rounds=4, config=HARD, mesh=None, calls=None,
-               **kwargs):
+               in_engine=False, reward=None, **kwargs):
+    """A step's dynamic sampling by rounds, or (``in_engine``) refilled inside one engine run."""
     first = prompts_of(first_kinds)
     sampler = Sampler(later_kinds, start=100)
+    reward = reward or KindReward()
 
-    def collect(prompts, rng):
+    def collect(prompts, rng, refill=None):
         if calls is not None:
             calls.append((prompts, rng))
-        return collect_rollouts(model, prompts, DigitTokenizer(), KindReward(), SETTINGS, rng=rng)
+        return collect_rollouts(model, prompts, DigitTokenizer(), reward, SETTINGS, rng=rng, refill=refill)
 
     out = ds.collect_counted(first, sampler.draw, collect, rng=jax.random.PRNGKey(7), step_config=config, mode=mode,
                              min_kept=2, max_rounds=max_rounds, mesh=mesh, settings=SETTINGS, reward_names=("a", "b"),
-                             **kwargs)
+                             collect_refilled=collect if in_engine else None, **kwargs)
     return out, first, sampler
 
 
@@ -257,6 +260,93 @@ def test_the_round_limit_updates_on_what_it_has_with_filler_and_says_so(model, c
     with caplog.at_level(logging.WARNING):
         ds.warn_short_step(none.sampling_metrics, 1, 2)
     assert "no group counted" in caplog.text
+
+
+def test_in_the_engine_a_first_set_that_counts_is_the_plain_step(model):
+    """Refilled inside the engine, a step whose first P groups all count samples nothing more and
+    updates on exactly the plain step's batch."""
+    kinds = ["agree", "one", "agree", "one"]
+    out, first, sampler = run_rounds(model, kinds, [], mode="signal", in_engine=True)
+    plain = collect_rollouts(model, first, DigitTokenizer(), KindReward(), SETTINGS, rng=jax.random.PRNGKey(7))
+    for name in ("input_ids", "attention_mask", "response_mask", "old_logp", "ref_logp", "rewards", "valid"):
+        np.testing.assert_array_equal(np.asarray(getattr(out.batch, name)), np.asarray(getattr(plain.batch, name)))
+    assert out.responses == plain.responses and sampler.drawn == 0 and out.dropped is None
+    assert out.sampling_metrics["dynamic_sampling/prompts_drawn"] == 4
+
+
+@dataclasses.dataclass
+class SlowKindReward(KindReward):
+    """`KindReward` whose calls take 0 to 30 ms, at random: the rewards come back in any order."""
+
+    seed: int = 0
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+
+    def __call__(self, prompts, responses, columns):
+        time.sleep(float(self.rng.uniform(0, 0.03)))
+        return super().__call__(prompts, responses, columns)
+
+
+def test_in_the_engine_each_group_that_does_not_count_is_replaced_by_the_next_prompt(model):
+    """One prompt drawn per group that does not count, while the engine runs: the prompts sampled are
+    the shortest prefix of the data's order with P counted groups (no surplus), each row the row of
+    a run of those prompts with the step's key, whatever the timing of the rewards."""
+    out, first, sampler = run_rounds(model, ["agree", "conflict", "flat", "one"],
+                                     ["conflict", "agree", "agree", "one"], in_engine=True)
+    # conflict (p1) and flat (p2) do not count: p100 and p101 are drawn; p100 (conflict) does not
+    # count: p102 is drawn. p103 is never drawn.
+    assert sampler.drawn == 3
+    assert out.prompts.texts == ["p0", "p3", "p101", "p102"]
+    assert out.marks == (ds.COUNTED,) * 4 and bool(np.all(np.asarray(out.batch.valid)))
+    prompts, rewards, lengths, truncated, responses, marks = out.dropped
+    assert prompts.texts == ["p1", "p2", "p100"] and marks == (ds.NO_SIGNAL,) * 3
+    m = out.sampling_metrics
+    assert (m["dynamic_sampling/rounds"], m["dynamic_sampling/prompts_drawn"], m["dynamic_sampling/groups_counted"],
+            m["dynamic_sampling/surplus_groups"], m["dynamic_sampling/filler_groups"]) == (1, 7, 4, 0, 0)
+    # The rows are those of one run of the seven prompts with the step's key (the engine's per-row draws).
+    sampled = {text: (ids, kind) for part in (out.prompts, prompts)
+               for text, ids, kind in zip(part.texts, part.token_ids, part.columns["kind"])}
+    order = ["p0", "p1", "p2", "p3", "p100", "p101", "p102"]
+    everything = PromptSet(order, [sampled[t][0] for t in order], {"kind": [sampled[t][1] for t in order]})
+    whole = collect_rollouts(model, everything, DigitTokenizer(), KindReward(), SETTINGS, rng=jax.random.PRNGKey(7))
+    for i, p in enumerate([0, 3, 5, 6]):
+        for g in range(G):
+            for name in ("input_ids", "attention_mask", "response_mask"):
+                np.testing.assert_array_equal(np.asarray(getattr(out.batch, name))[i * G + g],
+                                              np.asarray(getattr(whole.batch, name))[p * G + g], name)
+            np.testing.assert_allclose(np.asarray(out.batch.old_logp)[i * G + g],
+                                       np.asarray(whole.batch.old_logp)[p * G + g], atol=1e-5, rtol=0)
+            assert out.responses[i * G + g] == whole.responses[p * G + g]
+        np.testing.assert_array_equal(out.rewards[i], whole.rewards[p])
+    # Rewards that come back late and out of order decide the same prompts and rows.
+    for seed in (1, 2):
+        slow, _, slow_sampler = run_rounds(model, ["agree", "conflict", "flat", "one"],
+                                           ["conflict", "agree", "agree", "one"], in_engine=True,
+                                           reward=SlowKindReward(seed=seed))
+        assert slow_sampler.drawn == 3 and slow.prompts.texts == out.prompts.texts
+        for name in ("input_ids", "response_mask", "old_logp", "rewards"):
+            np.testing.assert_array_equal(np.asarray(getattr(slow.batch, name)), np.asarray(getattr(out.batch, name)))
+
+
+def test_in_the_engine_the_prompt_limit_updates_on_what_it_has(model):
+    """At most P x max_rounds prompts: then the step updates on what counted, the rest filler."""
+    out, _, sampler = run_rounds(model, ["flat", "agree", "flat", "flat"], ["flat"] * 8, max_rounds=2, in_engine=True)
+    assert sampler.drawn == 4
+    m = out.sampling_metrics
+    assert (m["dynamic_sampling/prompts_drawn"], m["dynamic_sampling/groups_counted"],
+            m["dynamic_sampling/filler_groups"]) == (8, 1, 3)
+    assert out.marks == (ds.COUNTED, ds.FILLER, ds.FILLER, ds.FILLER)
+    np.testing.assert_array_equal(np.asarray(out.batch.valid), [True, False, False, False])
+    assert out.prompts.texts == ["p1", "p0", "p2", "p3"]
+
+
+def test_refilling_in_the_engine_where_it_cannot_is_refused(model):
+    settings = dataclasses.replace(SETTINGS, score_groups=False)
+    refill = ds.Refill(max_prompts=8, draw=Sampler([], 100).draw, counts=lambda *a: True)
+    with pytest.raises(ValueError, match="score_groups"):
+        collect_rollouts(model, prompts_of(["agree"] * 4), DigitTokenizer(), KindReward(), settings,
+                         rng=jax.random.PRNGKey(0), refill=refill)
 
 
 def test_saved_rollouts_mark_the_batch_s_groups_and_list_the_dropped_ones(model):
