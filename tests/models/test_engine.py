@@ -358,3 +358,27 @@ def test_row_logits_are_the_same_in_either_orientation():
         got = np.asarray(jax.jit(row_logits, static_argnums=2)(unembed, h, feature_major))
         assert got.shape == (7, 50) and got.dtype == np.float32
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_adds_prompts_while_the_engine_runs_and_refuses_what_it_cannot(model):
+    prompts = _prompts(7)
+    kwargs = dict(max_new_tokens=5, temperature=1.0, rng=jax.random.key(2), num_samples=2)
+    whole = generate(model, prompts, **kwargs)
+    added = []
+
+    def more_prompts(wait):
+        if not added:
+            added.append(True)
+            return prompts[3:5]  # two more at the first ask
+        return []
+
+    out = generate(model, prompts[:3], more_prompts=more_prompts, max_prompts=6,
+                   prompt_length=whole.prompt_tokens.shape[1], **kwargs)
+    rows = slice(0, 10)
+    np.testing.assert_array_equal(np.asarray(out.tokens)[rows], np.asarray(whole.tokens)[rows])
+    np.testing.assert_array_equal(np.asarray(out.prompt_tokens)[rows], np.asarray(whole.prompt_tokens)[rows])
+    assert np.all(np.asarray(out.lengths)[10:] == 0) and out.tokens.shape[0] == 12
+    with pytest.raises(ValueError, match="more_prompts needs the rollout engine"):
+        generate(model, prompts, more_prompts=more_prompts, max_prompts=8, static=True, **kwargs)
+    with pytest.raises(ValueError, match="more than max_prompts=4"):
+        generate(model, prompts[:3], more_prompts=lambda wait: prompts[:2], max_prompts=4, **kwargs)

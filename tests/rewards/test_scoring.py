@@ -169,6 +169,36 @@ def test_parts_are_scored_one_after_another_without_the_caller_and_failures_reac
         failing.result()
 
 
+def test_a_part_s_rewards_are_waited_for_while_the_rest_is_scored():
+    """`StreamScorer.rewards_of` (dynamic sampling's refill decides a group by it): a part's rewards
+    once its calls settle, as `result` gives them (a crash floored by on_error='min'), while later
+    parts are still running; `result` of the first rows added when no more come; errors as `result`."""
+    release = threading.Event()
+    responses = ["1 2", "5 5", "4", "3 3 3"]
+    judge = Judge(fail_on="5")
+
+    def reward(prompts, responses, columns):
+        if "4" in responses:
+            assert release.wait(10)  # the second part's call hangs until the first part was read
+        return judge(prompts, responses, columns)
+
+    reward.names, reward.min_values = judge.names, judge.min_values
+    scorer = StreamScorer(reward, 6, on_error="min", num_workers=2)
+    scorer.add(0, ["p"] * 2, responses[:2], {})
+    scorer.add(2, ["p"] * 2, responses[2:], {})
+    np.testing.assert_array_equal(scorer.rewards_of(0, 2), [[2.0], [-1.0]])  # rollout 1 crashed: the minimum
+    release.set()
+    np.testing.assert_array_equal(scorer.rewards_of(2, 4), [[1.0], [3.0]])
+    with pytest.raises(ValueError, match="were not all added"):
+        scorer.rewards_of(4, 6)
+    whole = scorer.result(4)
+    np.testing.assert_array_equal(whole.rewards, [[2.0], [-1.0], [1.0], [3.0]])
+    raising = StreamScorer(judge, 2)
+    raising.add(0, ["p"] * 2, ["5", "x"], {})
+    with pytest.raises(RewardError, match="judge crashed"):
+        raising.rewards_of(0, 2)
+
+
 @pytest.mark.parametrize("bad, shown", [
     (float("inf"), "inf"), (-np.inf, "-inf"), ("2.5", "'2.5' (str)"), (True, "True (bool)"),
     (np.bool_(False), "(bool)"), ([1.0], "[1.0] (list)"), (1e39, "not finite in float32"),
