@@ -1,5 +1,5 @@
 """The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
-bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py) run as
+bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py, engine_refill.py) run as
 ``python -m bench.<name>`` in their seconds-long settings and print their numbers (the scripts are not imported by anything else, so they would rot
 unnoticed)."""
 
@@ -347,6 +347,21 @@ def test_group_scoring_scores_while_decoding_and_gets_the_same_rewards(tmp_path)
     assert report["tokens"] > 0 and report["scoring_s"] > 0
     assert report["groups"]["reward_s"] < report["whole"]["reward_s"]
     assert report["whole"]["reward_s"] >= 0.9 * report["scoring_s"]  # whole: all of it after the decode
+
+
+@pytest.mark.slow
+def test_engine_refill_compares_refill_in_the_engine_with_rounds(tmp_path):
+    """bench/engine_refill.py --cpu-smoke: both ways ran the same step; the engine drew one prompt per
+    dropped group (never more than rounds of P), both filled the batch or reached the limit."""
+    path = tmp_path / "er.json"
+    run_bench("engine_refill", "--cpu-smoke", f"--json={path}")
+    report = json.loads(path.read_text())
+    engine, rounds = report["engine"], report["rounds"]
+    assert report["rounds_over_engine"] > 0 and engine["times_s"] and rounds["times_s"]
+    for way in (engine, rounds):
+        assert all(c == 4 or d == 16 for c, d in zip(way["groups_counted"], way["prompts_drawn"]))
+    assert all(e <= r for e, r in zip(engine["prompts_drawn"], rounds["prompts_drawn"]))
+    assert engine["groups_counted"] == rounds["groups_counted"]  # the same prompts in the same order count
 
 
 @pytest.mark.slow
