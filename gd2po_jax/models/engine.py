@@ -39,6 +39,11 @@ Rows finish in any order; a group (the G rows of one prompt) is complete when it
 (`drive`; `EngineRun.completed_groups` keeps the order): the trainer scores it then
 (`gd2po_jax.rl.rollout.GroupScoring`). `EngineStats` counts what the decode
 computed (slot-steps) against the tokens it produced.
+
+**Prompts allowed while it runs**: ``run_engine(..., allowed=...)`` admits only the prompts the
+caller allows so far and asks again before each chunk, so dynamic sampling replaces a group that
+does not count by a new prompt mid-run (`gd2po_jax.rl.rollout.Refill`); a drained engine grows its
+slots back for them (`compact` with new free slots, `Scheduler.grow_to`).
 """
 
 from __future__ import annotations
@@ -770,15 +775,19 @@ class Scheduler:
         self.slot_rows = [self.slot_rows[s] for s in keep]
         return keep
 
-    def grow_to(self, slots: int) -> list[int] | None:
-        """When rows are to come again (the caller allowed more prompts after the drain shrank the
-        slots): the slots to keep, every current one and free ones up to ``slots`` (`compact`'s
-        entries >= S); None while drained or when the slots are all there."""
+    def grow_to(self, counts: Sequence[int]) -> list[int] | None:
+        """When more rows are to come than the slots hold (the caller allowed prompts after the drain
+        shrank them): the slots to keep, every current one and free ones up to the fewest of
+        ``counts`` that hold the busy rows, the waiting ones and those of the allowed prompts not yet
+        admitted (`compact`'s entries >= S); None when they fit."""
         current = len(self.slot_rows)
-        if self.drained or current >= slots:
+        needed = self.busy + len(self.waiting) + self.num_samples * max(0, self.limit - self.next_prompt)
+        larger = [c for c in counts if c > current]
+        if needed <= current or not larger:
             return None
-        self.slot_rows += [self.rows] * (slots - current)
-        return list(range(slots))
+        target = min([c for c in larger if c >= needed] or [max(larger)])
+        self.slot_rows += [self.rows] * (target - current)
+        return list(range(target))
 
 
 @dataclasses.dataclass
@@ -848,7 +857,7 @@ def drive(
             allow(True)
             if scheduler.done:
                 break
-        if (keep := scheduler.grow_to(slot_counts[0])) is not None:
+        if (keep := scheduler.grow_to(slot_counts)) is not None:
             compact(keep)
         admitted = scheduler.prompts_to_admit()
         if admitted:

@@ -154,10 +154,14 @@ def test_the_scheduler_admits_up_to_the_limit_and_grows_the_slots_back():
     assert scheduler.finish([False, False, False, False]) == [0]
     assert scheduler.done
     assert scheduler.shrink_to((4, 2, 1)) == [0, 1] and scheduler.shrink_to((4, 2, 1)) == [0]
-    assert scheduler.grow_to(4) is None  # drained: nothing to grow for
-    scheduler.limit = 3
-    assert not scheduler.done and scheduler.grow_to(4) == [0, 1, 2, 3] and len(scheduler.slot_rows) == 4
-    assert scheduler.prompts_to_admit() == [1, 2]
+    assert scheduler.grow_to((4, 2, 1)) is None  # drained: nothing to grow for
+    scheduler.limit = 2
+    assert not scheduler.done and scheduler.grow_to((4, 2, 1)) == [0, 1]  # one prompt's 2 rows: 2 slots
+    assert scheduler.grow_to((4, 2, 1)) is None and scheduler.prompts_to_admit() == [1]
+    scheduler.place()
+    scheduler.limit = 4
+    assert scheduler.grow_to((4, 2, 1)) == [0, 1, 2, 3]  # 2 busy + 2 prompts' 4 rows: all 4 slots
+    assert scheduler.prompts_to_admit() == [2]  # one more prompt fits the 2 free slots
 
 
 def test_prompts_allowed_while_the_engine_runs_sample_as_in_one_run(model):
