@@ -193,6 +193,8 @@ def collect_rollouts(
                 "refilling inside the engine needs sampling.engine, one process and device, groups scored as "
                 "they complete (rewards.score_groups, host rewards) and one sampler call per step"
             )
+        if valid is not None:
+            raise ValueError("collect_rollouts: a refilled step's prompts are all valid (no valid argument)")
         prompt_set = PromptSet(
             list(prompt_set.texts),
             list(prompt_set.token_ids),
