@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from tests.fakes import write_config_file
-from tests.xla_env import xla_flags
 from tests.jobs.test_train import (  # noqa: F401  (train_env: the session fixture of those runs)
     copy_warm_start,
     kill_twice_then_finish,
@@ -25,6 +24,7 @@ from tests.jobs.test_train import (  # noqa: F401  (train_env: the session fixtu
     stable_metrics,
     train_env,
 )
+from tests.xla_env import xla_flags
 
 REFILL = dict(rl__algorithm="gd2po_hard", rl__dynamic_sampling="kept", rl__dynamic_sampling_max_rounds=4,
               rl__dynamic_sampling_refill="rounds")
