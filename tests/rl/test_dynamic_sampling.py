@@ -304,12 +304,14 @@ def test_in_the_engine_each_group_that_does_not_count_is_replaced_by_the_next_pr
     m = out.sampling_metrics
     assert (m["dynamic_sampling/rounds"], m["dynamic_sampling/prompts_drawn"], m["dynamic_sampling/groups_counted"],
             m["dynamic_sampling/surplus_groups"], m["dynamic_sampling/filler_groups"]) == (1, 7, 4, 0, 0)
-    # The rows are those of one run of the seven prompts with the step's key (the engine's per-row draws).
+    # The rows are those of one run of the seven prompts with the step's key (the engine's per-row
+    # draws), through as many slots as the refilled run had (P x G: the same programs).
     sampled = {text: (ids, kind) for part in (out.prompts, prompts)
                for text, ids, kind in zip(part.texts, part.token_ids, part.columns["kind"])}
     order = ["p0", "p1", "p2", "p3", "p100", "p101", "p102"]
     everything = PromptSet(order, [sampled[t][0] for t in order], {"kind": [sampled[t][1] for t in order]})
-    whole = collect_rollouts(model, everything, DigitTokenizer(), KindReward(), SETTINGS, rng=jax.random.PRNGKey(7))
+    same_slots = dataclasses.replace(SETTINGS, sampling=dataclasses.replace(SAMPLING, engine_slots=4 * G))
+    whole = collect_rollouts(model, everything, DigitTokenizer(), KindReward(), same_slots, rng=jax.random.PRNGKey(7))
     for i, p in enumerate([0, 3, 5, 6]):
         for g in range(G):
             for name in ("input_ids", "attention_mask", "response_mask"):
