@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
 import statistics
-import sys
 import time
 
 import jax
@@ -31,10 +28,10 @@ import numpy as np
 
 from bench import harness
 from bench.group_scoring import IdsTokenizer
-from bench.rollout_engine import stop_tokens
+from bench.rollout_engine import add_w_tail_arguments, w_tail_model, write_report
 from gd2po_jax.config import SamplingConfig
 from gd2po_jax.data.prompts import PromptSet
-from gd2po_jax.models import Decoder, load_pretrained
+from gd2po_jax.models import Decoder
 from gd2po_jax.rewards.base import ROLLOUT_INDEX
 from gd2po_jax.rl import dynamic_sampling as ds
 from gd2po_jax.rl.rollout import RolloutSettings, collect_rollouts
@@ -117,39 +114,16 @@ def run(model: Decoder, *, eos_ids: tuple[int, ...], prompts: int, num_samples: 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hf_dir", default=None, help="a Hugging Face checkpoint directory")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--num_samples", type=int, default=4)
-    parser.add_argument("--prompt_len", type=int, default=64)
-    parser.add_argument("--new_tokens", type=int, default=256)
+    add_w_tail_arguments(parser, prompts=16, new_tokens=256, repeats=3)
     parser.add_argument("--drop", type=float, default=0.4, help="share of prompts whose group does not count")
     parser.add_argument("--max_rounds", type=int, default=4)
-    parser.add_argument("--stop_probability", type=float, default=1 / 128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
-                        help="a tiny random model and workload: checks the script end to end in seconds")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if args.cpu_smoke:
-        model = harness.random_model(harness.qwen2_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-                                                          vocab=512, head_dim=16))
-        args.prompts, args.new_tokens, args.prompt_len = 4, 24, 8
-        args.repeats, args.stop_probability = 1, 1 / 8
-    elif args.hf_dir is None:
-        parser.error("--hf_dir is required (or --cpu-smoke)")
-    else:
-        model = load_pretrained(args.hf_dir)
-    eos_ids = stop_tokens(model, args.stop_probability)
+    model, eos_ids = w_tail_model(args, parser, prompts=4, new_tokens=24, prompt_len=8, repeats=1,
+                                  stop_probability=1 / 8)
     result = run(model, eos_ids=eos_ids, prompts=args.prompts, num_samples=args.num_samples,
                  prompt_len=args.prompt_len, new_tokens=args.new_tokens, drop=args.drop, max_rounds=args.max_rounds,
                  repeats=args.repeats)
-    result["config"] = {k: v for k, v in vars(args).items() if k != "json"} | {"eos_ids": len(eos_ids),
-                                                                                "backend": jax.default_backend()}
-    text = json.dumps(result, indent=1)
-    if args.json:
-        pathlib.Path(args.json).write_text(text + "\n")
-    print(text)
-    sys.stdout.flush()
+    write_report(result, args, eos_ids)
 
 
 if __name__ == "__main__":

@@ -205,42 +205,63 @@ def run(model: Decoder, *, eos_ids: tuple[int, ...], prompts: int, num_samples: 
     }
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_w_tail_arguments(parser: argparse.ArgumentParser, *, prompts: int, new_tokens: int, repeats: int) -> None:
+    """The arguments of the scripts that run W-tail's model (this one, bench.group_scoring,
+    bench.engine_refill): the checkpoint, the report file, the workload's size and stopping, repeats,
+    ``--cpu-smoke``."""
     parser.add_argument("--hf_dir", default=None, help="the checkpoint (the harness's small model)")
     parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=prompts)
     parser.add_argument("--num_samples", type=int, default=4)
     parser.add_argument("--prompt_len", type=int, default=64)
-    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--new_tokens", type=int, default=new_tokens)
     parser.add_argument("--stop_probability", type=float, default=1 / 128)
-    parser.add_argument("--slots", type=int, default=64)
-    parser.add_argument("--min_slots", type=int, default=4)
-    parser.add_argument("--chunk", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--layers", choices=ENGINE_LAYERS, default="auto",
-                        help="the engine's decode step: layers in a scan, unrolled, or the backend's choice")
+    parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
                         help="a tiny random model and workload: checks the script end to end in seconds")
-    args = parser.parse_args(argv)
+
+
+def w_tail_model(args: argparse.Namespace, parser: argparse.ArgumentParser, **smoke) -> tuple[Decoder, tuple[int, ...]]:
+    """``(model, eos_ids)``: the checkpoint ``--hf_dir`` (or, with ``--cpu-smoke``, a tiny random model,
+    ``args`` changed by ``smoke``: argument -> its smoke value) and the EOS ids of its stopping
+    (`stop_tokens`)."""
     if args.cpu_smoke:
         model = harness.random_model(harness.qwen2_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
                                                           vocab=512, head_dim=16))
-        args.prompts, args.new_tokens, args.slots, args.prompt_len = 8, 48, 8, 16
-        args.stop_probability = 1 / 12
+        for name, value in smoke.items():
+            setattr(args, name, value)
     elif args.hf_dir is None:
         parser.error("--hf_dir is required (or --cpu-smoke)")
     else:
         model = load_pretrained(args.hf_dir)
-    eos_ids = stop_tokens(model, args.stop_probability)
+    return model, stop_tokens(model, args.stop_probability)
+
+
+def write_report(report: dict, args: argparse.Namespace, eos_ids: tuple[int, ...]) -> None:
+    """Adds ``config`` (the arguments, the EOS ids' count, the device) to ``report``, prints it and
+    writes it to ``--json``."""
+    report["config"] = vars(args) | {"eos_ids": len(eos_ids), "device": harness.device_description()}
+    text = json.dumps(report, indent=2)
+    print(text, flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_w_tail_arguments(parser, prompts=64, new_tokens=512, repeats=1)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--min_slots", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=16)
+    parser.add_argument("--layers", choices=ENGINE_LAYERS, default="auto",
+                        help="the engine's decode step: layers in a scan, unrolled, or the backend's choice")
+    args = parser.parse_args(argv)
+    model, eos_ids = w_tail_model(args, parser, prompts=8, new_tokens=48, slots=8, prompt_len=16,
+                                  stop_probability=1 / 12)
     report = run(model, eos_ids=eos_ids, prompts=args.prompts, num_samples=args.num_samples, prompt_len=args.prompt_len,
                  new_tokens=args.new_tokens, slots=args.slots, min_slots=args.min_slots, chunk=args.chunk,
                  repeats=args.repeats, scan_layers=ENGINE_LAYER_SCAN[args.layers])
-    report["config"] = vars(args) | {"eos_ids": len(eos_ids), "device": harness.device_description()}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        pathlib.Path(args.json).write_text(text + "\n")
+    write_report(report, args, eos_ids)
 
 
 if __name__ == "__main__":
