@@ -63,7 +63,7 @@ from flax import nnx, struct
 
 from gd2po_jax.models.config import ModelConfig, rope_inv_freq
 from gd2po_jax.models.decode_attention import pallas_attention_supported, slot_decode_attention
-from gd2po_jax.models.decode_step import DecodeWeights, decode_weights, layer_output, layer_qkv
+from gd2po_jax.models.decode_step import DecodeWeights, LayerWeights, decode_weights, layer_output, layer_qkv
 from gd2po_jax.models.decoder import MASK_VALUE, Decoder, init_cache, rms_norm
 from gd2po_jax.models.draws import activation_dtype, is_eos, row_uniforms, sample_rows
 
@@ -179,6 +179,10 @@ def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mas
     q: [S, KV, G, hd]; prompt_k: [S, KV, hd, Lp]; prompt_v: [S, KV, Lp, hd]; prompt_mask: [S, Lp];
     slot_k: [S, KV, hd, C]; slot_v: [S, KV, C, hd]; slot_mask: [S, C]; own_k, own_v: [S, KV, hd].
     Returns [S, KV, G, hd] in the values' dtype (scores and softmax in float32).
+
+    The parts share one max; each part's exponentials multiply its values and the sum is divided
+    by the total once, after the products: no concatenated scores to build and split again (fewer
+    kernels for XLA:CPU to compile: docs/speed.md#the-rollout-engine-issue-58).
     """
     scale = q.shape[-1] ** -0.5
 
@@ -186,15 +190,23 @@ def _slot_attention(q, prompt_k, prompt_v, prompt_mask, slot_k, slot_v, slot_mas
         s = jnp.einsum("bkgd,bkds->bkgs", q, keys, preferred_element_type=jnp.float32) * scale
         return jnp.where(mask[:, None, None, :], s, MASK_VALUE)
 
-    parts = [scores(prompt_k, prompt_mask), scores(slot_k, slot_mask)]
+    prompt_s, slot_s = scores(prompt_k, prompt_mask), scores(slot_k, slot_mask)
+    peak = jnp.maximum(jnp.max(prompt_s, axis=-1), jnp.max(slot_s, axis=-1))  # [S, KV, G]
+    own_s = None
     if own_k is not None:
-        parts.append(jnp.einsum("bkgd,bkd->bkg", q, own_k, preferred_element_type=jnp.float32)[..., None] * scale)
-    lp, c = prompt_k.shape[-1], slot_k.shape[-1]
-    probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1).astype(prompt_v.dtype)
-    out = jnp.einsum("bkgs,bksd->bkgd", probs[..., :lp], prompt_v, preferred_element_type=jnp.float32)
-    out = out + jnp.einsum("bkgs,bksd->bkgd", probs[..., lp : lp + c], slot_v, preferred_element_type=jnp.float32)
-    if own_v is not None:
-        out = out + probs[..., lp + c :].astype(jnp.float32) * own_v[:, :, None, :].astype(jnp.float32)
+        own_s = jnp.einsum("bkgd,bkd->bkg", q, own_k, preferred_element_type=jnp.float32) * scale
+        peak = jnp.maximum(peak, own_s)
+    prompt_e = jnp.exp(prompt_s - peak[..., None])
+    slot_e = jnp.exp(slot_s - peak[..., None])
+    total = jnp.sum(prompt_e, axis=-1) + jnp.sum(slot_e, axis=-1)
+    dtype = prompt_v.dtype
+    out = jnp.einsum("bkgs,bksd->bkgd", prompt_e.astype(dtype), prompt_v, preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgs,bksd->bkgd", slot_e.astype(dtype), slot_v, preferred_element_type=jnp.float32)
+    if own_s is not None:
+        own_e = jnp.exp(own_s - peak)
+        total = total + own_e
+        out = out + own_e[..., None] * own_v[:, :, None, :].astype(jnp.float32)
+    out = out / total[..., None]
     return out.astype(prompt_v.dtype)
 
 
@@ -214,6 +226,54 @@ def row_logits(unembed: jax.Array, h: jax.Array, feature_major: bool | None = No
     return jnp.matmul(h.T, unembed.T, preferred_element_type=jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def slot_layer(
+    config: ModelConfig,
+    lw: LayerWeights,
+    h: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    prompt_k: jax.Array,
+    prompt_v: jax.Array,
+    slot_region: jax.Array,
+    prompt_mask: jax.Array,
+    slot_mask: jax.Array,
+    write_at: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer of `slot_decode_step`: writes the new token's key and value at ``write_at`` of each
+    slot's cache and attends over the slot's prompt region and cache.
+
+    A jitted function, so the L calls of the step trace and lower it once (one private function
+    called L times, which XLA inlines): 0.06-0.08 s less of the chunk's trace and lowering on the
+    small model (docs/speed.md#the-rollout-engine-issue-58).
+
+    h: [D, S] the feature-major stream; cos, sin: [hd/2, S]; cache_k: [S, KV, hd, C], cache_v:
+    [S, KV, C, hd] this layer's slot caches; prompt_k: [Q, KV, hd, Lp], prompt_v: [Q, KV, Lp, hd] its
+    region tables; slot_region: [S]; prompt_mask: [S, Lp]; slot_mask: [S, C]; write_at: [S].
+    Returns the new stream [D, S] and caches.
+    """
+    h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    s = h.shape[1]
+    slots = jnp.arange(s)
+    q, k, v = layer_qkv(config, lw, h, cos, sin)
+    cache_k = cache_k.at[slots, :, :, write_at].set(k.transpose(2, 0, 1).astype(cache_k.dtype), mode="drop")
+    cache_v = cache_v.at[slots, :, write_at, :].set(v.transpose(2, 0, 1).astype(cache_v.dtype), mode="drop")
+    q_rows = q.reshape(kv_heads, h_heads // kv_heads, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
+    dtype = q.dtype
+    out = _slot_attention(
+        q_rows,
+        prompt_k[slot_region].astype(dtype),
+        prompt_v[slot_region].astype(dtype),
+        prompt_mask,
+        cache_k.astype(dtype),
+        cache_v.astype(dtype),
+        slot_mask,
+    )
+    return layer_output(config, lw, h, out.reshape(s, h_heads * hd).T), cache_k, cache_v
+
+
 def slot_decode_step(
     config: ModelConfig,
     weights: DecodeWeights,
@@ -225,8 +285,9 @@ def slot_decode_step(
     """Feeds one token per slot: its key and value go to position ``write_at`` of the slot's cache,
     and it attends over its prompt region and its cache up to that position.
 
-    The layers are a Python loop over per-layer caches, as `gd2po_jax.models.decode_step`: the
-    CPU's step (`layer_scan`); `scanned_slot_decode_step` is the GPU's and TPU's.
+    The layers are a Python loop over per-layer caches (`slot_layer` each), as
+    `gd2po_jax.models.decode_step`: the CPU's step (`layer_scan`); `scanned_slot_decode_step` is the
+    GPU's and TPU's.
 
     Args:
       config: the model's architecture.
@@ -240,11 +301,7 @@ def slot_decode_step(
       logits ``[S, V]`` float32 (`row_logits`), and
       the slots' new keys and values (one array per layer each).
     """
-    h_heads, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    groups = h_heads // kv_heads
-    s = tokens.shape[0]
     eps = config.rms_norm_eps
-    slots = jnp.arange(s)
     prompt_mask = state.prompt_valid[state.slot_region]  # [S, Lp]
     slot_mask = jnp.arange(state.slot_keys[0].shape[-1])[None, :] <= write_at[:, None]  # [S, C]
     angles = jnp.asarray(rope_inv_freq(config))[:, None] * positions.astype(jnp.float32)[None, :]  # [hd/2, S]
@@ -252,24 +309,23 @@ def slot_decode_step(
     h = jnp.take(weights.embed, tokens, axis=0).T  # [D, S]
     keys, values = [], []
     for i, lw in enumerate(weights.layers):
-        q, k, v = layer_qkv(config, lw, h, cos, sin)
-        cache_k, cache_v = state.slot_keys[i], state.slot_values[i]
-        cache_k = cache_k.at[slots, :, :, write_at].set(k.transpose(2, 0, 1).astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[slots, :, write_at, :].set(v.transpose(2, 0, 1).astype(cache_v.dtype), mode="drop")
+        h, cache_k, cache_v = slot_layer(
+            config,
+            lw,
+            h,
+            cos,
+            sin,
+            state.slot_keys[i],
+            state.slot_values[i],
+            state.prompt_keys[i],
+            state.prompt_values[i],
+            state.slot_region,
+            prompt_mask,
+            slot_mask,
+            write_at,
+        )
         keys.append(cache_k)
         values.append(cache_v)
-        q_rows = q.reshape(kv_heads, groups, hd, s).transpose(3, 0, 1, 2)  # [S, KV, G, hd]
-        dtype = q.dtype
-        out = _slot_attention(
-            q_rows,
-            state.prompt_keys[i][state.slot_region].astype(dtype),
-            state.prompt_values[i][state.slot_region].astype(dtype),
-            prompt_mask,
-            cache_k.astype(dtype),
-            cache_v.astype(dtype),
-            slot_mask,
-        )
-        h = layer_output(config, lw, h, out.reshape(s, h_heads * hd).T)
     h = rms_norm(h, weights.final_norm, eps, axis=0)
     unembed = weights.embed if weights.unembed is None else weights.unembed
     logits = row_logits(unembed, h)
