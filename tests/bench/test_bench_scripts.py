@@ -1,5 +1,6 @@
 """The bench scripts (bench/bench_train.py, bench_sampling.py, anchor_workloads.py, decode_layouts.py,
-bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py, engine_refill.py) run as
+bench_lora.py, bench_sft.py, update_memory.py, group_scoring.py, rollout_engine.py, engine_refill.py,
+decode_compile.py) run as
 ``python -m bench.<name>`` in their seconds-long settings and print their numbers (the scripts are not imported by anything else, so they would rot
 unnoticed)."""
 
@@ -375,3 +376,19 @@ def test_rollout_engine_compares_engine_and_static(tmp_path):
     assert report["engine"]["row_steps_per_token"] < report["static"]["row_steps_per_token"]
     assert {"static_decode_s", "engine_chunk_s", "engine_chunk_loop_s", "engine_chunk_scan_s"} <= set(
         report["compile_seconds"])
+
+
+@pytest.mark.slow
+def test_decode_compile_times_a_tree_against_this_one(tmp_path):
+    """bench/decode_compile.py --shapes smoke, this tree against itself: each program timed in its own
+    process once per pair, one ratio per pair; a --before that holds no gd2po_jax is named."""
+    directory, _ = tiny_checkpoint("qwen2")
+    path = tmp_path / "dc.json"
+    run_bench("decode_compile", f"--before={REPO}", f"--hf_dir={directory}", "--pairs=2", "--shapes=smoke",
+              "--eos_ids=2", f"--json={path}")
+    report = json.loads(path.read_text())
+    for name in ("before_s", "chunk_s", "chunk_other_s", "before_over_chunk", "before_over_chunk_other"):
+        assert len(report[name]) == 2 and all(value > 0 for value in report[name])
+    assert {report["config"]["chunk_layers"], report["config"]["chunk_other_layers"]} == {"unrolled", "scan"}
+    proc = run_bench_process("decode_compile", f"--before={tmp_path}", f"--hf_dir={directory}")
+    assert proc.returncode == 2 and "--before must name a tree holding gd2po_jax" in proc.stderr
