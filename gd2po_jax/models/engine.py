@@ -664,6 +664,21 @@ def group_rows(outputs: EngineState | GroupOutput, rows: jax.Array) -> GroupOutp
 
 group_rows_fn = jax.jit(group_rows)
 weights_fn = jax.jit(engine_weights, static_argnums=(0, 2, 3))
+# One program for the empty state, instead of a dispatch per array (4L + 12 of them).
+init_state_fn = jax.jit(
+    init_state,
+    static_argnums=(0,),
+    static_argnames=(
+        "regions",
+        "slots",
+        "rows",
+        "prompt_length",
+        "max_new_tokens",
+        "dtype",
+        "pad_token_id",
+        "stacked_layers",
+    ),
+)
 admit_fn = jax.jit(admit_prompts, static_argnums=(0, 7, 8), donate_argnums=(2,))
 
 
@@ -875,7 +890,8 @@ def drive(
     `simulate` counts): until every row is done, admit prompts for the free slots
     (``admit(prompts)``), place waiting rows and start a chunk (``chunk(placed)`` dispatches it and
     returns the wait for every slot's ``slot_active`` after it: the one sync), free the slots of the
-    rows that stopped, and once drained shrink the slots (``compact(keep)``).
+    rows that stopped, and once drained shrink the slots (``compact(keep)``) while a chunk may still
+    run on them (not after the last rows stopped, unless ``allowed`` may admit more).
 
     Completed groups: ``collect(prompts)`` takes what they produced (before the next chunk reuses
     the state), and ``on_group(prompt, collected)`` hands it over while the next chunk runs on the
@@ -929,6 +945,8 @@ def drive(
         wait = chunk(scheduler.place())
         report(pending)  # while the chunk runs
         pending = completed(scheduler.finish(wait()))
+        if allowed is None and scheduler.done:
+            continue  # the run is over: no chunk will run on smaller slots
         while (keep := scheduler.shrink_to(slot_counts)) is not None:
             compact(keep)
 
@@ -992,7 +1010,7 @@ def warm_up(
     scan_layers: bool | None = None,
     attention: str | None = None,
 ) -> int:
-    """Compiles every program `run_engine` can run for these shapes (the weights' copy, a prefill
+    """Compiles every program `run_engine` can run for these shapes (the empty state, the weights' copy, a prefill
     per power-of-two admission size, a chunk per slot count, a compaction per step down) by running
     each once on empty slots; returns how many programs ran. For benchmarks that time without
     compiling: a real run compiles only the programs its lengths reach, on first use."""
@@ -1001,7 +1019,7 @@ def warm_up(
     slots, max_prefill, regions, counts = engine_layout(n, num_samples, slots, min_slots)
     graphdef, params_state = nnx.split(model)
     scanned = layer_scan(scan_layers)
-    state = init_state(
+    state = init_state_fn(
         model.config,
         regions=regions,
         slots=slots,
@@ -1015,7 +1033,7 @@ def warm_up(
     )
     weights = weights_fn(graphdef, params_state, params.merge_adapters, scanned)
     attention = decode_attention_kind(attention, model.config, activation_dtype(model), scanned)
-    programs = 1
+    programs = 2  # the empty state and the weights' copy
     size = 1
     while size <= _power_of_two_at_least(max_prefill):
         drop = np.full(size, regions, np.int32)  # every entry padding: nothing is written
@@ -1096,7 +1114,7 @@ def run_engine(
     graphdef, params_state = nnx.split(model)
     scanned = layer_scan(scan_layers)
     holder = [
-        init_state(
+        init_state_fn(
             model.config,
             regions=regions,
             slots=slots,

@@ -10,6 +10,7 @@ from flax import nnx
 from gd2po_jax.models import load_pretrained
 from gd2po_jax.models.engine import (
     Scheduler,
+    drive,
     engine_layout,
     run_engine,
     simulate,
@@ -143,6 +144,22 @@ def test_drain_halves_the_slots_while_the_busy_ones_fit():
     assert scheduler.shrink_to((4, 2, 1)) == [0]
     assert scheduler.shrink_to((4, 2, 1)) is None
     assert scheduler.slot_rows == [1]
+
+
+def test_a_run_whose_last_rows_stopped_keeps_its_slots():
+    """Once every row stopped and nothing more can be allowed, no compaction runs (no chunk would use
+    the smaller slots); with ``allowed``, more prompts may come, and the drained slots shrink."""
+
+    def run(allowed):
+        scheduler = Scheduler(num_prompts=2, num_samples=2, slots=4, regions=2, max_prefill=2)
+        compacted = []
+        drive(scheduler, admit=lambda prompts: None, chunk=lambda placed: (lambda: [False] * len(scheduler.slot_rows)),
+              compact=compacted.append, slot_counts=(4, 2, 1), allowed=allowed)
+        assert scheduler.done and scheduler.completed == [0, 1]
+        return compacted
+
+    assert run(None) == []
+    assert run(lambda wait: 2) == [[0, 1], [0]]
 
 
 def test_the_scheduler_admits_up_to_the_limit_and_grows_the_slots_back():
