@@ -338,7 +338,6 @@ def generate(
         raise ValueError("prompts is empty")
     length = prompt_length or bucket_length(max(len(p) for p in prompts))
     rng = jax.random.key(0) if rng is None else rng
-    graphdef, state = nnx.split(model)
     mesh = mesh_of(model)
     # Each process pads only the prompts its devices hold (all of them in one process).
     ids, mask = batch_rows(
@@ -375,6 +374,7 @@ def generate(
             prompt_tokens=repeat(jnp.asarray(ids)),
             prompt_mask=repeat(jnp.asarray(mask)),
         )
+    graphdef, state = nnx.split(model)  # (the engine splits the model itself)
     dstate = prefill_fn(graphdef, state, ids, mask, rng, params, num_samples, mesh)
     dstate = decode_fn(graphdef, state, dstate, params, mesh)
     if on_group is not None:
