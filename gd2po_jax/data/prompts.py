@@ -52,6 +52,15 @@ class PromptSet:
     def min_tokens(self) -> int:
         return min((len(ids) for ids in self.token_ids), default=0)
 
+    def extend(self, other: PromptSet) -> None:
+        """Appends ``other``'s prompts, which have the same columns, in place."""
+        if set(other.columns) != set(self.columns):
+            raise ValueError(f"prompt columns {sorted(other.columns)} do not match {sorted(self.columns)}")
+        self.texts.extend(other.texts)
+        self.token_ids.extend(other.token_ids)
+        for name, values in self.columns.items():
+            values.extend(other.columns[name])
+
     def select(self, indices: Sequence[int]) -> PromptSet:
         """The prompts at ``indices`` (repeats allowed), in that order."""
         return PromptSet(

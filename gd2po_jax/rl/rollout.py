@@ -195,11 +195,7 @@ def collect_rollouts(
             )
         if valid is not None:
             raise ValueError("collect_rollouts: a refilled step's prompts are all valid (no valid argument)")
-        prompt_set = PromptSet(
-            list(prompt_set.texts),
-            list(prompt_set.token_ids),
-            {name: list(values) for name, values in prompt_set.columns.items()},
-        )
+        prompt_set = prompt_set.select(range(len(prompt_set)))  # a copy: the refill extends it
         refill.prompts, refill.counted = prompt_set, []
     # One process with host rewards: each group is scored as soon as its G rows are done, while the
     # engine decodes the rest (`GroupScoring`). Several processes, or reward models (device programs
@@ -244,11 +240,7 @@ def collect_rollouts(
     num_prompts = len(prompt_set)  # a refilled run's A prompts sampled
     used = num_prompts * num_generations
     rows, tokens, lengths, finished, prompt_lengths = (
-        rows[:used],
-        tokens[:used],
-        lengths[:used],
-        finished[:used],
-        prompt_lengths[:used],
+        x[:used] for x in (rows, tokens, lengths, finished, prompt_lengths)
     )
     sampled = time.perf_counter()
     if streaming is not None:
@@ -397,10 +389,7 @@ class GroupScoring:
             if wanted <= len(self.prompt_set):
                 return []
             drawn = refill.draw(wanted - len(self.prompt_set))
-            self.prompt_set.texts.extend(drawn.texts)
-            self.prompt_set.token_ids.extend(drawn.token_ids)
-            for name, values in self.prompt_set.columns.items():
-                values.extend(drawn.columns[name])
+            self.prompt_set.extend(drawn)
             return [list(ids) for ids in drawn.token_ids]
 
         return more_prompts

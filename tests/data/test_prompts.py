@@ -7,7 +7,7 @@ import datasets
 import pytest
 
 from gd2po_jax.data.loaders import load_jsonl
-from gd2po_jax.data.prompts import EpochSampler, build_prompt_set, padded_batches
+from gd2po_jax.data.prompts import EpochSampler, PromptSet, build_prompt_set, padded_batches
 from tests.data.test_chat import CLOCK, TOOLS_TEMPLATE, WEATHER, chat_tokenizer
 from tests.fakes import EchoTokenizer
 
@@ -147,3 +147,12 @@ def test_a_data_position_is_checked_before_the_sampler_moves_there():
     assert sampler.state() == {"epoch": 0, "offset": 8}  # unmoved
     sampler.restore({"epoch": 3, "offset": 31})
     assert sampler.state() == {"epoch": 3, "offset": 31}
+
+
+def test_extend_appends_another_prompt_set_and_names_mismatched_columns():
+    first = PromptSet(["a"], [[1]], {"answer": ["x"]})
+    first.extend(PromptSet(["b", "c"], [[2], [3, 4]], {"answer": ["y", "z"]}))
+    assert first.texts == ["a", "b", "c"] and first.token_ids == [[1], [2], [3, 4]]
+    assert first.columns == {"answer": ["x", "y", "z"]}
+    with pytest.raises(ValueError, match=r"prompt columns \['level'\] do not match \['answer'\]"):
+        first.extend(PromptSet(["d"], [[5]], {"level": [0]}))
