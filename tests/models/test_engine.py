@@ -360,6 +360,53 @@ def test_the_chunks_cpu_compile_options_keep_its_results_bit_for_bit(model, monk
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
+def test_the_ring_layout_reads_only_the_columns_a_row_wrote(model):
+    """The unrolled step writes one column of every slot's cache a step: a row starts at whatever
+    column is next (``slot_shift``), wraps past the cache's end, and never attends to the columns
+    it did not write (here another run's leftovers: large values, not zeros), so its tokens are
+    those of a run that started at column 0 of clean caches."""
+    from gd2po_jax.models import engine
+
+    prompts = _prompts(6, (4, 6, 2))
+    ids, mask = left_pad(prompts, bucket_length(max(map(len, prompts))), 0)
+    new, num_samples, slots = 10, 2, 4
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, pad_token_id=0)
+    graphdef, params_state = nnx.split(model)
+    weights = engine.weights_fn(graphdef, params_state, True, False)
+
+    def run(state, steps):
+        p = ids.shape[0]
+        state = engine.admit_fn(graphdef, params_state, state, ids, mask, np.arange(p, dtype=np.int32),
+                                np.arange(p, dtype=np.int32) * num_samples, params, num_samples)
+        rows, regions = np.arange(slots, dtype=np.int32), np.arange(slots, dtype=np.int32) // num_samples
+        return engine.chunk_fn(model.config, weights, state, rows, regions, params, steps, "xla")
+
+    def empty():
+        return engine.init_state(model.config, regions=3, slots=slots, rows=6, prompt_length=ids.shape[1],
+                                 max_new_tokens=new, dtype=jnp.float32, pad_token_id=0, rng=jax.random.key(2))
+
+    clean = run(empty(), new - 1)
+    columns = clean.slot_keys[0].shape[-1]  # 9 positions -> 16
+    dirty = empty()
+    dirty = dirty.replace(
+        slot_keys=tuple(jnp.full_like(x, 300.0) for x in dirty.slot_keys),
+        slot_values=tuple(jnp.full_like(x, -300.0) for x in dirty.slot_values),
+        write_column=jnp.asarray(columns - 3, jnp.int32),
+    )
+    shifted = run(dirty, new - 1)
+    assert np.asarray(clean.slot_shift).tolist() == [0] * slots
+    assert np.asarray(shifted.slot_shift).tolist() == [columns - 3] * slots
+    assert int(shifted.write_column) == (columns - 3 + new - 1) % columns
+    # Row 0's key of completion position j: column j of the clean run, (columns - 3 + j) % C here.
+    written = np.asarray(clean.lengths)[0] - 1
+    for j in range(written):
+        np.testing.assert_allclose(np.asarray(shifted.slot_keys[0][0, :, :, (columns - 3 + j) % columns]),
+                                   np.asarray(clean.slot_keys[0][0, :, :, j]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(shifted.tokens)[:slots], np.asarray(clean.tokens)[:slots])
+    np.testing.assert_allclose(np.asarray(shifted.logprobs)[:slots], np.asarray(clean.logprobs)[:slots], atol=1e-5)
+    assert np.asarray(clean.lengths)[:slots].min() > 3, "rows must write past the ring's end"
+
+
 def test_an_option_the_xla_flags_set_is_left_to_them(monkeypatch):
     from gd2po_jax.models.engine import JitByBackend
 
