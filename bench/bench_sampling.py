@@ -23,6 +23,13 @@ pairs, so that the machine's drift falls on both alike:
 
     python -m bench.bench_sampling --hf_dir ../bench-models/small-qwen2 --pairs 8 \
         --compile_options '{"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": true}'
+
+The rollout engine against the static lock-step batch on these shapes (the harness's workload W:
+no EOS, so every row runs to the budget and lock-step is the best any batching can do): whole
+`generate` calls through each (``static=False``, the default, and ``static=True``) in
+--static_pairs alternated pairs, their medians and the median of the per-pair ratios:
+
+    python -m bench.bench_sampling --hf_dir ../bench-models/tiny-qwen2 --repeats 1 --static_pairs 12
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='JSON object of XLA debug options to compare with the defaults, e.g. '
                              '\'{"xla_cpu_use_xnnpack": true}\'')
     parser.add_argument("--pairs", type=int, default=6, help="alternated pairs of the --compile_options comparison")
+    parser.add_argument("--static_pairs", type=int, default=0,
+                        help="also time generate through the engine against its static path, in this many "
+                             "alternated pairs")
     return parser.parse_args(argv)
 
 
@@ -130,6 +140,8 @@ def main(argv=None) -> None:
 
     if args.compile_options:
         compare_options(graphdef, state, ids, mask, params, args.num_samples, args.compile_options, args.pairs)
+    if args.static_pairs:
+        compare_static(model, prompts, kwargs, args.static_pairs)
 
 
 def generate_programs(graphdef, params: SamplingParams, num_samples: int):
@@ -177,6 +189,30 @@ def compare_options(graphdef, state, ids, mask, params: SamplingParams, num_samp
         print(f"  {label:7s} {statistics.median(default) * 1e3:8.1f} ms / {statistics.median(with_options) * 1e3:8.1f} ms"
               f" / {ratio:5.3f}")
     print(f"  same tokens: {same_tokens}")
+
+
+def compare_static(model: Decoder, prompts, kwargs: dict, pairs: int) -> None:
+    """Times whole `generate` calls through the engine and through the static path in ``pairs``
+    alternated pairs (static first in even pairs; each call its own key, the same for both) and
+    prints the medians and the median of the per-pair ratios static / engine (> 1: the engine is
+    faster), and how many rows the two completed alike for the same key (a near-tie that the batch
+    size's rounding flips changes the rest of a row)."""
+
+    def call(static: bool, key: int) -> tuple[float, jax.Array]:
+        tokens, seconds = harness.time_call(
+            lambda: generate(model, prompts, rng=jax.random.key(key), static=static, **kwargs).tokens)
+        return seconds, tokens
+
+    rows_equal = jnp.all(call(False, 0)[1] == call(True, 0)[1], axis=1)  # also both paths' warm-up
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for static in (True, False) if i % 2 == 0 else (False, True):
+            times[static].append(call(static, i + 1)[0])
+    ratio = statistics.median(s / e for s, e in zip(times[True], times[False]))
+    print(f"engine against static: {pairs} alternated pairs, generate medians engine / static / static over engine")
+    print(f"  generate {statistics.median(times[False]) * 1e3:8.1f} ms / {statistics.median(times[True]) * 1e3:8.1f} ms"
+          f" / {ratio:5.3f}")
+    print(f"  rows equal: {int(jnp.sum(rows_equal))} of {rows_equal.shape[0]}")
 
 
 if __name__ == "__main__":

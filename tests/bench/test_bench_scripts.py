@@ -89,6 +89,16 @@ def test_bench_sampling_on_a_one_layer_model():
         assert all(n > 0 for n in numbers), numbers
 
 
+def test_bench_sampling_compares_the_engine_with_the_static_path():
+    out = run_bench("bench_sampling", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
+                    "--intermediate=64", "--vocab=128", "--head_dim=16", "--batch=2", "--prompt_len=8",
+                    "--new_tokens=4", "--repeats=1", "--static_pairs=2")
+    line(r"engine against static: 2 alternated pairs, generate medians engine / static / static over engine", out)
+    numbers = line(rf"  generate +{NUMBER} ms / +{NUMBER} ms / +{NUMBER}", out)
+    assert all(n > 0 for n in numbers), numbers
+    line(r"  rows equal: 2 of 2", out)  # the same per-row keys: the same completions (fp32, 4 tokens)
+
+
 def test_bench_sampling_compares_compile_options_in_one_process():
     options = '{"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": true}'
     out = run_bench("bench_sampling", "--hidden=32", "--layers=1", "--heads=2", "--kv_heads=1",
