@@ -652,7 +652,7 @@ def run_chunk(
             slot_last=jnp.where(s.slot_active, tokens, s.slot_last),
             slot_next=s.slot_next + s.slot_active.astype(jnp.int32),
             slot_active=s.slot_active & ~eos & (s.slot_next + 1 < m),
-            write_column=(s.write_column + 1) % s.slot_keys[0].shape[-1],
+            write_column=s.write_column if s.stacked_layers else (s.write_column + 1) % s.slot_keys[0].shape[-1],
         )
 
     if jax.default_backend() != "cpu":

@@ -405,6 +405,11 @@ def test_the_ring_layout_reads_only_the_columns_a_row_wrote(model):
     np.testing.assert_array_equal(np.asarray(shifted.tokens)[:slots], np.asarray(clean.tokens)[:slots])
     np.testing.assert_allclose(np.asarray(shifted.logprobs)[:slots], np.asarray(clean.logprobs)[:slots], atol=1e-5)
     assert np.asarray(clean.lengths)[:slots].min() > 3, "rows must write past the ring's end"
+    # A chunk longer than its rows: on CPU it ends once none is active (the ring's column tells).
+    longer = run(empty(), new + 6)
+    np.testing.assert_array_equal(np.asarray(longer.tokens), np.asarray(clean.tokens))
+    if jax.default_backend() == "cpu":
+        assert int(longer.write_column) == new - 1
 
 
 def test_an_option_the_xla_flags_set_is_left_to_them(monkeypatch):
