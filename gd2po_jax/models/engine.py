@@ -631,7 +631,9 @@ def run_chunk(
         slot_last=jnp.where(placing, state.tokens[row, 0], state.slot_last),
         slot_active=jnp.where(placing, ~state.finished[row] & (m > 1), state.slot_active),
         # The ring layout: the row's position 0 goes to the column the next step writes.
-        slot_shift=jnp.where(placing & ~state.stacked_layers, state.write_column, state.slot_shift),
+        slot_shift=state.slot_shift
+        if state.stacked_layers
+        else jnp.where(placing, state.write_column, state.slot_shift),
     )
 
     def step(_, s: EngineState) -> EngineState:
